@@ -1,0 +1,71 @@
+/* flashjit C API: the C++ API behind status codes and a per-thread error message, for FFI
+ * (ctypes, cffi, Rust, ...). Every function returns FLASHJIT_OK or a status, and on failure
+ * flashjit_last_error() names what was wrong. Nothing is launched when a call fails. */
+#ifndef FLASHJIT_FLASHJIT_H
+#define FLASHJIT_FLASHJIT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum flashjit_status {
+  FLASHJIT_OK = 0,
+  FLASHJIT_INVALID_ARGUMENT = 1,
+  FLASHJIT_NO_DRIVER = 2,
+  FLASHJIT_NO_DEVICE = 3,
+  FLASHJIT_COMPILE_FAILED = 4,
+  FLASHJIT_CUDA_ERROR = 5,
+  FLASHJIT_CACHE_ERROR = 6,
+  FLASHJIT_UNSUPPORTED = 7,
+  FLASHJIT_INTERNAL_ERROR = 8
+} flashjit_status;
+
+typedef enum flashjit_dtype { FLASHJIT_BF16 = 0, FLASHJIT_FP16 = 1 } flashjit_dtype;
+
+/* [batch, seqlen, heads, head_dim] view of device memory; strides in elements, stride[3] == 1. */
+typedef struct flashjit_tensor {
+  void* data;
+  int32_t dtype; /* flashjit_dtype */
+  int64_t shape[4];
+  int64_t stride[4];
+} flashjit_tensor;
+
+typedef struct flashjit_forward_options {
+  float softmax_scale; /* <= 0: 1/sqrt(head_dim) */
+  int32_t causal;      /* bottom-right aligned when seqlen_q != seqlen_k */
+  float* lse;          /* optional fp32 [batch, heads_q, seqlen_q], contiguous; may be NULL */
+  const char* family;  /* NULL or "": the dispatcher's choice; else "simt", "mma", "wgmma" */
+} flashjit_forward_options;
+
+typedef struct flashjit_engine flashjit_engine;
+
+const char* flashjit_version(void);
+/* The message of the last failed call on this thread ("" if none). */
+const char* flashjit_last_error(void);
+
+/* cache_dir: NULL for the default location order. */
+flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashjit_engine** engine);
+void flashjit_engine_destroy(flashjit_engine* engine);
+/* stream: a CUstream / cudaStream_t, or NULL for the legacy default stream. */
+flashjit_status flashjit_forward(flashjit_engine* engine, const flashjit_tensor* q,
+                                 const flashjit_tensor* k, const flashjit_tensor* v,
+                                 const flashjit_tensor* out, const flashjit_forward_options* options,
+                                 void* stream);
+/* Writes the canonical name of the variant forward would run into buf (NUL-terminated). */
+flashjit_status flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q,
+                                        const flashjit_tensor* k, const flashjit_tensor* v,
+                                        const flashjit_tensor* out,
+                                        const flashjit_forward_options* options, char* buf,
+                                        int32_t buf_size);
+
+/* Compiles the named variants into the cache; no GPU needed. */
+flashjit_status flashjit_precompile(const char* cache_dir, const char* const* variant_names,
+                                    int32_t count);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

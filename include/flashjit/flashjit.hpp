@@ -1,0 +1,212 @@
+// flashjit: fused multi-head attention forward, specialized and compiled at run time with NVRTC.
+//
+// Flow: Engine::forward validates its arguments, picks a Variant for the problem and the GPU,
+// fetches the kernel (memory -> disk cache -> NVRTC) and launches it on the caller's stream.
+// Everything except Engine works without a GPU or a CUDA driver (compile, cache, list).
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <vector>
+
+struct CUstream_st;  // == CUstream == cudaStream_t, so callers need no CUDA header
+
+namespace flashjit {
+
+std::string_view version();
+
+enum class ErrorCode {
+  invalid_argument,  // bad input from the caller; nothing was launched or written
+  no_driver,         // libcuda could not be loaded
+  no_device,         // the driver sees no (such) GPU
+  compile_failed,    // NVRTC rejected a kernel; message carries the log
+  cuda_error,        // a driver call failed
+  cache_error,       // the disk cache could not be used for a requested operation
+  unsupported,       // valid input that no kernel family handles
+};
+
+// Every failure is an Error whose message names what was wrong and what was expected.
+class Error : public std::runtime_error {
+ public:
+  Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
+  ErrorCode code() const { return code_; }
+
+ private:
+  ErrorCode code_;
+};
+
+enum class DType { bf16, fp16 };
+std::string_view to_string(DType dtype);
+
+// A kernel family is one kernel template; a Variant fixes all of its compile-time parameters.
+//   simt  : the first correct kernel, scalar fp32 math, any GPU from sm_80.
+//   mma   : tensor cores through mma.sync (FlashAttention-2 class), any GPU from sm_80.
+//   wgmma : Hopper only (sm_90a): TMA + wgmma + warp specialization.
+enum class Family { simt, mma, wgmma };
+std::string_view to_string(Family family);
+
+// Everything one compiled binary is specialized on. Its canonical name is readable, complete and
+// parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" (non-causal variants omit the suffix).
+struct Variant {
+  Family family = Family::simt;
+  std::string arch;  // NVRTC target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, ...
+  DType dtype = DType::bf16;
+  int head_dim = 128;
+  int tile_m = 64;
+  int tile_n = 64;
+  int stages = 1;
+  bool causal = false;
+
+  std::string name() const;
+  // Throws Error(invalid_argument) naming the field that is wrong.
+  static Variant parse(std::string_view name);
+  bool operator==(const Variant&) const = default;
+};
+
+// The variants `precompile` builds for an arch when none are named: every family that runs on it,
+// bf16 and fp16, every supported head dim, causal and not, with the dispatcher's tile choice.
+std::vector<Variant> default_variants(std::string_view arch);
+// Head dims the engine accepts.
+std::vector<int> supported_head_dims();
+// Canonical arch from user spellings: "sm_90a", "sm_90", "90", "9.0", "h100", "h200", "a100", ...
+// Throws Error(invalid_argument) listing the valid spellings.
+std::string normalize_arch(std::string_view arch);
+// Archs the linked NVRTC can generate code for (sm_XX, plus the 'a' forms we use).
+std::vector<std::string> nvrtc_archs();
+std::string nvrtc_version();
+
+// One binary in the disk cache (what `flashjit list` prints).
+struct CacheEntry {
+  Variant variant;
+  std::string key;  // 16 hex digits of the content key
+  std::filesystem::path cubin_path;
+  std::size_t cubin_bytes = 0;
+  int registers = 0;
+  int spill_bytes = 0;
+  int static_shared_bytes = 0;
+  int dynamic_shared_bytes = 0;
+  double compile_ms = 0;
+  std::string nvrtc_version;
+  std::string flashjit_version;
+  std::string created;    // ISO 8601 UTC
+  std::string last_used;  // ISO 8601 UTC, what prune orders by
+};
+
+struct CompileOutcome {
+  Variant variant;
+  bool ok = false;
+  bool was_cached = false;  // served from memory or disk, no NVRTC run
+  double milliseconds = 0;  // wall time of this request
+  std::string error;        // when !ok: the message, including the NVRTC log
+  std::optional<CacheEntry> entry;
+};
+
+struct CacheOptions {
+  // Empty: $FLASHJIT_CACHE_DIR, then $XDG_CACHE_HOME/flashjit, then ~/.cache/flashjit.
+  std::optional<std::filesystem::path> dir;
+};
+
+// The compiled-kernel store: NVRTC plus the on-disk cache. Thread-safe; shareable by Engines.
+class KernelCache {
+ public:
+  explicit KernelCache(CacheOptions options = {});
+  ~KernelCache();
+  KernelCache(const KernelCache&) = delete;
+  KernelCache& operator=(const KernelCache&) = delete;
+
+  // The directory in use, or empty when the cache fell back to memory-only.
+  std::optional<std::filesystem::path> directory() const;
+  // Compiles (or finds) each variant, `jobs` at a time (0: hardware threads). Never throws for a
+  // failing variant; its outcome carries the error. `on_done` (optional) is called once per
+  // variant as it finishes, from the worker threads, one call at a time.
+  std::vector<CompileOutcome> precompile(
+      const std::vector<Variant>& variants, int jobs = 0,
+      const std::function<void(const CompileOutcome&)>& on_done = {});
+  CompileOutcome compile(const Variant& variant);
+  std::vector<CacheEntry> list(std::optional<std::string> arch = {}) const;
+  // Removes entries (of one arch, or all). Returns the number removed.
+  std::size_t clear(std::optional<std::string> arch = {});
+  // Removes least recently used entries until the total size is at most max_bytes.
+  std::size_t prune(std::uint64_t max_bytes);
+
+  struct Impl;
+  Impl& impl() const { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+// A strided 4-D view [batch, seqlen, heads, head_dim] of device memory; strides in elements.
+// head_dim must have stride 1; other strides are free, so BSHD and BHSD both work.
+struct TensorView {
+  void* data = nullptr;
+  DType dtype = DType::bf16;
+  std::array<std::int64_t, 4> shape{};
+  std::array<std::int64_t, 4> stride{};
+
+  // Contiguous [b, s, h, d] (BSHD) and the same shape stored as [b, h, s, d] (BHSD).
+  static TensorView bshd(void* data, DType dtype, std::int64_t b, std::int64_t s, std::int64_t h,
+                         std::int64_t d);
+  static TensorView bhsd(void* data, DType dtype, std::int64_t b, std::int64_t s, std::int64_t h,
+                         std::int64_t d);
+};
+
+struct ForwardOptions {
+  std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
+  // Causal mask aligned bottom-right like FlashAttention: query i sees key j iff
+  // j <= i + seqlen_k - seqlen_q. Rows that see no key give output 0 and LSE -inf.
+  bool causal = false;
+  float* lse = nullptr;  // optional device buffer, fp32 [batch, heads_q, seqlen_q] contiguous
+  std::optional<Family> family;  // force a family (tests, benchmarks); default: the dispatcher's
+};
+
+struct DeviceInfo {
+  int ordinal = 0;
+  std::string name;
+  int cc_major = 0, cc_minor = 0;
+  int multiprocessors = 0;
+  int max_shared_per_block_optin = 0;
+  std::size_t total_memory = 0;
+  std::string arch;  // the NVRTC target flashjit compiles for on it
+};
+// GPUs the driver reports. Throws Error(no_driver) without a driver.
+std::vector<DeviceInfo> devices();
+int driver_version();  // e.g. 13000; throws Error(no_driver)
+
+// Runs attention forward on one GPU. Thread-safe: many threads may call forward concurrently.
+class Engine {
+ public:
+  // Throws Error(no_driver / no_device) when the GPU cannot be reached.
+  explicit Engine(int device = 0, std::shared_ptr<KernelCache> cache = nullptr);
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  const DeviceInfo& device() const;
+  KernelCache& cache() const;
+
+  // out = softmax(q kᵀ · scale [+ causal mask]) v, per (batch, head); heads_q a multiple of
+  // heads_kv (GQA/MQA). Zero-sized batch, heads or seqlen_q is a no-op; seqlen_k == 0 with
+  // seqlen_q > 0 is an error. Invalid input throws Error(invalid_argument) before any launch.
+  void forward(const TensorView& q, const TensorView& k, const TensorView& v,
+               const TensorView& out, const ForwardOptions& options = {},
+               CUstream_st* stream = nullptr);
+  // The variant forward would run for these arguments (validates them the same way).
+  Variant select_variant(const TensorView& q, const TensorView& k, const TensorView& v,
+                         const TensorView& out, const ForwardOptions& options = {}) const;
+
+  struct Impl;
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace flashjit

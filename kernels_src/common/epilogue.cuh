@@ -1,0 +1,26 @@
+// Per-row finish of the online softmax: output scale and log-sum-exp.
+#pragma once
+
+#include "common/fast_math.cuh"
+#include "common/params.cuh"
+
+namespace flashjit {
+
+// 1/l, or 0 for a row that saw no key (l == 0), so such rows come out as 0 instead of NaN.
+__device__ __forceinline__ float output_scale(float row_sum) {
+  return row_sum > 0.f ? rcp_approx_ftz(row_sum) : 0.f;
+}
+
+// Natural-log LSE from the running max (in raw score units) and sum; -inf for an empty row.
+__device__ __forceinline__ float row_lse(const FmhaParams& p, float row_max, float row_sum) {
+  if (!(row_sum > 0.f)) return neg_inf();
+  return row_max * p.softmax_scale + log2_approx(row_sum) * 0.69314718055994530942f;
+}
+
+// exp2 argument offset for a row: the scaled max, or 0 while the row has seen only masked keys
+// (max = -inf), which keeps exp2(-inf - -inf) = NaN out of the sums.
+__device__ __forceinline__ float scaled_max(float row_max, float scale_log2) {
+  return row_max == neg_inf() ? 0.f : row_max * scale_log2;
+}
+
+}  // namespace flashjit

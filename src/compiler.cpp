@@ -1,0 +1,135 @@
+#include "compiler.hpp"
+
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <nvrtc.h>
+
+#include <algorithm>
+#include <chrono>
+#include <regex>
+
+#include "arch.hpp"
+#include "families.hpp"
+#include "log.hpp"
+
+namespace flashjit::detail {
+namespace {
+
+void check_nvrtc(nvrtcResult result, const char* call, const std::string& log = {}) {
+  if (result != NVRTC_SUCCESS)
+    throw Error(ErrorCode::compile_failed,
+                fmt::format("{} failed: {}{}{}", call, nvrtcGetErrorString(result),
+                            log.empty() ? "" : "\n", log));
+}
+
+int sum_matches(const std::string& log, const std::regex& pattern) {
+  int total = 0;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), pattern); it != std::sregex_iterator();
+       ++it)
+    total += std::stoi((*it)[1]);
+  return total;
+}
+
+int first_match(const std::string& log, const std::regex& pattern) {
+  std::smatch match;
+  return std::regex_search(log, match, pattern) ? std::stoi(match[1]) : 0;
+}
+
+std::string utc_now() {
+  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(std::time(nullptr)));
+}
+
+}  // namespace
+
+std::vector<std::string> nvrtc_options(const Variant& variant) {
+  return {"--gpu-architecture=" + variant.arch, "-std=c++17", "--ptxas-options=-v", "-lineinfo",
+          "-default-device"};
+}
+
+CompiledKernel compile_with_nvrtc(const Variant& variant, const std::vector<SourceFile>& unit) {
+  const auto start = std::chrono::steady_clock::now();
+  std::vector<const char*> header_texts, header_names;
+  for (size_t i = 1; i < unit.size(); ++i) {
+    header_texts.push_back(unit[i].text.c_str());
+    header_names.push_back(unit[i].path.c_str());
+  }
+  nvrtcProgram program = nullptr;
+  check_nvrtc(nvrtcCreateProgram(&program, unit[0].text.c_str(), unit[0].path.c_str(),
+                                 static_cast<int>(header_texts.size()), header_texts.data(),
+                                 header_names.data()),
+              "nvrtcCreateProgram");
+  struct Destroy {
+    nvrtcProgram& p;
+    ~Destroy() { nvrtcDestroyProgram(&p); }
+  } destroy{program};
+
+  const std::string expression = name_expression(variant);
+  check_nvrtc(nvrtcAddNameExpression(program, expression.c_str()), "nvrtcAddNameExpression");
+  const auto options = nvrtc_options(variant);
+  std::vector<const char*> option_ptrs;
+  for (const auto& option : options) option_ptrs.push_back(option.c_str());
+  const nvrtcResult compiled =
+      nvrtcCompileProgram(program, static_cast<int>(option_ptrs.size()), option_ptrs.data());
+
+  CompiledKernel kernel;
+  kernel.variant = variant;
+  size_t log_size = 0;
+  nvrtcGetProgramLogSize(program, &log_size);
+  kernel.log.resize(log_size);
+  if (log_size > 0) nvrtcGetProgramLog(program, kernel.log.data());
+  while (!kernel.log.empty() && (kernel.log.back() == '\0' || kernel.log.back() == '\n'))
+    kernel.log.pop_back();
+  if (compiled != NVRTC_SUCCESS)
+    throw Error(ErrorCode::compile_failed,
+                fmt::format("NVRTC could not compile {} ({}):\n{}", variant.name(),
+                            nvrtcGetErrorString(compiled), kernel.log));
+
+  const char* lowered = nullptr;
+  check_nvrtc(nvrtcGetLoweredName(program, expression.c_str(), &lowered), "nvrtcGetLoweredName");
+  kernel.lowered_name = lowered;
+  size_t cubin_size = 0;
+  check_nvrtc(nvrtcGetCUBINSize(program, &cubin_size), "nvrtcGetCUBINSize");
+  kernel.cubin.resize(cubin_size);
+  check_nvrtc(nvrtcGetCUBIN(program, kernel.cubin.data()), "nvrtcGetCUBIN");
+
+  static const std::regex registers(R"(Used (\d+) registers)");
+  static const std::regex spill_stores(R"((\d+) bytes spill stores)");
+  static const std::regex spill_loads(R"((\d+) bytes spill loads)");
+  static const std::regex smem(R"((\d+) bytes smem)");
+  kernel.registers = first_match(kernel.log, registers);
+  kernel.spill_bytes = sum_matches(kernel.log, spill_stores) + sum_matches(kernel.log, spill_loads);
+  kernel.static_shared_bytes = first_match(kernel.log, smem);
+  kernel.dynamic_shared_bytes = family_traits(variant.family).shared_bytes(variant);
+  kernel.compile_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  kernel.created = utc_now();
+  if (kernel.spill_bytes > 0)
+    log().warn("{} spills {} bytes of registers", variant.name(), kernel.spill_bytes);
+  log().debug("compiled {} in {:.0f} ms: {} registers, {} B smem", variant.name(),
+              kernel.compile_ms, kernel.registers, kernel.dynamic_shared_bytes);
+  return kernel;
+}
+
+}  // namespace flashjit::detail
+
+namespace flashjit {
+
+std::string nvrtc_version() {
+  int major = 0, minor = 0;
+  nvrtcVersion(&major, &minor);
+  return fmt::format("{}.{}", major, minor);
+}
+
+std::vector<std::string> nvrtc_archs() {
+  int count = 0;
+  nvrtcGetNumSupportedArchs(&count);
+  std::vector<int> numbers(static_cast<size_t>(count));
+  if (count > 0) nvrtcGetSupportedArchs(numbers.data());
+  std::vector<std::string> archs;
+  for (const std::string& arch : detail::known_archs())
+    if (std::find(numbers.begin(), numbers.end(), detail::arch_number(arch)) != numbers.end())
+      archs.push_back(arch);
+  return archs;
+}
+
+}  // namespace flashjit

@@ -1,0 +1,295 @@
+#include "disk_cache.hpp"
+
+#include <fcntl.h>
+#include <fmt/chrono.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include <xxhash.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <sstream>
+
+#include "log.hpp"
+
+namespace flashjit::detail {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr std::string_view kTempPrefix = ".tmp.";
+
+std::string hash_hex(const std::string& bytes) {
+  return fmt::format("{:016x}", XXH3_64bits(bytes.data(), bytes.size()));
+}
+
+std::optional<std::string> read_file(const fs::path& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) return std::nullopt;
+  std::ostringstream text;
+  text << file.rdbuf();
+  if (file.bad()) return std::nullopt;
+  return text.str();
+}
+
+// Writes `bytes` to `target` atomically: a unique temp file in the same directory, fsync, rename.
+// Returns an error message, empty on success. A failure leaves no temp file behind.
+std::string write_atomically(const fs::path& target, const std::string& bytes) {
+  static std::atomic<unsigned> counter{0};
+  static const unsigned long long salt = std::random_device{}();
+  const fs::path temp = target.parent_path() /
+                        fmt::format("{}{}.{}.{:x}.{}", kTempPrefix, target.filename().string(),
+                                    getpid(), salt, counter++);
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  if (fd < 0) return fmt::format("cannot create {}: {}", temp.string(), std::strerror(errno));
+  const char* data = bytes.data();
+  size_t left = bytes.size();
+  std::string error;
+  while (left > 0 && error.empty()) {
+    ssize_t written = ::write(fd, data, left);
+    if (written < 0 && errno == EINTR) continue;
+    if (written <= 0) error = fmt::format("cannot write {}: {}", temp.string(), std::strerror(errno));
+    else { data += written; left -= static_cast<size_t>(written); }
+  }
+  if (error.empty() && ::fsync(fd) != 0)
+    error = fmt::format("cannot fsync {}: {}", temp.string(), std::strerror(errno));
+  if (::close(fd) != 0 && error.empty())
+    error = fmt::format("cannot close {}: {}", temp.string(), std::strerror(errno));
+  if (error.empty() && ::rename(temp.c_str(), target.c_str()) != 0)
+    error = fmt::format("cannot rename into {}: {}", target.string(), std::strerror(errno));
+  if (!error.empty()) ::unlink(temp.c_str());
+  return error;
+}
+
+std::string iso_time(fs::file_time_type time) {
+  auto system = std::chrono::file_clock::to_sys(time);
+  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}",
+                     fmt::gmtime(std::chrono::system_clock::to_time_t(
+                         std::chrono::time_point_cast<std::chrono::system_clock::duration>(system))));
+}
+
+json metadata(const CompiledKernel& k) {
+  const Variant& v = k.variant;
+  return json{{"name", v.name()},
+              {"family", to_string(v.family)},
+              {"arch", v.arch},
+              {"dtype", to_string(v.dtype)},
+              {"head_dim", v.head_dim},
+              {"tile_m", v.tile_m},
+              {"tile_n", v.tile_n},
+              {"stages", v.stages},
+              {"causal", v.causal},
+              {"key", k.key},
+              {"lowered_name", k.lowered_name},
+              {"registers", k.registers},
+              {"spill_bytes", k.spill_bytes},
+              {"static_shared_bytes", k.static_shared_bytes},
+              {"dynamic_shared_bytes", k.dynamic_shared_bytes},
+              {"compile_ms", k.compile_ms},
+              {"nvrtc_version", nvrtc_version()},
+              {"flashjit_version", std::string(version())},
+              {"created", k.created},
+              {"cubin_bytes", k.cubin.size()},
+              {"cubin_xxh3", hash_hex(k.cubin)},
+              {"log", k.log}};
+}
+
+// Metadata -> kernel (without the cubin). Throws on a malformed or foreign document.
+CompiledKernel from_metadata(const json& doc) {
+  CompiledKernel k;
+  k.variant = Variant::parse(doc.at("name").get<std::string>());
+  k.key = doc.at("key").get<std::string>();
+  k.lowered_name = doc.at("lowered_name").get<std::string>();
+  k.registers = doc.at("registers").get<int>();
+  k.spill_bytes = doc.at("spill_bytes").get<int>();
+  k.static_shared_bytes = doc.at("static_shared_bytes").get<int>();
+  k.dynamic_shared_bytes = doc.at("dynamic_shared_bytes").get<int>();
+  k.compile_ms = doc.at("compile_ms").get<double>();
+  k.created = doc.at("created").get<std::string>();
+  k.log = doc.value("log", "");
+  return k;
+}
+
+bool dir_is_usable(const fs::path& dir, std::string& why) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) {
+    why = ec.message();
+    return false;
+  }
+  const fs::path probe = dir / fmt::format("{}probe.{}", kTempPrefix, getpid());
+  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    why = std::strerror(errno);
+    return false;
+  }
+  ::close(fd);
+  ::unlink(probe.c_str());
+  return true;
+}
+
+}  // namespace
+
+fs::path default_cache_dir() {
+  if (const char* dir = std::getenv("FLASHJIT_CACHE_DIR"); dir && *dir) return dir;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return fs::path(xdg) / "flashjit";
+  if (const char* home = std::getenv("HOME"); home && *home)
+    return fs::path(home) / ".cache" / "flashjit";
+  return fs::temp_directory_path() / "flashjit";
+}
+
+DiskCache::DiskCache(std::optional<fs::path> dir) : dir_(dir ? *dir : default_cache_dir()) {
+  std::string why;
+  persistent_ = dir_is_usable(dir_, why);
+  if (!persistent_) {
+    log().warn("cache directory {} is not usable ({}); compiled kernels are kept in memory only",
+               dir_.string(), why);
+    return;
+  }
+  remove_stale_temps(std::chrono::minutes(10));
+}
+
+fs::path DiskCache::entry_stem(const Variant& variant, const std::string& key) const {
+  return dir_ / fmt::format("{}.{}", variant.name(), key.substr(0, 16));
+}
+
+std::optional<CompiledKernel> DiskCache::load(const Variant& variant, const std::string& key) const {
+  if (!persistent_) return std::nullopt;
+  const fs::path stem = entry_stem(variant, key);
+  const fs::path meta_path = fs::path(stem.string() + ".json");
+  const fs::path cubin_path = fs::path(stem.string() + ".cubin");
+  auto meta_text = read_file(meta_path);
+  if (!meta_text) return std::nullopt;  // absent: a miss, not an error
+
+  auto discard = [&](const std::string& why) -> std::optional<CompiledKernel> {
+    log().warn("cache entry {} is invalid ({}); discarding and recompiling", stem.string(), why);
+    std::error_code ec;
+    fs::remove(meta_path, ec);
+    fs::remove(cubin_path, ec);
+    return std::nullopt;
+  };
+  CompiledKernel kernel;
+  std::string expected_hash;
+  size_t expected_size = 0;
+  try {
+    const json doc = json::parse(*meta_text);
+    kernel = from_metadata(doc);
+    expected_hash = doc.at("cubin_xxh3").get<std::string>();
+    expected_size = doc.at("cubin_bytes").get<size_t>();
+  } catch (const std::exception& e) {
+    return discard(fmt::format("unreadable metadata: {}", e.what()));
+  }
+  if (kernel.key != key || !(kernel.variant == variant)) return discard("metadata names another key");
+  auto cubin = read_file(cubin_path);
+  if (!cubin) return discard("cubin missing");
+  if (cubin->size() != expected_size || hash_hex(*cubin) != expected_hash)
+    return discard("cubin fails its hash");
+  kernel.cubin = std::move(*cubin);
+  // Last use, for prune's LRU order; a reader never takes a lock, so this is best effort.
+  std::error_code ec;
+  fs::last_write_time(cubin_path, fs::file_time_type::clock::now(), ec);
+  return kernel;
+}
+
+std::string DiskCache::store(const CompiledKernel& kernel) const {
+  if (!persistent_) return {};
+  const fs::path stem = entry_stem(kernel.variant, kernel.key);
+  // The cubin first and the metadata last: a reader finds an entry only through its metadata.
+  std::string error = write_atomically(fs::path(stem.string() + ".cubin"), kernel.cubin);
+  if (error.empty()) error = write_atomically(fs::path(stem.string() + ".json"), metadata(kernel).dump(1));
+  if (!error.empty()) log().warn("could not store {} in the cache: {}", kernel.variant.name(), error);
+  return error;
+}
+
+std::vector<CacheEntry> DiskCache::list(const std::optional<std::string>& arch) const {
+  std::vector<CacheEntry> entries;
+  if (!persistent_) return entries;
+  std::error_code ec;
+  for (const auto& item : fs::directory_iterator(dir_, ec)) {
+    const fs::path& path = item.path();
+    if (path.extension() != ".json" || path.filename().string().starts_with(kTempPrefix)) continue;
+    auto text = read_file(path);
+    if (!text) continue;
+    try {
+      const json doc = json::parse(*text);
+      CompiledKernel kernel = from_metadata(doc);
+      if (arch && kernel.variant.arch != *arch) continue;
+      CacheEntry entry;
+      entry.variant = kernel.variant;
+      entry.key = kernel.key.substr(0, 16);
+      entry.cubin_path = path;
+      entry.cubin_path.replace_extension(".cubin");
+      std::error_code stat_error;
+      entry.cubin_bytes = fs::file_size(entry.cubin_path, stat_error);
+      if (stat_error) continue;  // metadata without its cubin: not an entry
+      entry.last_used = iso_time(fs::last_write_time(entry.cubin_path, stat_error));
+      entry.registers = kernel.registers;
+      entry.spill_bytes = kernel.spill_bytes;
+      entry.static_shared_bytes = kernel.static_shared_bytes;
+      entry.dynamic_shared_bytes = kernel.dynamic_shared_bytes;
+      entry.compile_ms = kernel.compile_ms;
+      entry.nvrtc_version = doc.at("nvrtc_version").get<std::string>();
+      entry.flashjit_version = doc.at("flashjit_version").get<std::string>();
+      entry.created = kernel.created;
+      entries.push_back(std::move(entry));
+    } catch (const std::exception& e) {
+      log().debug("skipping unreadable cache metadata {}: {}", path.string(), e.what());
+    }
+  }
+  std::sort(entries.begin(), entries.end(),
+            [](const CacheEntry& a, const CacheEntry& b) { return a.variant.name() < b.variant.name(); });
+  return entries;
+}
+
+std::size_t DiskCache::remove_if_arch(const std::optional<std::string>& arch) const {
+  std::size_t removed = 0;
+  for (const CacheEntry& entry : list(arch)) {
+    std::error_code ec;
+    fs::path meta = entry.cubin_path;
+    meta.replace_extension(".json");
+    // Metadata first, so no reader finds an entry whose cubin is gone.
+    if (fs::remove(meta, ec)) ++removed;
+    fs::remove(entry.cubin_path, ec);
+  }
+  return removed;
+}
+
+std::size_t DiskCache::prune(std::uint64_t max_bytes) const {
+  auto entries = list(std::nullopt);
+  std::uint64_t total = 0;
+  for (const auto& e : entries) total += e.cubin_bytes;
+  std::sort(entries.begin(), entries.end(),
+            [](const CacheEntry& a, const CacheEntry& b) { return a.last_used < b.last_used; });
+  std::size_t removed = 0;
+  for (const CacheEntry& entry : entries) {
+    if (total <= max_bytes) break;
+    std::error_code ec;
+    fs::path meta = entry.cubin_path;
+    meta.replace_extension(".json");
+    fs::remove(meta, ec);
+    fs::remove(entry.cubin_path, ec);
+    total -= entry.cubin_bytes;
+    ++removed;
+  }
+  return removed;
+}
+
+void DiskCache::remove_stale_temps(std::chrono::seconds age) const {
+  std::error_code ec;
+  const auto now = fs::file_time_type::clock::now();
+  for (const auto& item : fs::directory_iterator(dir_, ec)) {
+    if (!item.path().filename().string().starts_with(kTempPrefix)) continue;
+    std::error_code stat_error;
+    auto written = fs::last_write_time(item.path(), stat_error);
+    if (!stat_error && now - written > age) fs::remove(item.path(), stat_error);
+  }
+}
+
+}  // namespace flashjit::detail

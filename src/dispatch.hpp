@@ -1,0 +1,14 @@
+// Problem + device -> Variant: the fastest family that can run the problem on this arch, with
+// that family's per-arch tile config.
+#pragma once
+
+#include <optional>
+
+#include "flashjit/flashjit.hpp"
+#include "problem.hpp"
+
+namespace flashjit::detail {
+// Throws Error(unsupported) when no family can (or the forced one cannot) run the problem.
+Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
+                       std::optional<Family> forced);
+}

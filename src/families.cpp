@@ -1,0 +1,55 @@
+#include "families.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "arch.hpp"
+
+namespace flashjit::detail {
+
+extern const FamilyTraits kSimtFamily;
+
+const std::vector<const FamilyTraits*>& all_families() {
+  static const std::vector<const FamilyTraits*> families = {&kSimtFamily};
+  return families;
+}
+
+const FamilyTraits& family_traits(Family family) {
+  for (const FamilyTraits* traits : all_families())
+    if (traits->family == family) return *traits;
+  throw Error(ErrorCode::unsupported,
+              fmt::format("kernel family '{}' is not built into this flashjit", to_string(family)));
+}
+
+std::optional<Family> family_from_name(std::string_view name) {
+  for (Family f : {Family::simt, Family::mma, Family::wgmma})
+    if (to_string(f) == name) return f;
+  return std::nullopt;
+}
+
+std::string name_expression(const Variant& v) {
+  return fmt::format("{}<flashjit::{}, {}, {}, {}, {}, {}>",
+                     family_traits(v.family).kernel_template, to_string(v.dtype), v.head_dim,
+                     v.tile_m, v.tile_n, v.stages, v.causal ? "true" : "false");
+}
+
+void check_variant(const Variant& v) {
+  const FamilyTraits& traits = family_traits(v.family);
+  auto fail = [&](const std::string& what) {
+    throw Error(ErrorCode::invalid_argument, fmt::format("variant {}: {}", v.name(), what));
+  };
+  if (!traits.runs_on(v.arch))
+    fail(fmt::format("family {} does not run on {}", to_string(v.family), v.arch));
+  const auto dims = supported_head_dims();
+  if (std::find(dims.begin(), dims.end(), v.head_dim) == dims.end())
+    fail(fmt::format("head_dim {} is not supported", v.head_dim));
+  if (std::string problem = traits.check(v); !problem.empty()) fail(problem);
+}
+
+std::array<unsigned, 3> tiles_heads_batch_grid(const ForwardProblem& problem, int tile_m) {
+  return {static_cast<unsigned>((problem.seqlen_q + tile_m - 1) / tile_m),
+          static_cast<unsigned>(problem.heads_q), static_cast<unsigned>(problem.batch)};
+}
+
+}  // namespace flashjit::detail

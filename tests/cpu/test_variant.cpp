@@ -1,0 +1,80 @@
+// Variant names: round trip, and parse errors that name the wrong field.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "flashjit/flashjit.hpp"
+
+using namespace flashjit;
+
+TEST_CASE("every default variant's name parses back to the same variant") {
+  for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_120"}) {
+    const auto variants = default_variants(arch);
+    REQUIRE(!variants.empty());
+    for (const Variant& v : variants) {
+      INFO(v.name());
+      CHECK(Variant::parse(v.name()) == v);
+    }
+  }
+}
+
+TEST_CASE("a name reads as its fields") {
+  const Variant v = Variant::parse("simt.sm90a.fp16.d256.m64n64s1.causal");
+  CHECK(v.family == Family::simt);
+  CHECK(v.arch == "sm_90a");
+  CHECK(v.dtype == DType::fp16);
+  CHECK(v.head_dim == 256);
+  CHECK(v.tile_m == 64);
+  CHECK(v.tile_n == 64);
+  CHECK(v.stages == 1);
+  CHECK(v.causal);
+  CHECK_FALSE(Variant::parse("simt.sm80.bf16.d64.m64n64s1").causal);
+}
+
+namespace {
+std::string parse_error(const std::string& name) {
+  try {
+    Variant::parse(name);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    return e.what();
+  }
+  return "(parsed)";
+}
+}  // namespace
+
+TEST_CASE("parse errors say which field is wrong") {
+  CHECK(parse_error("simt.sm90a.bf16.d128") .find("expected <family>") != std::string::npos);
+  CHECK(parse_error("fast.sm90a.bf16.d128.m64n64s1").find("family field") != std::string::npos);
+  CHECK(parse_error("simt.gfx90.bf16.d128.m64n64s1").find("arch field") != std::string::npos);
+  CHECK(parse_error("simt.sm_90a.bf16.d128.m64n64s1").find("arch field") != std::string::npos);
+  CHECK(parse_error("simt.sm91.bf16.d128.m64n64s1").find("arch field") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.fp8.d128.m64n64s1").find("dtype field") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.bf16.128.m64n64s1").find("head_dim field") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.bf16.dx.m64n64s1").find("head_dim field") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.bf16.d128.m64n64").find("tiles field") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.bf16.d128.m64n64s1x").find("tiles field") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.bf16.d128.m0n64s1").find("tiles field") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.bf16.d128.m64n64s1.causa").find("mask field") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.bf16.d100.m64n64s1").find("head_dim 100") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.bf16.d128.m64n64s2").find("stages must be 1") != std::string::npos);
+  CHECK(parse_error("simt.sm75.bf16.d128.m64n64s1").find("arch field") != std::string::npos);
+}
+
+TEST_CASE("arch spellings normalize; unknown ones list the valid ones") {
+  CHECK(normalize_arch("sm_90a") == "sm_90a");
+  CHECK(normalize_arch("sm_90") == "sm_90");
+  CHECK(normalize_arch("90") == "sm_90a");
+  CHECK(normalize_arch("9.0") == "sm_90a");
+  CHECK(normalize_arch("H100") == "sm_90a");
+  CHECK(normalize_arch("h200") == "sm_90a");
+  CHECK(normalize_arch("a100") == "sm_80");
+  CHECK(normalize_arch("sm86") == "sm_86");
+  CHECK(normalize_arch("120") == "sm_120");
+  try {
+    normalize_arch("sm_42");
+    FAIL("sm_42 accepted");
+  } catch (const Error& e) {
+    CHECK(std::string(e.what()).find("sm_90a") != std::string::npos);
+  }
+}

@@ -1,0 +1,75 @@
+// Forward correctness on the GPU, for every kernel family that runs on it, against float64.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+
+#include <vector>
+
+#include "forward_case.hpp"
+#include "gpu.hpp"
+
+using namespace flashjit;
+using namespace flashjit::test;
+
+namespace {
+
+Engine& engine() {
+  static Engine instance(0);
+  return instance;
+}
+
+std::vector<ForwardCase> correctness_cases() {
+  std::vector<ForwardCase> cases;
+  for (int d : supported_head_dims())
+    for (bool causal : {false, true}) cases.push_back({2, 4, 2, 200, 200, d, causal});
+  // seqlen_q != seqlen_k both ways (bottom-right causal; the second has fully masked rows).
+  for (bool causal : {false, true}) {
+    cases.push_back({1, 2, 2, 77, 300, 128, causal});
+    cases.push_back({1, 2, 1, 300, 77, 64, causal});
+    cases.push_back({1, 2, 2, 1, 513, 128, causal});
+    cases.push_back({2, 2, 2, 1, 1, 256, causal});
+    cases.push_back({1, 1, 1, 640, 640, 128, causal});  // several tiles, tile multiples
+  }
+  cases.push_back({1, 8, 1, 129, 257, 64, true});    // MQA
+  cases.push_back({2, 8, 2, 150, 150, 128, false});  // GQA 4:1
+  ForwardCase bhsd{2, 4, 2, 190, 211, 128, true};
+  bhsd.bhsd = true;
+  cases.push_back(bhsd);
+  ForwardCase fp16{2, 4, 4, 170, 170, 128, true, DType::fp16};
+  cases.push_back(fp16);
+  ForwardCase fp16_bhsd{1, 4, 2, 100, 333, 256, false, DType::fp16, true};
+  cases.push_back(fp16_bhsd);
+  ForwardCase fp16_d64{1, 2, 2, 333, 100, 64, true, DType::fp16};
+  cases.push_back(fp16_d64);
+  return cases;
+}
+
+}  // namespace
+
+TEST_CASE("forward matches the float64 reference for every family on this GPU") {
+  unsigned seed = 1234;
+  for (Family family : {Family::simt, Family::mma, Family::wgmma}) {
+    for (const ForwardCase& c : correctness_cases()) {
+      ForwardCheck check;
+      try {
+        check = run_forward_case(engine(), c, family, seed++);
+      } catch (const Error& e) {
+        if (e.code() == ErrorCode::unsupported) {
+          MESSAGE(fmt::format("{} not run on {}: {}", to_string(family), c.describe(), e.what()));
+          continue;
+        }
+        FAIL(fmt::format("{} {}: {}", to_string(family), c.describe(), e.what()));
+        continue;
+      }
+      INFO(check.variant, " on ", c.describe());
+      INFO("max abs ", check.max_abs_error, ", rel l2 ", check.relative_l2_error, ", lse ",
+           check.max_lse_error);
+      CHECK(check.all_written);
+      CHECK(check.max_abs_error <= max_abs_tolerance(c.dtype));
+      CHECK(check.relative_l2_error <= relative_tolerance(c.dtype));
+      CHECK(check.max_lse_error <= 1e-2);
+      MESSAGE(fmt::format("{:<45} {:<40} max_abs {:.2e} rel {:.2e} lse {:.2e}", check.variant,
+                          c.describe(), check.max_abs_error, check.relative_l2_error,
+                          check.max_lse_error));
+    }
+  }
+}
