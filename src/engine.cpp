@@ -61,6 +61,7 @@ Engine::~Engine() = default;
 
 const DeviceInfo& Engine::device() const { return impl_->device; }
 KernelCache& Engine::cache() const { return *impl_->cache; }
+CUctx_st* Engine::context() const { return impl_->primary.context; }
 
 Variant Engine::select_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const ForwardOptions& options) const {

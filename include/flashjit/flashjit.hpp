@@ -18,6 +18,8 @@
 #include <vector>
 
 struct CUstream_st;  // == CUstream == cudaStream_t, so callers need no CUDA header
+struct CUctx_st;     // == CUcontext
+struct CUevent_st;   // == CUevent
 
 namespace flashjit {
 
@@ -192,6 +194,8 @@ class Engine {
 
   const DeviceInfo& device() const;
   KernelCache& cache() const;
+  // The device's primary context, which the engine retains (the one the CUDA runtime uses).
+  CUctx_st* context() const;
 
   // out = softmax(q kᵀ · scale [+ causal mask]) v, per (batch, head); heads_q a multiple of
   // heads_kv (GQA/MQA). Zero-sized batch, heads or seqlen_q is a no-op; seqlen_k == 0 with

@@ -12,10 +12,7 @@ using namespace flashjit::test;
 
 namespace {
 
-Engine& engine() {
-  static Engine instance(0);
-  return instance;
-}
+Engine& engine() { return shared_engine(); }
 
 std::vector<ForwardCase> correctness_cases() {
   std::vector<ForwardCase> cases;

@@ -5,7 +5,7 @@
 #include <cmath>
 #include <random>
 
-#include "gpu.hpp"
+#include "flashjit/device_memory.hpp"
 #include "reference.hpp"
 
 namespace flashjit::test {
@@ -30,8 +30,9 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optiona
   v.fill_random(rng);
 
   auto bytes = [](const HostTensor& t) { return t.bits.size() * 2; };
-  DeviceBuffer dq(bytes(q)), dk(bytes(k)), dv(bytes(v)), dout(bytes(q));
-  DeviceBuffer dlse(static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q * 4);
+  DeviceBuffer dq(engine, bytes(q)), dk(engine, bytes(k)), dv(engine, bytes(v)),
+      dout(engine, bytes(q));
+  DeviceBuffer dlse(engine, static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q * 4);
   dq.upload(q.bits.data(), bytes(q));
   dk.upload(k.bits.data(), bytes(k));
   dv.upload(v.bits.data(), bytes(v));
@@ -39,13 +40,13 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optiona
   dlse.fill_bytes(0xff);
 
   auto with_data = [](TensorView view, const DeviceBuffer& buffer) {
-    view.data = buffer.get();
+    view.data = buffer.data();
     return view;
   };
   ForwardOptions options;
   options.causal = c.causal;
   options.family = family;
-  if (c.with_lse) options.lse = static_cast<float*>(dlse.get());
+  if (c.with_lse) options.lse = static_cast<float*>(dlse.data());
   const TensorView out_view = with_data(q.view, dout);
   ForwardCheck check;
   check.variant = engine.select_variant(with_data(q.view, dq), with_data(k.view, dk),
@@ -53,7 +54,7 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optiona
                       .name();
   engine.forward(with_data(q.view, dq), with_data(k.view, dk), with_data(v.view, dv), out_view,
                  options);
-  synchronize();
+  synchronize(engine);
 
   HostTensor out = HostTensor::make(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bhsd);
   dout.download(out.bits.data(), bytes(out));
@@ -79,7 +80,8 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optiona
         }
   check.relative_l2_error = ref2 > 0 ? std::sqrt(err2 / ref2) : std::sqrt(err2);
   if (c.with_lse) {
-    const auto lse = dlse.download_all<float>();
+    std::vector<float> lse(ref.lse.size());
+    dlse.download(lse.data(), lse.size() * sizeof(float));
     for (size_t i = 0; i < ref.lse.size(); ++i) {
       const double want = ref.lse[i];
       const double got = lse[i];
