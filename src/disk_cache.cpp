@@ -39,14 +39,13 @@ std::optional<std::string> read_file(const fs::path& path) {
   return text.str();
 }
 
-// Writes `bytes` to `target` atomically: a unique temp file in the same directory, fsync, rename.
-// Returns an error message, empty on success. A failure leaves no temp file behind.
-std::string write_atomically(const fs::path& target, const std::string& bytes) {
+// A unique temp file in `dir` holding `bytes`, fsynced. Returns an error message, empty on
+// success; a failure leaves no temp file behind.
+std::string write_temp(const fs::path& target, const std::string& bytes, fs::path& temp) {
   static std::atomic<unsigned> counter{0};
   static const unsigned long long salt = std::random_device{}();
-  const fs::path temp = target.parent_path() /
-                        fmt::format("{}{}.{}.{:x}.{}", kTempPrefix, target.filename().string(),
-                                    getpid(), salt, counter++);
+  temp = target.parent_path() / fmt::format("{}{}.{}.{:x}.{}", kTempPrefix,
+                                            target.filename().string(), getpid(), salt, counter++);
   int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) return fmt::format("cannot create {}: {}", temp.string(), std::strerror(errno));
   const char* data = bytes.data();
@@ -62,10 +61,41 @@ std::string write_atomically(const fs::path& target, const std::string& bytes) {
     error = fmt::format("cannot fsync {}: {}", temp.string(), std::strerror(errno));
   if (::close(fd) != 0 && error.empty())
     error = fmt::format("cannot close {}: {}", temp.string(), std::strerror(errno));
-  if (error.empty() && ::rename(temp.c_str(), target.c_str()) != 0)
-    error = fmt::format("cannot rename into {}: {}", target.string(), std::strerror(errno));
   if (!error.empty()) ::unlink(temp.c_str());
   return error;
+}
+
+// Replaces `target` atomically with `bytes` (temp file + rename).
+std::string replace_atomically(const fs::path& target, const std::string& bytes) {
+  fs::path temp;
+  std::string error = write_temp(target, bytes, temp);
+  if (error.empty() && ::rename(temp.c_str(), target.c_str()) != 0) {
+    error = fmt::format("cannot rename into {}: {}", target.string(), std::strerror(errno));
+    ::unlink(temp.c_str());
+  }
+  return error;
+}
+
+// Publishes `bytes` at `target` unless a complete file is already there; either way `published`
+// ends up holding the bytes that `target` holds. NVRTC output can differ between processes, so
+// the first writer's cubin wins and is never replaced: metadata written for it stays true.
+std::string publish_once(const fs::path& target, const std::string& bytes, std::string& published) {
+  fs::path temp;
+  std::string error = write_temp(target, bytes, temp);
+  if (!error.empty()) return error;
+  const int linked = ::link(temp.c_str(), target.c_str());
+  const int link_errno = errno;
+  ::unlink(temp.c_str());
+  if (linked == 0) {
+    published = bytes;
+    return {};
+  }
+  if (link_errno != EEXIST)
+    return fmt::format("cannot link into {}: {}", target.string(), std::strerror(link_errno));
+  auto existing = read_file(target);
+  if (!existing) return fmt::format("cannot read {}", target.string());
+  published = std::move(*existing);
+  return {};
 }
 
 std::string iso_time(fs::file_time_type time) {
@@ -75,7 +105,7 @@ std::string iso_time(fs::file_time_type time) {
                          std::chrono::time_point_cast<std::chrono::system_clock::duration>(system))));
 }
 
-json metadata(const CompiledKernel& k) {
+json metadata(const CompiledKernel& k, const std::string& cubin) {
   const Variant& v = k.variant;
   return json{{"name", v.name()},
               {"family", to_string(v.family)},
@@ -96,8 +126,8 @@ json metadata(const CompiledKernel& k) {
               {"nvrtc_version", nvrtc_version()},
               {"flashjit_version", std::string(version())},
               {"created", k.created},
-              {"cubin_bytes", k.cubin.size()},
-              {"cubin_xxh3", hash_hex(k.cubin)},
+              {"cubin_bytes", cubin.size()},
+              {"cubin_xxh3", hash_hex(cubin)},
               {"log", k.log}};
 }
 
@@ -170,9 +200,11 @@ std::optional<CompiledKernel> DiskCache::load(const Variant& variant, const std:
 
   auto discard = [&](const std::string& why) -> std::optional<CompiledKernel> {
     log().warn("cache entry {} is invalid ({}); discarding and recompiling", stem.string(), why);
+    // The cubin goes first: a cubin left without metadata (if we die here) must be a good one,
+    // because the next writer adopts an existing cubin rather than replacing it.
     std::error_code ec;
-    fs::remove(meta_path, ec);
     fs::remove(cubin_path, ec);
+    fs::remove(meta_path, ec);
     return std::nullopt;
   };
   CompiledKernel kernel;
@@ -201,9 +233,12 @@ std::optional<CompiledKernel> DiskCache::load(const Variant& variant, const std:
 std::string DiskCache::store(const CompiledKernel& kernel) const {
   if (!persistent_) return {};
   const fs::path stem = entry_stem(kernel.variant, kernel.key);
-  // The cubin first and the metadata last: a reader finds an entry only through its metadata.
-  std::string error = write_atomically(fs::path(stem.string() + ".cubin"), kernel.cubin);
-  if (error.empty()) error = write_atomically(fs::path(stem.string() + ".json"), metadata(kernel).dump(1));
+  // The cubin first and the metadata last: a reader finds an entry only through its metadata,
+  // and the metadata describes the cubin that is actually published.
+  std::string published;
+  std::string error = publish_once(fs::path(stem.string() + ".cubin"), kernel.cubin, published);
+  if (error.empty())
+    error = replace_atomically(fs::path(stem.string() + ".json"), metadata(kernel, published).dump(1));
   if (!error.empty()) log().warn("could not store {} in the cache: {}", kernel.variant.name(), error);
   return error;
 }

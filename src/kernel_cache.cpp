@@ -14,35 +14,43 @@ namespace flashjit {
 
 std::string_view version() { return FLASHJIT_VERSION; }
 
-std::string KernelCache::Impl::key_for(const Variant& variant) {
-  const auto& traits = detail::family_traits(variant.family);
-  std::vector<detail::SourceFile>* unit = nullptr;
-  {
-    std::lock_guard lock(mutex);
-    auto it = units.find(std::string(traits.source_file));
-    if (it == units.end())
-      it = units.emplace(traits.source_file, detail::kernel_translation_unit(std::string(traits.source_file)))
-               .first;
-    unit = &it->second;
-  }
+namespace detail {
+
+std::string content_key(const KeyInputs& inputs) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_128bits_reset(state);
   auto feed = [&](std::string_view text) {
     XXH3_128bits_update(state, text.data(), text.size());
-    XXH3_128bits_update(state, "\0", 1);  // field separator: no two inputs concatenate alike
+    XXH3_128bits_update(state, "\0", 1);
   };
-  feed(version());
-  feed(nvrtc_version());
-  feed(variant.name());
-  feed(detail::name_expression(variant));
-  for (const auto& option : detail::nvrtc_options(variant)) feed(option);
-  for (const auto& file : *unit) {
+  feed(inputs.flashjit_version);
+  feed(inputs.nvrtc_version);
+  feed(inputs.variant_name);
+  feed(inputs.name_expression);
+  for (const auto& option : inputs.options) feed(option);
+  for (const auto& file : inputs.sources) {
     feed(file.path);
     feed(file.text);
   }
   const XXH128_hash_t hash = XXH3_128bits_digest(state);
   XXH3_freeState(state);
   return fmt::format("{:016x}{:016x}", hash.high64, hash.low64);
+}
+
+}  // namespace detail
+
+std::string KernelCache::Impl::key_for(const Variant& variant) {
+  const auto& traits = detail::family_traits(variant.family);
+  detail::KeyInputs inputs{std::string(version()), nvrtc_version(), variant.name(),
+                           detail::name_expression(variant), detail::nvrtc_options(variant), {}};
+  std::lock_guard lock(mutex);
+  auto it = units.find(std::string(traits.source_file));
+  if (it == units.end())
+    it = units.emplace(traits.source_file,
+                       detail::kernel_translation_unit(std::string(traits.source_file)))
+             .first;
+  inputs.sources = it->second;
+  return detail::content_key(inputs);
 }
 
 std::shared_ptr<const detail::CompiledKernel> KernelCache::Impl::get(const Variant& variant,

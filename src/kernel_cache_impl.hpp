@@ -12,6 +12,21 @@
 #include "flashjit/flashjit.hpp"
 
 namespace flashjit {
+namespace detail {
+
+// Everything a compiled binary depends on; the content key hashes all of it.
+struct KeyInputs {
+  std::string flashjit_version;
+  std::string nvrtc_version;
+  std::string variant_name;
+  std::string name_expression;
+  std::vector<std::string> options;
+  std::vector<SourceFile> sources;  // the translation unit: main file and its includes
+};
+// 32 hex digits of XXH3-128 over the inputs, each field separated so none can run into the next.
+std::string content_key(const KeyInputs& inputs);
+
+}  // namespace detail
 
 struct KernelCache::Impl {
   explicit Impl(std::optional<std::filesystem::path> dir) : disk(std::move(dir)) {}

@@ -1,0 +1,130 @@
+// Bad forward arguments are rejected, naming the argument and what was expected.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "flashjit/flashjit.hpp"
+#include "validate.hpp"
+
+using namespace flashjit;
+
+namespace {
+
+// Aligned addresses that are never dereferenced: validation happens before any launch.
+void* fake(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+struct Args {
+  TensorView q = TensorView::bshd(fake(0x100000), DType::bf16, 2, 128, 8, 128);
+  TensorView k = TensorView::bshd(fake(0x200000), DType::bf16, 2, 256, 2, 128);
+  TensorView v = TensorView::bshd(fake(0x300000), DType::bf16, 2, 256, 2, 128);
+  TensorView out = TensorView::bshd(fake(0x400000), DType::bf16, 2, 128, 8, 128);
+  ForwardOptions options;
+};
+
+std::string rejection(const Args& a) {
+  try {
+    detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+bool mentions(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+}  // namespace
+
+TEST_CASE("valid arguments pass and fill the kernel params") {
+  Args a;
+  const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+  CHECK(problem.params.heads_per_kv == 4);
+  CHECK(problem.params.q_stride_s == 8 * 128);
+  CHECK(problem.softmax_scale == doctest::Approx(1.0 / std::sqrt(128.0)));
+  a.q = TensorView::bhsd(fake(0x100000), DType::bf16, 2, 128, 8, 128);  // BHSD is fine too
+  CHECK(detail::validate_forward(a.q, a.k, a.v, a.out, a.options).params.q_stride_h == 128 * 128);
+}
+
+TEST_CASE("each bad input is named") {
+  Args a;
+  SUBCASE("null pointers") {
+    a.k.data = nullptr;
+    CHECK(mentions(rejection(a), "k.data is null"));
+  }
+  SUBCASE("dtype mismatch") {
+    a.v.dtype = DType::fp16;
+    CHECK(mentions(rejection(a), "v.dtype is fp16, expected bf16"));
+  }
+  SUBCASE("out shape mismatch") {
+    a.out.shape[1] = 127;
+    CHECK(mentions(rejection(a), "out.shape[1] (seqlen) is 127: expected 128"));
+  }
+  SUBCASE("batch mismatch") {
+    a.k.shape[0] = 3;
+    CHECK(mentions(rejection(a), "k.shape[0] (batch) is 3"));
+  }
+  SUBCASE("k/v shape mismatch") {
+    a.v.shape[1] = 255;
+    CHECK(mentions(rejection(a), "v.shape[1] (seqlen) is 255"));
+  }
+  SUBCASE("unsupported head_dim") {
+    for (TensorView* t : {&a.q, &a.k, &a.v, &a.out}) t->shape[3] = 80;
+    CHECK(mentions(rejection(a), "head_dim (q.shape[3]) is 80: expected one of 32, 64"));
+  }
+  SUBCASE("heads not a multiple") {
+    a.k.shape[2] = a.v.shape[2] = 3;
+    CHECK(mentions(rejection(a), "q heads (8) is not a multiple of k/v heads (3)"));
+  }
+  SUBCASE("misaligned pointer") {
+    a.q.data = fake(0x100008);
+    CHECK(mentions(rejection(a), "q.data (0x100008) is not 16-byte aligned"));
+  }
+  SUBCASE("misaligned stride") {
+    a.k.stride[1] = 2 * 128 + 4;
+    CHECK(mentions(rejection(a), "k.stride[1] (seqlen) is 260 elements: expected a multiple of 8"));
+  }
+  SUBCASE("head_dim not contiguous") {
+    a.out.stride[3] = 2;
+    CHECK(mentions(rejection(a), "out.stride[3] (head_dim) is 2: expected 1"));
+  }
+  SUBCASE("negative size") {
+    a.q.shape[0] = a.out.shape[0] = -1;
+    CHECK(mentions(rejection(a), "q.shape[0] (batch) is -1"));
+  }
+  SUBCASE("no keys") {
+    a.k.shape[1] = a.v.shape[1] = 0;
+    CHECK(mentions(rejection(a), "seqlen_k) is 0"));
+  }
+  SUBCASE("bad softmax scale") {
+    a.options.softmax_scale = std::numeric_limits<float>::infinity();
+    CHECK(mentions(rejection(a), "softmax_scale is inf"));
+  }
+  SUBCASE("misaligned lse") {
+    a.options.lse = static_cast<float*>(fake(0x500002));
+    CHECK(mentions(rejection(a), "lse is not 4-byte aligned"));
+  }
+}
+
+TEST_CASE("zero batch, heads or seqlen_q is an empty problem (a documented no-op)") {
+  Args a;
+  a.q.shape[1] = a.out.shape[1] = 0;
+  CHECK(detail::validate_forward(a.q, a.k, a.v, a.out, a.options).empty());
+  Args b;
+  b.q.shape[0] = b.out.shape[0] = b.k.shape[0] = b.v.shape[0] = 0;
+  CHECK(detail::validate_forward(b.q, b.k, b.v, b.out, b.options).empty());
+}
+
+TEST_CASE("the Engine reports a missing driver or GPU clearly") {
+  try {
+    Engine engine(0);
+    MESSAGE("a GPU is present; nothing to check here");
+  } catch (const Error& e) {
+    CHECK((e.code() == ErrorCode::no_driver || e.code() == ErrorCode::no_device));
+    const std::string text = e.what();
+    CHECK((mentions(text, "no CUDA driver found") || mentions(text, "no CUDA device")));
+  }
+}

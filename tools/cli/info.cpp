@@ -1,0 +1,98 @@
+// `flashjit info`: versions, what NVRTC can target, the GPUs here, and the cache's size.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli.hpp"
+#include "table.hpp"
+
+namespace flashjit::cli {
+namespace {
+
+struct GpuSurvey {
+  std::optional<int> driver_version;
+  std::vector<DeviceInfo> devices;
+  std::string why_none;  // set when `devices` is empty
+};
+
+GpuSurvey survey_gpus() {
+  GpuSurvey survey;
+  try {
+    survey.driver_version = flashjit::driver_version();
+    survey.devices = flashjit::devices();
+    if (survey.devices.empty()) survey.why_none = "the CUDA driver sees no device";
+  } catch (const Error& e) {
+    survey.why_none = e.what();
+  }
+  return survey;
+}
+
+std::string driver_text(int version) {
+  return fmt::format("{}.{}", version / 1000, version % 1000 / 10);
+}
+
+void print_text(const GpuSurvey& gpus, const KernelCache& cache,
+                const std::vector<CacheEntry>& entries, std::uint64_t bytes) {
+  auto row = [](std::string_view label, const std::string& value) {
+    fmt::print("{:<13}{}\n", label, value);
+  };
+  row("flashjit", std::string(version()));
+  row("NVRTC", nvrtc_version());
+  row("NVRTC archs", fmt::format("{}", fmt::join(nvrtc_archs(), " ")));
+  row("CUDA driver", gpus.driver_version ? driver_text(*gpus.driver_version) : "none");
+  if (gpus.devices.empty()) row("GPU", fmt::format("no GPU ({})", gpus.why_none));
+  for (const DeviceInfo& d : gpus.devices)
+    row(fmt::format("GPU {}", d.ordinal),
+        fmt::format("{}, compute capability {}.{} (compiles for {}), {} SMs, {} memory, {} "
+                    "shared memory per block",
+                    d.name, d.cc_major, d.cc_minor, d.arch, d.multiprocessors,
+                    human_bytes(d.total_memory), human_bytes(d.max_shared_per_block_optin)));
+  row("cache", describe_cache_location(cache));
+  row("entries", fmt::format("{} ({})", entries.size(), human_bytes(bytes)));
+}
+
+nlohmann::json to_json(const GpuSurvey& gpus, const KernelCache& cache, std::size_t entries,
+                       std::uint64_t bytes) {
+  nlohmann::json devices = nlohmann::json::array();
+  for (const DeviceInfo& d : gpus.devices)
+    devices.push_back({{"ordinal", d.ordinal},
+                       {"name", d.name},
+                       {"compute_capability", fmt::format("{}.{}", d.cc_major, d.cc_minor)},
+                       {"arch", d.arch},
+                       {"multiprocessors", d.multiprocessors},
+                       {"total_memory_bytes", d.total_memory},
+                       {"max_shared_per_block_optin", d.max_shared_per_block_optin}});
+  const auto dir = cache.directory();
+  return {{"flashjit_version", version()},
+          {"nvrtc_version", nvrtc_version()},
+          {"nvrtc_archs", nvrtc_archs()},
+          {"driver_version", gpus.driver_version ? nlohmann::json(*gpus.driver_version) : nullptr},
+          {"gpus", devices},
+          {"gpu_error", gpus.devices.empty() ? nlohmann::json(gpus.why_none) : nullptr},
+          {"cache",
+           {{"dir", dir ? nlohmann::json(dir->string()) : nullptr},
+            {"entries", entries},
+            {"bytes", bytes}}}};
+}
+
+}  // namespace
+
+void add_info_command(CLI::App& app, const GlobalOptions& globals, int& status) {
+  auto json = std::make_shared<bool>(false);
+  CLI::App* command = app.add_subcommand(
+      "info", "Versions, NVRTC targets, the GPUs found, and the cache directory and size");
+  command->add_flag("--json", *json, "Print one JSON object");
+  command->callback([&globals, &status, json] {
+    const GpuSurvey gpus = survey_gpus();
+    const auto cache = open_cache(globals, false);
+    const auto entries = cache->list();
+    std::uint64_t bytes = 0;
+    for (const CacheEntry& e : entries) bytes += e.cubin_bytes;
+    if (*json) fmt::print("{}\n", to_json(gpus, *cache, entries.size(), bytes).dump(2));
+    else print_text(gpus, *cache, entries, bytes);
+    status = 0;
+  });
+}
+
+}  // namespace flashjit::cli

@@ -1,0 +1,110 @@
+#include "options.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+namespace flashjit::cli {
+namespace {
+
+constexpr Family kFamilies[] = {Family::simt, Family::mma, Family::wgmma};
+
+std::vector<std::string> family_names() {
+  std::vector<std::string> names;
+  for (Family family : kFamilies) names.emplace_back(to_string(family));
+  return names;
+}
+
+// Rewrites the value to its canonical arch, or returns normalize_arch's message (which lists
+// every valid spelling) for CLI11 to print after the option's name.
+CLI::Validator arch_validator() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        try {
+          value = normalize_arch(value);
+          return {};
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "ARCH");
+}
+
+}  // namespace
+
+CLI::Option* add_arch_option(CLI::App& command, std::string& arch, const std::string& help) {
+  return command.add_option("--arch", arch, help)->transform(arch_validator())->type_name("ARCH");
+}
+
+CLI::Option* add_archs_option(CLI::App& command, std::vector<std::string>& archs,
+                              const std::string& help) {
+  return command.add_option("--arch", archs, help)
+      ->delimiter(',')
+      ->transform(arch_validator())
+      ->type_name("ARCH[,ARCH...]");
+}
+
+CLI::Option* add_dtype_option(CLI::App& command, std::vector<std::string>& dtypes) {
+  return command.add_option("--dtype", dtypes, "Element types (default: both)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"bf16", "fp16"}))
+      ->type_name("bf16,fp16");
+}
+
+CLI::Option* add_head_dim_option(CLI::App& command, std::vector<int>& head_dims) {
+  return command
+      .add_option("--head-dim", head_dims, "Head dims (default: every supported one)")
+      ->delimiter(',')
+      ->check(CLI::IsMember(supported_head_dims()))
+      ->type_name("D[,D...]");
+}
+
+CLI::Option* add_family_option(CLI::App& command, std::vector<std::string>& families,
+                               const std::string& help) {
+  return command.add_option("--family", families, help)
+      ->delimiter(',')
+      ->check(CLI::IsMember(family_names()))
+      ->type_name("simt,mma,wgmma");
+}
+
+CLI::Option* add_causal_option(CLI::App& command, std::string& choice) {
+  return command.add_option("--causal", choice, "Causal mask: yes, no or both")
+      ->check(CLI::IsMember({"yes", "no", "both"}))
+      ->default_str("both")
+      ->type_name("yes|no|both");
+}
+
+DType dtype_from_name(std::string_view name) { return name == "fp16" ? DType::fp16 : DType::bf16; }
+
+Family family_from_name(std::string_view name) {
+  for (Family family : kFamilies)
+    if (to_string(family) == name) return family;
+  throw Error(ErrorCode::invalid_argument,
+              fmt::format("unknown family '{}': expected simt, mma or wgmma", name));
+}
+
+std::vector<bool> causal_values(std::string_view choice) {
+  if (choice == "yes") return {true};
+  if (choice == "no") return {false};
+  return {false, true};
+}
+
+std::vector<DType> dtypes_or_all(const std::vector<std::string>& names) {
+  if (names.empty()) return {DType::bf16, DType::fp16};
+  std::vector<DType> dtypes;
+  for (const auto& name : names) {
+    const DType dtype = dtype_from_name(name);
+    if (std::find(dtypes.begin(), dtypes.end(), dtype) == dtypes.end()) dtypes.push_back(dtype);
+  }
+  return dtypes;
+}
+
+std::vector<int> head_dims_or_all(const std::vector<int>& head_dims) {
+  if (head_dims.empty()) return supported_head_dims();
+  std::vector<int> unique;
+  for (int d : head_dims)
+    if (std::find(unique.begin(), unique.end(), d) == unique.end()) unique.push_back(d);
+  return unique;
+}
+
+}  // namespace flashjit::cli

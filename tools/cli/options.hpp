@@ -1,0 +1,40 @@
+// Option types that several subcommands share: arch, variant name, dtype, head dim, family and
+// the causal choice, each validated by CLI11 so a bad value is reported with the option's name.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "flashjit/flashjit.hpp"
+
+namespace flashjit::cli {
+
+// --arch ARCH: any spelling normalize_arch accepts; the stored value becomes the canonical arch.
+CLI::Option* add_arch_option(CLI::App& command, std::string& arch, const std::string& help);
+// --arch ARCH[,ARCH...]
+CLI::Option* add_archs_option(CLI::App& command, std::vector<std::string>& archs,
+                              const std::string& help);
+// --dtype bf16,fp16
+CLI::Option* add_dtype_option(CLI::App& command, std::vector<std::string>& dtypes);
+// --head-dim 64,128: supported head dims only.
+CLI::Option* add_head_dim_option(CLI::App& command, std::vector<int>& head_dims);
+// --family simt,mma,wgmma
+CLI::Option* add_family_option(CLI::App& command, std::vector<std::string>& families,
+                               const std::string& help);
+// --causal yes|no|both
+CLI::Option* add_causal_option(CLI::App& command, std::string& choice);
+
+// Values already checked by the options above.
+DType dtype_from_name(std::string_view name);
+Family family_from_name(std::string_view name);
+std::vector<bool> causal_values(std::string_view choice);
+
+// The values to cover: the user's list, or every value when the list is empty.
+std::vector<DType> dtypes_or_all(const std::vector<std::string>& names);
+std::vector<int> head_dims_or_all(const std::vector<int>& head_dims);
+
+}  // namespace flashjit::cli
