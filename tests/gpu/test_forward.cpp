@@ -57,9 +57,8 @@ TEST_CASE("forward matches the float64 reference for every family on this GPU") 
         FAIL(fmt::format("{} {}: {}", to_string(family), c.describe(), e.what()));
         continue;
       }
-      INFO(check.variant, " on ", c.describe());
-      INFO("max abs ", check.max_abs_error, ", rel l2 ", check.relative_l2_error, ", lse ",
-           check.max_lse_error);
+      CAPTURE(check.variant);
+      CAPTURE(c.describe());
       CHECK(check.all_written);
       CHECK(check.max_abs_error <= max_abs_tolerance(c.dtype));
       CHECK(check.relative_l2_error <= relative_tolerance(c.dtype));

@@ -1,0 +1,34 @@
+// The C API without a GPU: status codes and messages for the calls that need none or fail.
+#include <doctest/doctest.h>
+
+#include <string>
+
+#include "flashjit/flashjit.h"
+#include "temp_dir.hpp"
+
+TEST_CASE("version and precompile work with no GPU") {
+  CHECK(std::string(flashjit_version()) == FLASHJIT_VERSION_STRING);
+  flashjit::test::TempDir dir;
+  const char* names[] = {"simt.sm80.fp16.d64.m64n64s1.causal"};
+  CHECK(flashjit_precompile(dir.path().c_str(), names, 1) == FLASHJIT_OK);
+  const char* bad[] = {"simt.sm80.fp16.d65.m64n64s1"};
+  CHECK(flashjit_precompile(dir.path().c_str(), bad, 1) == FLASHJIT_INVALID_ARGUMENT);
+  CHECK(std::string(flashjit_last_error()).find("head_dim") != std::string::npos);
+}
+
+TEST_CASE("engine creation reports the missing driver; null handles are invalid arguments") {
+  flashjit_engine* engine = nullptr;
+  const flashjit_status status = flashjit_engine_create(0, nullptr, &engine);
+  if (status == FLASHJIT_OK) {
+    MESSAGE("a GPU is present; the no-driver path is not exercised here");
+    flashjit_engine_destroy(engine);
+  } else {
+    CHECK((status == FLASHJIT_NO_DRIVER || status == FLASHJIT_NO_DEVICE));
+    CHECK(engine == nullptr);
+    CHECK(std::string(flashjit_last_error()).find("CUDA") != std::string::npos);
+  }
+  CHECK(flashjit_engine_create(0, nullptr, nullptr) == FLASHJIT_INVALID_ARGUMENT);
+  CHECK(flashjit_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) ==
+        FLASHJIT_INVALID_ARGUMENT);
+  CHECK(std::string(flashjit_last_error()).find("engine is null") != std::string::npos);
+}

@@ -1,0 +1,117 @@
+// Engine behaviour on a GPU beyond numerics: bad input launches nothing, concurrency, determinism.
+#include <doctest/doctest.h>
+
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "flashjit/device_memory.hpp"
+#include "gpu.hpp"
+#include "reference.hpp"
+#include "temp_dir.hpp"
+
+using namespace flashjit;
+using namespace flashjit::test;
+
+namespace {
+
+// Random q/k/v and a poisoned output of one BSHD problem on the GPU.
+struct Problem {
+  Problem(Engine& engine, int b, int s, int h, int d, DType dtype = DType::bf16)
+      : q(HostTensor::make(dtype, b, s, h, d, false)),
+        q_dev(engine, q.bits.size() * 2),
+        k_dev(engine, q.bits.size() * 2),
+        v_dev(engine, q.bits.size() * 2),
+        out_dev(engine, q.bits.size() * 2) {
+    std::mt19937 rng(99);
+    for (DeviceBuffer* buffer : {&q_dev, &k_dev, &v_dev}) {
+      q.fill_random(rng);
+      buffer->upload(q.bits.data(), q.bits.size() * 2);
+    }
+    out_dev.fill_bytes(0xff);
+  }
+  TensorView view(const DeviceBuffer& buffer) const {
+    TensorView v = q.view;
+    v.data = buffer.data();
+    return v;
+  }
+  std::vector<std::uint16_t> output() const {
+    std::vector<std::uint16_t> bits(q.bits.size());
+    out_dev.download(bits.data(), bits.size() * 2);
+    return bits;
+  }
+  HostTensor q;
+  DeviceBuffer q_dev, k_dev, v_dev, out_dev;
+};
+
+bool untouched(const std::vector<std::uint16_t>& bits) {
+  for (auto b : bits)
+    if (b != 0xffff) return false;
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("bad input throws before any launch: the output stays untouched") {
+  Engine& engine = shared_engine();
+  Problem p(engine, 1, 64, 2, 64);
+  TensorView k = p.view(p.k_dev);
+  k.stride[1] += 4;  // not 16-byte aligned
+  CHECK_THROWS_AS(engine.forward(p.view(p.q_dev), k, p.view(p.v_dev), p.view(p.out_dev)), Error);
+  TensorView v = p.view(p.v_dev);
+  v.dtype = DType::fp16;
+  CHECK_THROWS_AS(engine.forward(p.view(p.q_dev), p.view(p.k_dev), v, p.view(p.out_dev)), Error);
+  ForwardOptions forced;
+  forced.family = Family::wgmma;
+  forced.softmax_scale = -1.f;
+  CHECK_THROWS_AS(engine.forward(p.view(p.q_dev), p.view(p.k_dev), p.view(p.v_dev),
+                                 p.view(p.out_dev), forced),
+                  Error);
+  synchronize(engine);
+  CHECK(untouched(p.output()));
+}
+
+TEST_CASE("an empty problem is a no-op") {
+  Engine& engine = shared_engine();
+  Problem p(engine, 1, 64, 2, 64);
+  TensorView q = p.view(p.q_dev), out = p.view(p.out_dev);
+  q.shape[1] = out.shape[1] = 0;
+  engine.forward(q, p.view(p.k_dev), p.view(p.v_dev), out);
+  synchronize(engine);
+  CHECK(untouched(p.output()));
+}
+
+TEST_CASE("the same input twice gives bitwise the same output") {
+  Engine& engine = shared_engine();
+  Problem p(engine, 2, 333, 4, 128);
+  ForwardOptions options;
+  options.causal = true;
+  engine.forward(p.view(p.q_dev), p.view(p.k_dev), p.view(p.v_dev), p.view(p.out_dev), options);
+  synchronize(engine);
+  const auto first = p.output();
+  p.out_dev.fill_bytes(0xff);
+  engine.forward(p.view(p.q_dev), p.view(p.k_dev), p.view(p.v_dev), p.view(p.out_dev), options);
+  synchronize(engine);
+  CHECK(first == p.output());
+}
+
+TEST_CASE("many threads launching a new variant at once compile and load it once") {
+  TempDir dir;
+  Engine engine(0, std::make_shared<KernelCache>(CacheOptions{dir.path()}));
+  Problem p(engine, 1, 100, 2, 96, DType::fp16);
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(8);
+  for (auto& error : errors)
+    threads.emplace_back([&] {
+      try {
+        engine.forward(p.view(p.q_dev), p.view(p.k_dev), p.view(p.v_dev), p.view(p.out_dev));
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  synchronize(engine);
+  for (const auto& error : errors) CHECK(error.empty());
+  CHECK(engine.cache().list().size() == 1);
+  CHECK_FALSE(untouched(p.output()));
+}

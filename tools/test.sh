@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# The test command: installs what is missing, builds, and runs every test suite with ctest.
+# Without a GPU the GPU suite reports itself as Skipped, with the reason.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+build=${FLASHJIT_BUILD_DIR:-$root/build}
+"$root/tools/install_deps.sh"
+cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+cmake --build "$build" -j "$(nproc)"
+cd "$build"
+ctest --output-on-failure -j 1 "$@"
