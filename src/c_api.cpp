@@ -91,6 +91,18 @@ const char* flashjit_version(void) {
   return text.c_str();
 }
 
+const char* flashjit_nvrtc_version(void) {
+  static const std::string text = flashjit::nvrtc_version();
+  return text.c_str();
+}
+
+flashjit_status flashjit_driver_version(int32_t* version) {
+  return guarded([&] {
+    require(version != nullptr, "version is null: expected an int32_t* to fill");
+    *version = flashjit::driver_version();
+  });
+}
+
 const char* flashjit_last_error(void) { return last_error.c_str(); }
 
 flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashjit_engine** engine) {

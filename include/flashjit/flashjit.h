@@ -42,6 +42,10 @@ typedef struct flashjit_forward_options {
 typedef struct flashjit_engine flashjit_engine;
 
 const char* flashjit_version(void);
+/* The NVRTC this process compiles with, e.g. "13.0". */
+const char* flashjit_nvrtc_version(void);
+/* The CUDA driver's version (e.g. 13000) in *version; FLASHJIT_NO_DRIVER without one. */
+flashjit_status flashjit_driver_version(int32_t* version);
 /* The message of the last failed call on this thread ("" if none). */
 const char* flashjit_last_error(void);
 

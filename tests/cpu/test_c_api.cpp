@@ -8,6 +8,7 @@
 
 TEST_CASE("version and precompile work with no GPU") {
   CHECK(std::string(flashjit_version()) == FLASHJIT_VERSION_STRING);
+  CHECK(std::string(flashjit_nvrtc_version()).find('.') != std::string::npos);
   flashjit::test::TempDir dir;
   const char* names[] = {"simt.sm80.fp16.d64.m64n64s1.causal"};
   CHECK(flashjit_precompile(dir.path().c_str(), names, 1) == FLASHJIT_OK);

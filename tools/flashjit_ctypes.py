@@ -1,0 +1,341 @@
+"""ctypes binding of flashjit's C API (include/flashjit/flashjit.h).
+
+Stdlib only, so it loads (and reports what is wrong) on a machine without torch or a GPU.
+Tensors are passed as raw device pointers plus element strides; `tensor_from_torch` builds
+one from a torch tensor viewed as [batch, seqlen, heads, head_dim].
+
+    lib = Flashjit(find_library())
+    with lib.create_engine(device=0) as engine:
+        engine.forward(q, k, v, out, causal=True, lse=lse_ptr, stream=stream_handle)
+"""
+
+import ctypes
+import os
+import struct
+from pathlib import Path
+
+# flashjit_status, in the order of the C enum.
+STATUS_NAMES = {
+    0: "FLASHJIT_OK",
+    1: "FLASHJIT_INVALID_ARGUMENT",
+    2: "FLASHJIT_NO_DRIVER",
+    3: "FLASHJIT_NO_DEVICE",
+    4: "FLASHJIT_COMPILE_FAILED",
+    5: "FLASHJIT_CUDA_ERROR",
+    6: "FLASHJIT_CACHE_ERROR",
+    7: "FLASHJIT_UNSUPPORTED",
+    8: "FLASHJIT_INTERNAL_ERROR",
+}
+OK = 0
+INVALID_ARGUMENT = 1
+NO_DRIVER = 2
+NO_DEVICE = 3
+COMPILE_FAILED = 4
+CUDA_ERROR = 5
+CACHE_ERROR = 6
+UNSUPPORTED = 7
+INTERNAL_ERROR = 8
+
+BF16 = 0
+FP16 = 1
+DTYPES = {"bf16": BF16, "fp16": FP16}
+
+FAMILIES = ("simt", "mma", "wgmma")
+
+
+class FlashjitTensor(ctypes.Structure):
+    """flashjit_tensor: a [batch, seqlen, heads, head_dim] view, strides in elements."""
+
+    _fields_ = [
+        ("data", ctypes.c_void_p),
+        ("dtype", ctypes.c_int32),
+        ("shape", ctypes.c_int64 * 4),
+        ("stride", ctypes.c_int64 * 4),
+    ]
+
+    def __repr__(self):
+        return (f"FlashjitTensor(data=0x{self.data or 0:x}, dtype={self.dtype}, "
+                f"shape={list(self.shape)}, stride={list(self.stride)})")
+
+
+class FlashjitForwardOptions(ctypes.Structure):
+    """flashjit_forward_options. `lse` is a float* (c_void_p has the same ABI)."""
+
+    _fields_ = [
+        ("softmax_scale", ctypes.c_float),
+        ("causal", ctypes.c_int32),
+        ("lse", ctypes.c_void_p),
+        ("family", ctypes.c_char_p),
+    ]
+
+
+class FlashjitError(RuntimeError):
+    """A call returned a status other than FLASHJIT_OK; `message` is flashjit_last_error()."""
+
+    def __init__(self, function, status, message):
+        self.function = function
+        self.status = status
+        self.status_name = STATUS_NAMES.get(status, f"status {status}")
+        self.message = message
+        super().__init__(f"{function}: {self.status_name}: {message}")
+
+    @property
+    def unsupported(self):
+        return self.status == UNSUPPORTED
+
+
+def make_tensor(data_ptr, dtype, shape, stride):
+    """A FlashjitTensor from a pointer (int), a dtype ('bf16'/'fp16'), 4 sizes and 4 strides."""
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r}: expected one of {sorted(DTYPES)}")
+    if len(shape) != 4 or len(stride) != 4:
+        raise ValueError(f"shape {tuple(shape)} / stride {tuple(stride)}: expected 4 entries each "
+                         "([batch, seqlen, heads, head_dim])")
+    t = FlashjitTensor()
+    t.data = int(data_ptr)
+    t.dtype = DTYPES[dtype]
+    for i in range(4):
+        t.shape[i] = int(shape[i])
+        t.stride[i] = int(stride[i])
+    return t
+
+
+def tensor_from_torch(t):
+    """A FlashjitTensor viewing a torch CUDA tensor of shape [batch, seqlen, heads, head_dim].
+
+    The tensor must stay alive while flashjit uses the view: this keeps only its pointer."""
+    names = {"torch.bfloat16": "bf16", "torch.float16": "fp16"}
+    dtype = names.get(str(t.dtype))
+    if dtype is None:
+        raise ValueError(f"tensor dtype {t.dtype}: flashjit takes torch.bfloat16 or torch.float16")
+    if t.dim() != 4:
+        raise ValueError(f"tensor of shape {tuple(t.shape)}: expected 4 dims "
+                         "[batch, seqlen, heads, head_dim]")
+    return make_tensor(t.data_ptr(), dtype, tuple(t.shape), tuple(t.stride()))
+
+
+def _encode(text):
+    return None if text is None else str(text).encode()
+
+
+class Flashjit:
+    """The loaded shared library, with prototypes declared for every C API function."""
+
+    def __init__(self, path):
+        self.path = str(path)
+        try:
+            self.lib = ctypes.CDLL(self.path)
+        except OSError as e:
+            raise FlashjitLoadError(
+                f"cannot load {self.path}: {e}. If a dependency (libnvrtc, libfmt, libspdlog, "
+                "libxxhash) is missing, point LD_LIBRARY_PATH at the folder holding them "
+                "(e.g. LD_LIBRARY_PATH=.devpack)") from e
+        lib = self.lib
+        P = ctypes.POINTER
+        lib.flashjit_version.restype = ctypes.c_char_p
+        lib.flashjit_version.argtypes = []
+        lib.flashjit_last_error.restype = ctypes.c_char_p
+        lib.flashjit_last_error.argtypes = []
+        lib.flashjit_engine_create.restype = ctypes.c_int
+        lib.flashjit_engine_create.argtypes = [ctypes.c_int, ctypes.c_char_p,
+                                               P(ctypes.c_void_p)]
+        lib.flashjit_engine_destroy.restype = None
+        lib.flashjit_engine_destroy.argtypes = [ctypes.c_void_p]
+        tensor_args = [ctypes.c_void_p] + [P(FlashjitTensor)] * 4 + [P(FlashjitForwardOptions)]
+        lib.flashjit_forward.restype = ctypes.c_int
+        lib.flashjit_forward.argtypes = tensor_args + [ctypes.c_void_p]
+        lib.flashjit_select_variant.restype = ctypes.c_int
+        lib.flashjit_select_variant.argtypes = tensor_args + [ctypes.c_char_p, ctypes.c_int32]
+        lib.flashjit_precompile.restype = ctypes.c_int
+        lib.flashjit_precompile.argtypes = [ctypes.c_char_p, P(ctypes.c_char_p), ctypes.c_int32]
+        lib.flashjit_nvrtc_version.restype = ctypes.c_char_p
+        lib.flashjit_nvrtc_version.argtypes = []
+        lib.flashjit_driver_version.restype = ctypes.c_int
+        lib.flashjit_driver_version.argtypes = [P(ctypes.c_int32)]
+
+    def last_error(self):
+        return (self.lib.flashjit_last_error() or b"").decode(errors="replace")
+
+    def check(self, function, status):
+        if status != OK:
+            raise FlashjitError(function, status, self.last_error())
+
+    def version(self):
+        return self.lib.flashjit_version().decode()
+
+    def nvrtc_version(self):
+        """The NVRTC flashjit compiles with, as 'major.minor' (it may be torch's copy of
+        libnvrtc when the sonames match: see loaded_nvrtc for its path)."""
+        return self.lib.flashjit_nvrtc_version().decode()
+
+    def driver_version(self):
+        """The CUDA driver's version as 'major.minor', or None without a driver."""
+        version = ctypes.c_int32()
+        if self.lib.flashjit_driver_version(ctypes.byref(version)) != OK:
+            return None
+        return f"{version.value // 1000}.{version.value % 1000 // 10}"
+
+    def create_engine(self, device=0, cache_dir=None):
+        handle = ctypes.c_void_p()
+        self.check("flashjit_engine_create",
+                   self.lib.flashjit_engine_create(int(device), _encode(cache_dir),
+                                                   ctypes.byref(handle)))
+        return Engine(self, handle)
+
+    def precompile(self, variant_names, cache_dir=None):
+        """Compiles the named variants into the disk cache (parallel, no GPU needed)."""
+        names = [_encode(n) for n in variant_names]
+        array = (ctypes.c_char_p * max(1, len(names)))(*names)
+        self.check("flashjit_precompile",
+                   self.lib.flashjit_precompile(_encode(cache_dir), array, len(names)))
+
+
+class FlashjitLoadError(RuntimeError):
+    pass
+
+
+class Engine:
+    """One flashjit_engine (one GPU). Use as a context manager or call close()."""
+
+    def __init__(self, owner, handle):
+        self.owner = owner
+        self.lib = owner.lib
+        self.handle = handle
+
+    def close(self):
+        if self.handle:
+            self.lib.flashjit_engine_destroy(self.handle)
+            self.handle = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+    @staticmethod
+    def options(causal=False, softmax_scale=0.0, lse=None, family=None):
+        """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
+        the dispatcher's choice, else 'simt', 'mma' or 'wgmma'."""
+        o = FlashjitForwardOptions()
+        o.softmax_scale = float(softmax_scale)
+        o.causal = 1 if causal else 0
+        o.lse = int(lse) if lse else None
+        o.family = _encode(family) if family else None
+        return o
+
+    def forward_raw(self, q, k, v, out, options, stream=None):
+        """forward with prebuilt structs (what a timing loop wants: no per-call conversion)."""
+        status = self.lib.flashjit_forward(self.handle, ctypes.byref(q), ctypes.byref(k),
+                                           ctypes.byref(v), ctypes.byref(out),
+                                           ctypes.byref(options), stream or None)
+        if status != OK:
+            raise FlashjitError("flashjit_forward", status, self.owner.last_error())
+
+    def forward(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None, family=None,
+                stream=None):
+        self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family), stream)
+
+    def select_variant(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None,
+                       family=None):
+        """The canonical variant name forward would run, e.g. 'mma.sm90.bf16.d128.m128n64s2'."""
+        options = self.options(causal, softmax_scale, lse, family)
+        buf = ctypes.create_string_buffer(256)
+        self.owner.check("flashjit_select_variant",
+                         self.lib.flashjit_select_variant(
+                             self.handle, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
+                             ctypes.byref(out), ctypes.byref(options), buf, len(buf)))
+        return buf.value.decode()
+
+
+def find_library(explicit=None):
+    """Path of libflashjit: explicit (--lib), else $FLASHJIT_LIB, else build/libflashjit.so of
+    this checkout, else ./build/libflashjit.so. Raises FlashjitLoadError listing what it tried."""
+    if explicit:
+        candidates = [Path(explicit)]
+    elif os.environ.get("FLASHJIT_LIB"):
+        candidates = [Path(os.environ["FLASHJIT_LIB"])]
+    else:
+        repo = Path(__file__).resolve().parent.parent
+        candidates = [repo / "build" / "libflashjit.so", Path.cwd() / "build" / "libflashjit.so"]
+    for path in candidates:
+        if path.is_file():
+            return path
+    tried = ", ".join(str(p) for p in candidates)
+    raise FlashjitLoadError(
+        f"libflashjit not found (tried {tried}). Build it (cmake -S . -B build -G Ninja && "
+        "cmake --build build --target flashjit) or pass --lib PATH / set FLASHJIT_LIB")
+
+
+# --- which libnvrtc flashjit uses (the C API does not report it) --------------------------
+
+def elf_needed(path):
+    """DT_NEEDED sonames of a 64-bit little-endian ELF shared object ([] if unreadable)."""
+    try:
+        data = Path(path).read_bytes()
+    except OSError:
+        return []
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        return []
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = []
+    for i in range(shnum):
+        base = shoff + i * shentsize
+        sh_type, = struct.unpack_from("<I", data, base + 4)
+        sh_offset, sh_size = struct.unpack_from("<QQ", data, base + 0x18)
+        sh_link, = struct.unpack_from("<I", data, base + 0x28)
+        sections.append((sh_type, sh_offset, sh_size, sh_link))
+    needed = []
+    for sh_type, offset, size, link in sections:
+        if sh_type != 6:  # SHT_DYNAMIC
+            continue
+        strtab_offset = sections[link][1]
+        for pos in range(offset, offset + size, 16):
+            tag, value = struct.unpack_from("<qQ", data, pos)
+            if tag == 0:  # DT_NULL
+                break
+            if tag == 1:  # DT_NEEDED
+                end = data.index(b"\0", strtab_offset + value)
+                needed.append(data[strtab_offset + value:end].decode())
+    return needed
+
+
+def loaded_nvrtc(library_path):
+    """{'path', 'version'} of the libnvrtc this process loaded for `library_path`, or None.
+
+    Reads the NEEDED soname from the ELF file and finds the mapped file in /proc/self/maps:
+    when torch preloaded a libnvrtc with the same soname, that copy is the one flashjit uses."""
+    sonames = [n for n in elf_needed(os.path.realpath(library_path)) if n.startswith("libnvrtc")]
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return None
+    mapped = []
+    for line in maps.splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and "libnvrtc" in parts[5] and "builtins" not in parts[5]:
+            if parts[5] not in mapped:
+                mapped.append(parts[5])
+    chosen = None
+    for path in mapped:
+        base = os.path.basename(path)
+        if not sonames or any(base.startswith(s) for s in sonames):
+            chosen = path
+            break
+    if chosen is None:
+        return None
+    try:
+        nvrtc = ctypes.CDLL(chosen)
+        major, minor = ctypes.c_int(), ctypes.c_int()
+        if nvrtc.nvrtcVersion(ctypes.byref(major), ctypes.byref(minor)) != 0:
+            return {"path": chosen, "version": None}
+        return {"path": chosen, "version": f"{major.value}.{minor.value}"}
+    except OSError:
+        return {"path": chosen, "version": None}
