@@ -41,7 +41,7 @@ void print_text(const GpuSurvey& gpus, const KernelCache& cache,
   row("NVRTC", nvrtc_version());
   row("NVRTC archs", fmt::format("{}", fmt::join(nvrtc_archs(), " ")));
   row("CUDA driver", gpus.driver_version ? driver_text(*gpus.driver_version) : "none");
-  if (gpus.devices.empty()) row("GPU", fmt::format("no GPU ({})", gpus.why_none));
+  if (gpus.devices.empty()) row("GPU", fmt::format("no GPU: {}", gpus.why_none));
   for (const DeviceInfo& d : gpus.devices)
     row(fmt::format("GPU {}", d.ordinal),
         fmt::format("{}, compute capability {}.{} (compiles for {}), {} SMs, {} memory, {} "
@@ -52,9 +52,9 @@ void print_text(const GpuSurvey& gpus, const KernelCache& cache,
   row("entries", fmt::format("{} ({})", entries.size(), human_bytes(bytes)));
 }
 
-nlohmann::json to_json(const GpuSurvey& gpus, const KernelCache& cache, std::size_t entries,
-                       std::uint64_t bytes) {
-  nlohmann::json devices = nlohmann::json::array();
+nlohmann::ordered_json to_json(const GpuSurvey& gpus, const KernelCache& cache, std::size_t entries,
+                               std::uint64_t bytes) {
+  nlohmann::ordered_json devices = nlohmann::ordered_json::array();
   for (const DeviceInfo& d : gpus.devices)
     devices.push_back({{"ordinal", d.ordinal},
                        {"name", d.name},
@@ -67,11 +67,12 @@ nlohmann::json to_json(const GpuSurvey& gpus, const KernelCache& cache, std::siz
   return {{"flashjit_version", version()},
           {"nvrtc_version", nvrtc_version()},
           {"nvrtc_archs", nvrtc_archs()},
-          {"driver_version", gpus.driver_version ? nlohmann::json(*gpus.driver_version) : nullptr},
+          {"driver_version",
+           gpus.driver_version ? nlohmann::ordered_json(*gpus.driver_version) : nullptr},
           {"gpus", devices},
-          {"gpu_error", gpus.devices.empty() ? nlohmann::json(gpus.why_none) : nullptr},
+          {"gpu_error", gpus.devices.empty() ? nlohmann::ordered_json(gpus.why_none) : nullptr},
           {"cache",
-           {{"dir", dir ? nlohmann::json(dir->string()) : nullptr},
+           {{"dir", dir ? nlohmann::ordered_json(dir->string()) : nullptr},
             {"entries", entries},
             {"bytes", bytes}}}};
 }
@@ -89,8 +90,10 @@ void add_info_command(CLI::App& app, const GlobalOptions& globals, int& status) 
     const auto entries = cache->list();
     std::uint64_t bytes = 0;
     for (const CacheEntry& e : entries) bytes += e.cubin_bytes;
-    if (*json) fmt::print("{}\n", to_json(gpus, *cache, entries.size(), bytes).dump(2));
-    else print_text(gpus, *cache, entries, bytes);
+    if (*json)
+      fmt::print("{}\n", to_json(gpus, *cache, entries.size(), bytes).dump(2));
+    else
+      print_text(gpus, *cache, entries, bytes);
     status = 0;
   });
 }

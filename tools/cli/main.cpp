@@ -1,6 +1,7 @@
 // flashjit: precompile kernels for a GPU (also on a build machine without one), inspect and prune
 // the kernel cache, and check and time the engine on a GPU.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 
@@ -35,6 +36,9 @@ int main(int argc, char** argv) {
   // Global options may also follow the subcommand: `flashjit list --cache-dir DIR`.
   app.fallthrough();
   app.parse_complete_callback([&] { apply_log_level(globals); });
+  app.failure_message([](const CLI::App*, const CLI::Error& e) {
+    return fmt::format("flashjit: error: {}\nRun with --help for more information.\n", e.what());
+  });
 
   int status = 0;
   add_info_command(app, globals, status);
@@ -48,6 +52,25 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // Without a subcommand CLI11 would only say that one is required, even when the user typed
+    // a wrong one or an unknown option: name what it could not place.
+    const auto extras = app.remaining();
+    if (app.get_subcommands().empty() && !extras.empty() && extras.front().starts_with('-')) {
+      fmt::print(stderr,
+                 "flashjit: error: unknown option '{}'\nRun with --help for more information.\n",
+                 extras.front());
+      return kUsageError;
+    }
+    if (app.get_subcommands().empty() && !extras.empty()) {
+      std::vector<std::string> names;
+      for (const CLI::App* command : app.get_subcommands([](CLI::App*) { return true; }))
+        names.push_back(command->get_name());
+      fmt::print(stderr,
+                 "flashjit: error: unknown subcommand '{}': expected one of {}\n"
+                 "Run with --help for more information.\n",
+                 extras.front(), fmt::join(names, ", "));
+      return kUsageError;
+    }
     const int code = app.exit(e);
     return code == 0 ? 0 : kUsageError;
   } catch (const flashjit::Error& e) {

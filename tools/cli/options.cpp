@@ -27,7 +27,7 @@ CLI::Validator arch_validator() {
           return e.what();
         }
       },
-      "ARCH");
+      "");
 }
 
 }  // namespace
@@ -44,19 +44,19 @@ CLI::Option* add_archs_option(CLI::App& command, std::vector<std::string>& archs
       ->type_name("ARCH[,ARCH...]");
 }
 
-CLI::Option* add_dtype_option(CLI::App& command, std::vector<std::string>& dtypes) {
-  return command.add_option("--dtype", dtypes, "Element types (default: both)")
+CLI::Option* add_dtype_option(CLI::App& command, std::vector<std::string>& dtypes,
+                              const std::string& help) {
+  return command.add_option("--dtype", dtypes, help)
       ->delimiter(',')
       ->check(CLI::IsMember({"bf16", "fp16"}))
-      ->type_name("bf16,fp16");
+      ->type_name("DTYPE");
 }
 
 CLI::Option* add_head_dim_option(CLI::App& command, std::vector<int>& head_dims) {
-  return command
-      .add_option("--head-dim", head_dims, "Head dims (default: every supported one)")
+  return command.add_option("--head-dim", head_dims, "Head dims (default: every supported one)")
       ->delimiter(',')
       ->check(CLI::IsMember(supported_head_dims()))
-      ->type_name("D[,D...]");
+      ->type_name("D");
 }
 
 CLI::Option* add_family_option(CLI::App& command, std::vector<std::string>& families,
@@ -64,14 +64,14 @@ CLI::Option* add_family_option(CLI::App& command, std::vector<std::string>& fami
   return command.add_option("--family", families, help)
       ->delimiter(',')
       ->check(CLI::IsMember(family_names()))
-      ->type_name("simt,mma,wgmma");
+      ->type_name("FAMILY");
 }
 
 CLI::Option* add_causal_option(CLI::App& command, std::string& choice) {
   return command.add_option("--causal", choice, "Causal mask: yes, no or both")
       ->check(CLI::IsMember({"yes", "no", "both"}))
       ->default_str("both")
-      ->type_name("yes|no|both");
+      ->type_name("CHOICE");
 }
 
 DType dtype_from_name(std::string_view name) { return name == "fp16" ? DType::fp16 : DType::bf16; }

@@ -3,7 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
+#include <limits>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -13,13 +13,23 @@
 
 namespace flashjit::cli {
 
+// Integer bounds with a readable message (CLI11's PositiveNumber names DBL_MAX as its bound);
+// their help shows just the option's type name.
+inline CLI::Validator positive() {
+  return CLI::Range(1, std::numeric_limits<int>::max()).description("");
+}
+inline CLI::Validator non_negative() {
+  return CLI::Range(0, std::numeric_limits<int>::max()).description("");
+}
+
 // --arch ARCH: any spelling normalize_arch accepts; the stored value becomes the canonical arch.
 CLI::Option* add_arch_option(CLI::App& command, std::string& arch, const std::string& help);
 // --arch ARCH[,ARCH...]
 CLI::Option* add_archs_option(CLI::App& command, std::vector<std::string>& archs,
                               const std::string& help);
 // --dtype bf16,fp16
-CLI::Option* add_dtype_option(CLI::App& command, std::vector<std::string>& dtypes);
+CLI::Option* add_dtype_option(CLI::App& command, std::vector<std::string>& dtypes,
+                              const std::string& help = "Element types (default: both)");
 // --head-dim 64,128: supported head dims only.
 CLI::Option* add_head_dim_option(CLI::App& command, std::vector<int>& head_dims);
 // --family simt,mma,wgmma

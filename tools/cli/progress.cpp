@@ -41,8 +41,10 @@ void ProgressBar::advance(std::string_view detail) {
 void ProgressBar::print_line(std::string_view line) {
   if (drawn_) fmt::print("{}", kEraseLine);
   fmt::print("{}\n", line);
-  if (enabled_ && done_ < total_) draw();
-  else std::fflush(stdout);
+  if (enabled_ && done_ < total_)
+    draw();
+  else
+    std::fflush(stdout);
 }
 
 void ProgressBar::finish() {
@@ -57,9 +59,9 @@ void ProgressBar::draw() {
   const int filled = static_cast<int>(kBarWidth * done_ / std::max<std::size_t>(total_, 1));
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start_).count();
-  std::string line = fmt::format("{} [{}{}] {}/{} {:.1f}s {}", label_, std::string(filled, '#'),
-                                 std::string(kBarWidth - filled, '.'), done_, total_, seconds,
-                                 detail_);
+  std::string line =
+      fmt::format("{} [{}{}] {}/{} {:.1f}s {}", label_, std::string(filled, '#'),
+                  std::string(kBarWidth - filled, '.'), done_, total_, seconds, detail_);
   // A wrapped bar cannot be erased with \r, so it never reaches the last column.
   line.resize(std::min<std::size_t>(line.size(), static_cast<std::size_t>(terminal_width() - 1)));
   fmt::print("{}{}", kEraseLine, line);

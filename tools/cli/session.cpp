@@ -9,9 +9,12 @@ namespace flashjit::cli {
 
 void apply_log_level(const GlobalOptions& globals) {
   const char* level = nullptr;
-  if (globals.quiet) level = "error";
-  else if (globals.verbosity == 1) level = "info";
-  else if (globals.verbosity >= 2) level = "debug";
+  if (globals.quiet)
+    level = "error";
+  else if (globals.verbosity == 1)
+    level = "info";
+  else if (globals.verbosity >= 2)
+    level = "debug";
   if (level != nullptr) ::setenv("FLASHJIT_LOG_LEVEL", level, 1);
 }
 
@@ -20,8 +23,9 @@ std::shared_ptr<KernelCache> open_cache(const GlobalOptions& globals, bool need_
   if (need_disk && !cache->directory()) {
     const std::string which =
         globals.cache_dir ? fmt::format("the cache directory {}", globals.cache_dir->string())
-                          : std::string("the default cache directory ($FLASHJIT_CACHE_DIR, "
-                                        "$XDG_CACHE_HOME/flashjit or ~/.cache/flashjit)");
+                          : std::string(
+                                "the default cache directory ($FLASHJIT_CACHE_DIR, "
+                                "$XDG_CACHE_HOME/flashjit or ~/.cache/flashjit)");
     throw Error(ErrorCode::cache_error,
                 fmt::format("{} cannot be created or written: pass --cache-dir DIR with a "
                             "writable directory",

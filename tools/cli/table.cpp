@@ -23,8 +23,8 @@ Table::Table(std::vector<Column> columns) : columns_(std::move(columns)) {}
 
 void Table::add_row(std::vector<std::string> cells) {
   if (cells.size() != columns_.size())
-    throw std::logic_error(fmt::format("table row has {} cells for {} columns", cells.size(),
-                                       columns_.size()));
+    throw std::logic_error(
+        fmt::format("table row has {} cells for {} columns", cells.size(), columns_.size()));
   rows_.push_back(std::move(cells));
 }
 
@@ -39,9 +39,12 @@ void Table::print(std::FILE* out) const {
     for (size_t i = 0; i < columns_.size(); ++i) {
       const std::string& text = cell_text(i);
       const bool last = i + 1 == columns_.size();
-      if (columns_[i].align == Align::right) line += fmt::format("{:>{}}", text, widths[i]);
-      else if (last) line += text;  // no trailing blanks
-      else line += fmt::format("{:<{}}", text, widths[i]);
+      if (columns_[i].align == Align::right)
+        line += fmt::format("{:>{}}", text, widths[i]);
+      else if (last)
+        line += text;  // no trailing blanks
+      else
+        line += fmt::format("{:<{}}", text, widths[i]);
       if (!last) line += "  ";
     }
     fmt::print(out, "{}\n", line);

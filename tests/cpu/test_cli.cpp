@@ -1,0 +1,401 @@
+// The flashjit command-line tool, run as a subprocess against a fresh cache directory: what a
+// user on a build machine without a GPU does (precompile for an arch, list, prune), and the
+// errors a mistyped flag gets.
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <stdlib.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+
+#include "flashjit/flashjit.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+const fs::path kCli = FLASHJIT_BINARY_DIR "/tools/flashjit";
+
+// A cache directory of its own per test, removed afterwards.
+struct TempCache {
+  fs::path dir;
+  TempCache() {
+    std::string pattern = (fs::temp_directory_path() / "flashjit-cli-test-XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    dir = pattern;
+  }
+  ~TempCache() {
+    std::error_code ignored;
+    fs::remove_all(dir, ignored);
+  }
+};
+
+struct Run {
+  int status = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `flashjit <args>` through the shell; `env` is prefixed (e.g. "FLASHJIT_CACHE_DIR=/x").
+Run run_cli(const TempCache& scratch, const std::string& args, const std::string& env = "") {
+  REQUIRE_MESSAGE(fs::exists(kCli), "the flashjit CLI is not built at ", kCli.string());
+  const fs::path err_file = scratch.dir / "stderr.txt";
+  const std::string command =
+      fmt::format("{} {} {} 2>{}", env, kCli.string(), args, err_file.string());
+  Run run;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  REQUIRE(pipe != nullptr);
+  char buffer[4096];
+  for (size_t n; (n = std::fread(buffer, 1, sizeof(buffer), pipe)) > 0;) run.out.append(buffer, n);
+  const int status = ::pclose(pipe);
+  run.status = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  std::ifstream err(err_file);
+  std::stringstream text;
+  text << err.rdbuf();
+  run.err = text.str();
+  fs::remove(err_file);
+  return run;
+}
+
+bool contains(const std::string& text, const std::string& part) {
+  return text.find(part) != std::string::npos;
+}
+
+// The variants `precompile --arch sm_90a --head-dim 64 --dtype bf16 --causal no` must build.
+std::vector<std::string> expected_d64_bf16_names() {
+  std::vector<std::string> names;
+  for (const flashjit::Variant& v : flashjit::default_variants("sm_90a"))
+    if (v.head_dim == 64 && v.dtype == flashjit::DType::bf16 && !v.causal)
+      names.push_back(v.name());
+  std::sort(names.begin(), names.end());
+  return names;
+}
+
+bool gpu_present() {
+  try {
+    return !flashjit::devices().empty();
+  } catch (const flashjit::Error&) {
+    return false;
+  }
+}
+
+}  // namespace
+
+TEST_CASE("precompile --arch fills the cache without a GPU, list --json describes every entry") {
+  TempCache cache;
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  const auto expected = expected_d64_bf16_names();
+  REQUIRE(!expected.empty());
+
+  const Run cold = run_cli(cache, dir +
+                                      " precompile --arch sm_90a --head-dim 64 --dtype bf16 "
+                                      "--causal no");
+  INFO(cold.out, cold.err);
+  REQUIRE(cold.status == 0);
+  CHECK(contains(cold.out, fmt::format("{} variants", expected.size())));
+  CHECK(contains(cold.out, fmt::format("{} compiled", expected.size())));
+  CHECK(contains(cold.out, "0 already cached"));
+  CHECK(contains(cold.out, "0 failed"));
+
+  const Run listed = run_cli(cache, dir + " list --json");
+  REQUIRE(listed.status == 0);
+  const json entries = json::parse(listed.out);
+  REQUIRE(entries.is_array());
+  std::vector<std::string> names;
+  for (const json& entry : entries) {
+    for (const char* key : {"name", "family", "arch", "dtype", "head_dim", "causal", "tile_m",
+                            "tile_n", "stages", "registers", "spill_bytes", "shared_mem_bytes",
+                            "cubin_bytes", "compile_ms", "nvrtc_version", "created", "path"})
+      CHECK_MESSAGE(entry.contains(key), "list --json lacks '", key, "' in ", entry.dump());
+    const auto variant = flashjit::Variant::parse(entry.at("name").get<std::string>());
+    CHECK(entry.at("arch") == "sm_90a");
+    CHECK(entry.at("family") == std::string(flashjit::to_string(variant.family)));
+    CHECK(entry.at("head_dim") == 64);
+    CHECK(entry.at("dtype") == "bf16");
+    CHECK(entry.at("causal") == false);
+    CHECK(entry.at("tile_m") == variant.tile_m);
+    CHECK(entry.at("registers").get<int>() > 0);
+    CHECK(entry.at("compile_ms").get<double>() > 0);
+    CHECK(entry.at("nvrtc_version") == flashjit::nvrtc_version());
+    const fs::path cubin = entry.at("path").get<std::string>();
+    CHECK(cubin.parent_path() == cache.dir);
+    REQUIRE(fs::exists(cubin));
+    CHECK(entry.at("cubin_bytes").get<std::uintmax_t>() == fs::file_size(cubin));
+    names.push_back(entry.at("name"));
+  }
+  std::sort(names.begin(), names.end());
+  CHECK(names == expected);
+
+  // The same request again is served from disk: no NVRTC run.
+  const Run warm = run_cli(cache, dir +
+                                      " precompile --arch h200 --head-dim 64 --dtype bf16 "
+                                      "--causal no");
+  INFO(warm.out, warm.err);
+  REQUIRE(warm.status == 0);
+  CHECK(contains(warm.out, "0 compiled"));
+  CHECK(contains(warm.out, fmt::format("{} already cached", expected.size())));
+  CHECK_FALSE(contains(warm.out, "] compiled"));
+
+  const Run table = run_cli(cache, dir + " list");
+  REQUIRE(table.status == 0);
+  for (const std::string& name : expected) CHECK(contains(table.out, name));
+  CHECK(contains(table.out, fmt::format("{} entries", expected.size())));
+}
+
+TEST_CASE("the cache directory comes from FLASHJIT_CACHE_DIR when --cache-dir is absent") {
+  TempCache cache;
+  const std::string env = "FLASHJIT_CACHE_DIR=" + cache.dir.string();
+  const Run compiled = run_cli(cache, "precompile --variant simt.sm80.bf16.d64.m64n64s1", env);
+  INFO(compiled.out, compiled.err);
+  REQUIRE(compiled.status == 0);
+  CHECK(contains(compiled.out, "1 compiled"));
+  CHECK(contains(compiled.out, "cache: " + cache.dir.string()));
+
+  // Global options may also follow the subcommand; --arch takes product names.
+  const Run listed =
+      run_cli(cache, fmt::format("list --arch a100 --json --cache-dir {}", cache.dir.string()));
+  REQUIRE(listed.status == 0);
+  const json entries = json::parse(listed.out);
+  REQUIRE(entries.size() == 1);
+  CHECK(entries[0].at("name") == "simt.sm80.bf16.d64.m64n64s1");
+
+  const Run info = run_cli(cache, "info --json", env);
+  REQUIRE(info.status == 0);
+  const json doc = json::parse(info.out);
+  CHECK(doc.at("flashjit_version") == std::string(flashjit::version()));
+  CHECK(doc.at("nvrtc_version") == flashjit::nvrtc_version());
+  const auto archs = doc.at("nvrtc_archs").get<std::vector<std::string>>();
+  CHECK(std::find(archs.begin(), archs.end(), "sm_90a") != archs.end());
+  CHECK(doc.at("cache").at("dir") == cache.dir.string());
+  CHECK(doc.at("cache").at("entries") == 1);
+  CHECK(doc.at("cache").at("bytes").get<std::uint64_t>() > 0);
+  CHECK(doc.at("gpus").is_array());
+  CHECK(doc.at("gpu_error").is_null() == gpu_present());
+}
+
+TEST_CASE("an empty cache lists as empty, not as an error") {
+  TempCache cache;
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  const Run table = run_cli(cache, dir + " list");
+  CHECK(table.status == 0);
+  CHECK(contains(table.out, "no cached kernels"));
+  const Run listed = run_cli(cache, dir + " list --json");
+  CHECK(listed.status == 0);
+  CHECK(json::parse(listed.out) == json::array());
+  const Run text = run_cli(cache, dir + " info");
+  CHECK(text.status == 0);
+  CHECK(contains(text.out, "NVRTC"));
+  CHECK(contains(text.out, "entries      0"));
+}
+
+TEST_CASE("clear removes one arch or all; prune removes the least recently used first") {
+  TempCache cache;
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  const Run compiled = run_cli(
+      cache, dir +
+                 " precompile --variant simt.sm80.bf16.d64.m64n64s1 "
+                 "--variant simt.sm86.bf16.d64.m64n64s1 --variant simt.sm89.bf16.d64.m64n64s1");
+  INFO(compiled.out, compiled.err);
+  REQUIRE(compiled.status == 0);
+  auto entries = [&] { return json::parse(run_cli(cache, dir + " list --json").out); };
+  REQUIRE(entries().size() == 3);
+
+  // Ages that make the order unambiguous: sm89 least recently used, then sm80, then sm86.
+  const auto now = fs::file_time_type::clock::now();
+  std::uint64_t total = 0;
+  for (const json& entry : entries()) {
+    const fs::path cubin = entry.at("path").get<std::string>();
+    total += entry.at("cubin_bytes").get<std::uint64_t>();
+    const std::string arch = entry.at("arch");
+    const auto age = arch == "sm_89"   ? std::chrono::hours(3)
+                     : arch == "sm_80" ? std::chrono::hours(2)
+                                       : std::chrono::hours(1);
+    fs::last_write_time(cubin, now - age);
+  }
+  const Run pruned = run_cli(cache, fmt::format("{} prune --max-size {}", dir, total - 1));
+  INFO(pruned.out, pruned.err);
+  REQUIRE(pruned.status == 0);
+  CHECK(contains(pruned.out, "removed 1 entries"));
+  auto remaining = entries();
+  REQUIRE(remaining.size() == 2);
+  for (const json& entry : remaining) CHECK(entry.at("arch") != "sm_89");
+
+  const Run cleared_one = run_cli(cache, dir + " clear --arch 8.6");
+  REQUIRE(cleared_one.status == 0);
+  CHECK(contains(cleared_one.out, "removed 1 entries for sm_86"));
+  remaining = entries();
+  REQUIRE(remaining.size() == 1);
+  CHECK(remaining[0].at("arch") == "sm_80");
+
+  const Run pruned_all = run_cli(cache, dir + " prune --max-size 0");
+  REQUIRE(pruned_all.status == 0);
+  CHECK(entries().empty());
+
+  REQUIRE(run_cli(cache, dir + " precompile --variant simt.sm80.bf16.d64.m64n64s1").status == 0);
+  REQUIRE(entries().size() == 1);
+  const Run cleared = run_cli(cache, dir + " clear");
+  CHECK(cleared.status == 0);
+  CHECK(contains(cleared.out, "removed 1 entries"));
+  CHECK(entries().empty());
+}
+
+TEST_CASE("bad flags exit 2 with a message naming the flag and the values it takes") {
+  TempCache cache;
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  auto fails = [&](const std::string& args) {
+    const Run run = run_cli(cache, dir + " " + args);
+    INFO(args, "\nstdout: ", run.out, "\nstderr: ", run.err);
+    CHECK(run.status == 2);
+    return run.err;
+  };
+
+  std::string err = fails("precompile --arch sm_91");
+  CHECK(contains(err, "--arch"));
+  CHECK(contains(err, "unknown arch 'sm_91'"));
+  CHECK(contains(err, "sm_90a"));
+  CHECK(contains(err, "h100"));
+
+  err = fails("precompile --arch sm_90a --causal maybe");
+  CHECK(contains(err, "--causal"));
+  CHECK(contains(err, "maybe"));
+  CHECK(contains(err, "yes"));
+
+  err = fails("precompile --arch sm_90a --head-dim 100");
+  CHECK(contains(err, "--head-dim"));
+  CHECK(contains(err, "100"));
+
+  err = fails("precompile --arch sm_90a --dtype fp8");
+  CHECK(contains(err, "--dtype"));
+  CHECK(contains(err, "fp8"));
+
+  err = fails("precompile --variant simt.sm90a.bf16.d100.m64n64s1");
+  CHECK(contains(err, "--variant"));
+  CHECK(contains(err, "head_dim 100"));
+  err = fails("precompile --variant fast-attention");
+  CHECK(contains(err, "expected <family>"));
+  err = fails("precompile --variant simt.sm80.bf16.d64.m64n64s1 --arch sm_90a");
+  CHECK(contains(err, "excludes"));
+
+  err = fails("precompile --arch sm_90a --jobs -1");
+  CHECK(contains(err, "--jobs"));
+
+  err = fails("prune");
+  CHECK(contains(err, "--max-size"));
+  err = fails("prune --max-size lots");
+  CHECK(contains(err, "--max-size"));
+
+  err = fails("list --arch sm_7");
+  CHECK(contains(err, "unknown arch"));
+
+  err = fails("");
+  CHECK(contains(err, "subcommand"));
+  err = fails("compile");
+  CHECK(contains(err, "unknown subcommand 'compile'"));
+  CHECK(contains(err, "precompile"));
+  err = fails("-v -q info");
+  CHECK(contains(err, "excludes"));
+
+  // Nothing was compiled by any of them.
+  CHECK(json::parse(run_cli(cache, dir + " list --json").out).empty());
+}
+
+TEST_CASE("a variant that fails to compile makes precompile exit 1 with its NVRTC log") {
+  TempCache cache;
+  // A copy of the kernel sources with a syntax error in the simt kernel only.
+  const fs::path kernels = cache.dir / "kernels";
+  fs::copy(FLASHJIT_SOURCE_DIR "/kernels_src", kernels, fs::copy_options::recursive);
+  REQUIRE(fs::exists(kernels / "fmha_simt.cu"));
+  std::ofstream(kernels / "fmha_simt.cu", std::ios::app) << "\nthis_is_not_cuda;\n";
+
+  const std::string dir = "--cache-dir " + (cache.dir / "cache").string();
+  const Run run = run_cli(cache,
+                          dir +
+                              " precompile --variant simt.sm80.bf16.d64.m64n64s1 "
+                              "--variant simt.sm80.bf16.d64.m64n64s1.causal",
+                          "FLASHJIT_KERNELS_DIR=" + kernels.string());
+  INFO(run.out, run.err);
+  CHECK(run.status == 1);
+  CHECK(contains(run.out, "FAILED"));
+  CHECK(contains(run.out, "0 compiled"));
+  CHECK(contains(run.out, "2 failed"));
+  CHECK(contains(run.err, "2 of 2 variants failed"));
+  CHECK(contains(run.err, "=== simt.sm80.bf16.d64.m64n64s1\n"));
+  CHECK(contains(run.err, "=== simt.sm80.bf16.d64.m64n64s1.causal\n"));
+  CHECK(contains(run.err, "this_is_not_cuda"));  // the NVRTC log quotes the bad line
+  CHECK(json::parse(run_cli(cache, dir + " list --json").out).empty());
+}
+
+TEST_CASE("precompile without --arch targets the GPU here, or says to pass --arch") {
+  TempCache cache;
+  const Run run = run_cli(cache, "--cache-dir " + cache.dir.string() + " precompile --dry-run");
+  INFO(run.out, run.err);
+  if (gpu_present()) {
+    REQUIRE(run.status == 0);
+    std::string expected;
+    for (const auto& v : flashjit::default_variants(flashjit::devices().front().arch))
+      expected += v.name() + "\n";
+    CHECK(run.out == expected);
+  } else {
+    CHECK(run.status == 2);
+    CHECK(contains(run.err, "no GPU"));
+    CHECK(contains(run.err, "pass --arch"));
+  }
+}
+
+TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
+  TempCache cache;
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  const Run run = run_cli(cache, dir + " precompile --arch sm_90a --dry-run");
+  REQUIRE(run.status == 0);
+  std::string expected;
+  for (const flashjit::Variant& v : flashjit::default_variants("sm_90a"))
+    expected += v.name() + "\n";
+  CHECK(run.out == expected);
+  CHECK(json::parse(run_cli(cache, dir + " list --json").out).empty());
+}
+
+TEST_CASE("--version, and -q keeps a successful precompile silent") {
+  TempCache cache;
+  const Run version = run_cli(cache, "--version");
+  CHECK(version.status == 0);
+  CHECK(contains(version.out, fmt::format("flashjit {}", flashjit::version())));
+
+  const Run quiet = run_cli(cache, "-q --cache-dir " + cache.dir.string() +
+                                       " precompile --variant simt.sm80.fp16.d32.m64n64s1");
+  CHECK(quiet.status == 0);
+  CHECK(quiet.out.empty());
+  CHECK(quiet.err.empty());
+}
+
+TEST_CASE("verify and bench run on the GPU, or fail saying there is none") {
+  TempCache cache;
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  const Run verify = run_cli(cache, dir +
+                                        " verify --head-dim 64 --dtype bf16 --causal yes "
+                                        "--batch 1 --heads 2 --seqlen 130 --seqlen-k 257");
+  const Run bench = run_cli(cache, dir +
+                                       " bench --head-dim 64 --causal no --seqlens 512 "
+                                       "--warmup 1 --iters 3 --no-first-call");
+  INFO("verify: ", verify.out, verify.err);
+  INFO("bench: ", bench.out, bench.err);
+  if (gpu_present()) {
+    CHECK(verify.status == 0);
+    CHECK(contains(verify.out, "1 passed"));
+    CHECK(bench.status == 0);
+    CHECK(contains(bench.out, "TFLOPS"));
+  } else {
+    for (const Run* run : {&verify, &bench}) {
+      CHECK(run->status == 1);
+      CHECK(contains(run->err, "runs on a GPU, and there is none here"));
+      CHECK((contains(run->err, "no CUDA driver") || contains(run->err, "no CUDA device")));
+    }
+  }
+}

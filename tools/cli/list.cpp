@@ -1,0 +1,123 @@
+// `flashjit list`: the cached kernels, as a table or as JSON for scripts.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "cli.hpp"
+#include "options.hpp"
+#include "table.hpp"
+
+namespace flashjit::cli {
+namespace {
+
+struct ListOptions {
+  std::string arch;  // empty: every arch
+  std::vector<std::string> families;
+  bool json = false;
+};
+
+int shared_bytes(const CacheEntry& entry) {
+  return entry.static_shared_bytes + entry.dynamic_shared_bytes;
+}
+
+nlohmann::ordered_json entry_json(const CacheEntry& entry) {
+  const Variant& v = entry.variant;
+  return {{"name", v.name()},
+          {"family", to_string(v.family)},
+          {"arch", v.arch},
+          {"dtype", to_string(v.dtype)},
+          {"head_dim", v.head_dim},
+          {"causal", v.causal},
+          {"tile_m", v.tile_m},
+          {"tile_n", v.tile_n},
+          {"stages", v.stages},
+          {"registers", entry.registers},
+          {"spill_bytes", entry.spill_bytes},
+          {"shared_mem_bytes", shared_bytes(entry)},
+          {"static_shared_bytes", entry.static_shared_bytes},
+          {"dynamic_shared_bytes", entry.dynamic_shared_bytes},
+          {"cubin_bytes", entry.cubin_bytes},
+          {"compile_ms", entry.compile_ms},
+          {"nvrtc_version", entry.nvrtc_version},
+          {"flashjit_version", entry.flashjit_version},
+          {"created", entry.created},
+          {"last_used", entry.last_used},
+          {"key", entry.key},
+          {"path", entry.cubin_path.string()}};
+}
+
+void print_table(const std::vector<CacheEntry>& entries) {
+  using Align = Table::Align;
+  Table table({{"NAME"},
+               {"REGS", Align::right},
+               {"SPILL", Align::right},
+               {"SMEM", Align::right},
+               {"CUBIN", Align::right},
+               {"COMPILE", Align::right},
+               {"NVRTC", Align::right},
+               {"LAST USED"}});
+  for (const CacheEntry& e : entries)
+    table.add_row(
+        {e.variant.name(), fmt::format("{}", e.registers), fmt::format("{} B", e.spill_bytes),
+         human_bytes(static_cast<std::uint64_t>(shared_bytes(e))), human_bytes(e.cubin_bytes),
+         fmt::format("{:.2f} s", e.compile_ms / 1000), e.nvrtc_version, e.last_used});
+  table.print();
+}
+
+int run_list(const ListOptions& options, const GlobalOptions& globals) {
+  const auto cache = open_cache(globals, /*need_disk=*/false);
+  std::vector<CacheEntry> entries =
+      cache->list(options.arch.empty() ? std::nullopt : std::optional(options.arch));
+  if (!options.families.empty())
+    std::erase_if(entries, [&](const CacheEntry& e) {
+      return std::find(options.families.begin(), options.families.end(),
+                       to_string(e.variant.family)) == options.families.end();
+    });
+  // By field rather than by name, so head dims read 32, 64, ..., 256 and not 128, 192, ..., 64.
+  std::sort(entries.begin(), entries.end(), [](const CacheEntry& a, const CacheEntry& b) {
+    const Variant& x = a.variant;
+    const Variant& y = b.variant;
+    return std::tie(x.arch, x.family, x.dtype, x.head_dim, x.causal, x.tile_m, x.tile_n, x.stages,
+                    a.key) < std::tie(y.arch, y.family, y.dtype, y.head_dim, y.causal, y.tile_m,
+                                      y.tile_n, y.stages, b.key);
+  });
+
+  if (options.json) {
+    nlohmann::ordered_json array = nlohmann::ordered_json::array();
+    for (const CacheEntry& entry : entries) array.push_back(entry_json(entry));
+    fmt::print("{}\n", array.dump(2));
+    return 0;
+  }
+  const std::string where = describe_cache_location(*cache);
+  if (entries.empty()) {
+    if (!globals.quiet)
+      fmt::print("no cached kernels{} in {}\n",
+                 options.arch.empty() ? "" : fmt::format(" for {}", options.arch), where);
+    return 0;
+  }
+  print_table(entries);
+  if (!globals.quiet) {
+    std::uint64_t bytes = 0;
+    for (const CacheEntry& e : entries) bytes += e.cubin_bytes;
+    fmt::print("{} entries, {}, in {}\n", entries.size(), human_bytes(bytes), where);
+  }
+  return 0;
+}
+
+}  // namespace
+
+void add_list_command(CLI::App& app, const GlobalOptions& globals, int& status) {
+  auto options = std::make_shared<ListOptions>();
+  CLI::App* command = app.add_subcommand("list", "Show the cached kernels");
+  add_arch_option(*command, options->arch, "Only this arch (any spelling --arch takes elsewhere)");
+  add_family_option(*command, options->families, "Only these kernel families");
+  command->add_flag("--json", options->json,
+                    "Print a JSON array, one object per entry (name, family, arch, dtype, "
+                    "head_dim, causal, tiles, registers, spills, shared memory, sizes, times, "
+                    "path)");
+  command->callback([&globals, &status, options] { status = run_list(*options, globals); });
+}
+
+}  // namespace flashjit::cli

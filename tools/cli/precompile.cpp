@@ -1,0 +1,223 @@
+// `flashjit precompile`: fills the disk cache for a target GPU, in parallel, so a program's first
+// forward call loads a binary instead of compiling. Works without a GPU when --arch is given.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+#include "cli.hpp"
+#include "options.hpp"
+#include "progress.hpp"
+#include "table.hpp"
+
+namespace flashjit::cli {
+namespace {
+
+struct PrecompileOptions {
+  std::vector<std::string> archs;
+  std::vector<int> head_dims;
+  std::string causal = "both";
+  std::vector<std::string> dtypes;
+  std::vector<std::string> families;
+  std::vector<std::string> variant_names;
+  int jobs = 0;
+  bool dry_run = false;
+};
+
+template <typename Container, typename Value>
+bool contains(const Container& container, const Value& value) {
+  return std::find(container.begin(), container.end(), value) != container.end();
+}
+
+// --variant NAME: rejected by CLI11 with Variant::parse's message, which names the bad field.
+CLI::Validator variant_name_validator() {
+  return CLI::Validator(
+      [](std::string& name) -> std::string {
+        try {
+          Variant::parse(name);
+          return {};
+        } catch (const Error& e) {
+          return e.what();
+        }
+      },
+      "");
+}
+
+std::vector<std::string> archs_of_local_gpus() {
+  std::vector<DeviceInfo> found;
+  try {
+    found = devices();
+  } catch (const Error& e) {
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("no GPU here to compile for, so pass --arch, e.g. --arch sm_90a or "
+                            "--arch h100. Looking for a GPU: {}",
+                            e.what()));
+  }
+  if (found.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "no GPU here to compile for, so pass --arch, e.g. --arch sm_90a or --arch "
+                "h100. Looking for a GPU: the CUDA driver sees none");
+  std::vector<std::string> archs;
+  for (const DeviceInfo& device : found)
+    if (!contains(archs, device.arch)) archs.push_back(device.arch);
+  return archs;
+}
+
+std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
+  std::vector<Variant> chosen;
+  auto add = [&](Variant variant) {
+    if (!contains(chosen, variant)) chosen.push_back(std::move(variant));
+  };
+  if (!options.variant_names.empty()) {
+    for (const std::string& name : options.variant_names) add(Variant::parse(name));
+    return chosen;
+  }
+  const auto archs = options.archs.empty() ? archs_of_local_gpus() : options.archs;
+  const auto head_dims = head_dims_or_all(options.head_dims);
+  const auto dtypes = dtypes_or_all(options.dtypes);
+  const auto causal = causal_values(options.causal);
+  for (const std::string& arch : archs)
+    for (Variant& variant : default_variants(arch)) {
+      if (!contains(head_dims, variant.head_dim) || !contains(dtypes, variant.dtype) ||
+          !contains(causal, variant.causal))
+        continue;
+      if (!options.families.empty() &&
+          !contains(options.families, std::string(to_string(variant.family))))
+        continue;
+      add(std::move(variant));
+    }
+  if (chosen.empty())
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("no default variant for {} matches --head-dim, --dtype, --causal "
+                            "and --family; `flashjit precompile --arch {} --dry-run` lists them",
+                            fmt::join(archs, ", "), archs.front()));
+  return chosen;
+}
+
+std::string seconds_text(double milliseconds) {
+  if (milliseconds < 10) return fmt::format("{:.1f} ms", milliseconds);
+  if (milliseconds < 1000) return fmt::format("{:.0f} ms", milliseconds);
+  return fmt::format("{:.2f} s", milliseconds / 1000);
+}
+
+std::string outcome_line(const CompileOutcome& outcome, std::size_t index, std::size_t total,
+                         std::size_t name_width) {
+  const int count_width = static_cast<int>(fmt::formatted_size("{}", total));
+  const std::string prefix = fmt::format("[{:>{}}/{}]", index, count_width, total);
+  const std::string name = outcome.variant.name();
+  if (!outcome.ok)
+    return fmt::format("{} FAILED   {:<{}}  {:>8}  (error below)", prefix, name, name_width,
+                       seconds_text(outcome.milliseconds));
+  std::string line =
+      fmt::format("{} {:<8} {:<{}}  {:>8}", prefix, outcome.was_cached ? "cached" : "compiled",
+                  name, name_width, seconds_text(outcome.milliseconds));
+  if (!outcome.was_cached && outcome.entry) {
+    const CacheEntry& e = *outcome.entry;
+    line += fmt::format("  {} regs, {} B spill, {} smem, {} cubin", e.registers, e.spill_bytes,
+                        human_bytes(static_cast<std::uint64_t>(e.static_shared_bytes) +
+                                    static_cast<std::uint64_t>(e.dynamic_shared_bytes)),
+                        human_bytes(e.cubin_bytes));
+  }
+  return line;
+}
+
+int run_precompile(const PrecompileOptions& options, const GlobalOptions& globals) {
+  const std::vector<Variant> variants = chosen_variants(options);
+  if (options.dry_run) {
+    for (const Variant& variant : variants) fmt::print("{}\n", variant.name());
+    return 0;
+  }
+  const auto cache = open_cache(globals, /*need_disk=*/true);
+
+  std::size_t name_width = 0;
+  for (const Variant& variant : variants) name_width = std::max(name_width, variant.name().size());
+  const bool bar = !globals.quiet && stdout_is_terminal();
+  // On a terminal the bar stands in for the per-variant lines unless -v asks for them.
+  const bool every_line = !globals.quiet && (!bar || globals.verbosity > 0);
+  ProgressBar progress("compiling", variants.size(), bar);
+  std::size_t finished = 0;
+  const auto start = std::chrono::steady_clock::now();
+  const auto outcomes =
+      cache->precompile(variants, options.jobs, [&](const CompileOutcome& outcome) {
+        ++finished;
+        progress.advance(outcome.variant.name());
+        if (every_line || (!outcome.ok && !globals.quiet))
+          progress.print_line(outcome_line(outcome, finished, variants.size(), name_width));
+      });
+  progress.finish();
+  const double wall_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+
+  std::size_t compiled = 0, cached = 0, failed = 0;
+  double compile_ms = 0, cached_ms = 0;
+  std::vector<std::string> archs;
+  for (const CompileOutcome& outcome : outcomes) {
+    if (!contains(archs, outcome.variant.arch)) archs.push_back(outcome.variant.arch);
+    if (!outcome.ok) {
+      ++failed;
+    } else if (outcome.was_cached) {
+      ++cached;
+      cached_ms += outcome.milliseconds;
+    } else {
+      ++compiled;
+      compile_ms += outcome.milliseconds;
+    }
+  }
+  if (!globals.quiet) {
+    const int jobs = options.jobs > 0
+                         ? options.jobs
+                         : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    fmt::print(
+        "{}: {} variants in {} ({} jobs): {} compiled{}, {} already cached{}, {} failed\n",
+        fmt::join(archs, ", "), outcomes.size(), seconds_text(wall_ms),
+        std::min<std::size_t>(static_cast<std::size_t>(jobs), outcomes.size()), compiled,
+        compiled ? fmt::format(" ({} each on average)", seconds_text(compile_ms / compiled)) : "",
+        cached,
+        cached ? fmt::format(" ({} each on average)", seconds_text(cached_ms / cached)) : "",
+        failed);
+    fmt::print("cache: {}\n", describe_cache_location(*cache));
+  }
+  if (failed == 0) return 0;
+  std::fflush(stdout);
+  fmt::print(stderr, "flashjit: error: {} of {} variants failed:\n", failed, outcomes.size());
+  for (const CompileOutcome& outcome : outcomes)
+    if (!outcome.ok) fmt::print(stderr, "\n=== {}\n{}\n", outcome.variant.name(), outcome.error);
+  return 1;
+}
+
+}  // namespace
+
+void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& status) {
+  auto options = std::make_shared<PrecompileOptions>();
+  CLI::App* command = app.add_subcommand(
+      "precompile",
+      "Compile the default variants for a GPU arch into the cache (no GPU needed with --arch)");
+  auto* arch = add_archs_option(*command, options->archs,
+                                "Target arch(s): sm_90a, sm_90, 90, 9.0, h100, h200, a100, ... "
+                                "(default: the GPUs found here)");
+  auto* head_dim = add_head_dim_option(*command, options->head_dims);
+  auto* causal = add_causal_option(*command, options->causal);
+  auto* dtype = add_dtype_option(*command, options->dtypes);
+  auto* family = add_family_option(*command, options->families,
+                                   "Kernel families (default: every one that runs on the arch)");
+  command
+      ->add_option("--variant", options->variant_names,
+                   "Compile exactly this variant (repeatable), e.g. "
+                   "simt.sm90a.bf16.d128.m64n64s1.causal; `flashjit list` shows names")
+      ->check(variant_name_validator())
+      ->excludes(arch)
+      ->excludes(head_dim)
+      ->excludes(causal)
+      ->excludes(dtype)
+      ->excludes(family)
+      ->type_name("NAME");
+  command->add_option("-j,--jobs", options->jobs, "Parallel compilations (default: all cores)")
+      ->check(non_negative())
+      ->type_name("N");
+  command->add_flag("--dry-run", options->dry_run, "Print the variant names, compile nothing");
+  command->callback([&globals, &status, options] { status = run_precompile(*options, globals); });
+}
+
+}  // namespace flashjit::cli
