@@ -8,10 +8,12 @@
 
 namespace flashjit::detail {
 
+extern const FamilyTraits kMmaFamily;
 extern const FamilyTraits kSimtFamily;
 
 const std::vector<const FamilyTraits*>& all_families() {
-  static const std::vector<const FamilyTraits*> families = {&kSimtFamily};
+  static const std::vector<const FamilyTraits*> families = {&kMmaFamily,
+                                                                  &kSimtFamily};
   return families;
 }
 

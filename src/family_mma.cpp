@@ -1,0 +1,119 @@
+// Host side of kernels_src/fmha_mma.cu: 4 warps, each owning tile_m/4 query rows; shared memory
+// holds the Q tile and `stages` K and V tiles, rows padded by 16 bytes.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <iterator>
+
+#include "arch.hpp"
+#include "families.hpp"
+
+namespace flashjit::detail {
+namespace {
+
+constexpr int kWarps = 4;
+
+int mma_threads(const Variant&) { return kWarps * 32; }
+
+int mma_shared_bytes(const Variant& v) {
+  const int row_bytes = (v.head_dim + 8) * 2;
+  return (v.tile_m + 2 * v.stages * v.tile_n) * row_bytes;
+}
+
+std::string mma_check(const Variant& v) {
+  if (v.head_dim % 16 != 0) return "mma needs head_dim a multiple of 16";
+  if (v.tile_m != 64 && v.tile_m != 128)
+    return fmt::format("tile_m {} must be 64 or 128 (4 warps of 16 or 32 rows)", v.tile_m);
+  if (v.tile_m == 128 && v.head_dim > 128)
+    return fmt::format("tile_m 128 with head_dim {} needs more than 255 registers per thread for "
+                       "the output accumulator: use tile_m 64",
+                       v.head_dim);
+  if (v.tile_n < 16 || v.tile_n > 256 || v.tile_n % 16 != 0)
+    return fmt::format("tile_n {} must be a multiple of 16 in [16, 256]", v.tile_n);
+  if (v.stages < 1 || v.stages > 4)
+    return fmt::format("stages {} must be in [1, 4] (K and V buffers each)", v.stages);
+  return {};
+}
+
+// The dispatcher's tile table. Arch groups differ in shared memory per block: sm_86, sm_89 and
+// sm_120 allow 99 KB, sm_80 and sm_87 163 KB, Hopper and datacenter Blackwell 227 KB. The big
+// group was chosen by measurement on an H200 (docs/perf-log-mma.md); the others follow
+// FlashAttention-2's choices for those parts, resized to fit with the row padding.
+enum class SmemClass { kb99, kb163, kb227 };
+
+struct TileRow {
+  SmemClass smem;
+  int head_dim;
+  TileConfig full;    // non-causal
+  TileConfig causal;
+};
+
+// clang-format off
+constexpr TileRow kTileTable[] = {
+    // smem             d      non-causal     causal
+    {SmemClass::kb227,  32, {128, 128, 2}, {128, 128, 2}},
+    {SmemClass::kb227,  64, {128, 128, 2}, {128, 128, 2}},
+    {SmemClass::kb227,  96, {128,  64, 2}, {128,  64, 2}},
+    {SmemClass::kb227, 128, {128,  48, 3}, {128,  48, 2}},
+    {SmemClass::kb227, 192, { 64,  32, 2}, { 64,  32, 2}},
+    {SmemClass::kb227, 256, { 64,  64, 1}, { 64,  64, 1}},
+
+    {SmemClass::kb163,  32, {128, 128, 2}, {128, 128, 2}},
+    {SmemClass::kb163,  64, {128, 128, 1}, {128, 128, 1}},
+    {SmemClass::kb163,  96, {128,  64, 1}, {128,  64, 1}},
+    {SmemClass::kb163, 128, {128,  48, 1}, {128,  48, 1}},
+    {SmemClass::kb163, 192, { 64,  64, 1}, { 64,  64, 1}},
+    {SmemClass::kb163, 256, { 64,  32, 1}, { 64,  32, 1}},
+
+    {SmemClass::kb99,   32, {128,  64, 2}, {128,  64, 2}},
+    {SmemClass::kb99,   64, {128,  64, 2}, {128,  64, 2}},
+    {SmemClass::kb99,   96, {128,  32, 2}, {128,  32, 2}},
+    {SmemClass::kb99,  128, {128,  32, 2}, { 64,  64, 1}},
+    {SmemClass::kb99,  192, { 64,  32, 2}, { 64,  64, 1}},
+    {SmemClass::kb99,  256, { 64,  32, 1}, { 64,  32, 1}},
+};
+// clang-format on
+
+SmemClass smem_class(std::string_view arch) {
+  const int number = arch_number(arch);
+  if (number == 80 || number == 87) return SmemClass::kb163;
+  if (number >= 90 && number < 120) return SmemClass::kb227;
+  return SmemClass::kb99;  // sm_86, sm_89, sm_120, sm_121 and anything unknown
+}
+
+TileConfig mma_tiles(std::string_view arch, int head_dim, bool causal) {
+  const SmemClass smem = smem_class(arch);
+  const auto row =
+      std::find_if(std::begin(kTileTable), std::end(kTileTable),
+                   [&](const TileRow& r) { return r.smem == smem && r.head_dim == head_dim; });
+  if (row == std::end(kTileTable)) return {64, 64, 1};  // not a tuned head dim: small and safe
+  return causal ? row->causal : row->full;
+}
+
+std::string mma_unsupported(const ForwardProblem&) { return {}; }
+
+LaunchPlan mma_plan(const Variant& v, const ForwardProblem& problem) {
+  LaunchPlan plan;
+  plan.grid = tiles_heads_batch_grid(problem, v.tile_m);
+  plan.block = {static_cast<unsigned>(mma_threads(v)), 1, 1};
+  plan.shared_bytes = static_cast<unsigned>(mma_shared_bytes(v));
+  return plan;
+}
+
+}  // namespace
+
+extern const FamilyTraits kMmaFamily = {
+    .family = Family::mma,
+    .source_file = "fmha_mma.cu",
+    .kernel_template = "flashjit::fmha_mma_kernel",
+    .head_dims = {32, 64, 96, 128, 192, 256},
+    .runs_on = [](std::string_view arch) { return arch_number(arch) >= 80; },
+    .check = mma_check,
+    .threads = mma_threads,
+    .shared_bytes = mma_shared_bytes,
+    .default_tiles = mma_tiles,
+    .unsupported_reason = mma_unsupported,
+    .plan = mma_plan,
+};
+
+}  // namespace flashjit::detail
