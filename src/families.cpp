@@ -10,9 +10,10 @@ namespace flashjit::detail {
 
 extern const FamilyTraits kMmaFamily;
 extern const FamilyTraits kSimtFamily;
+extern const FamilyTraits kWgmmaFamily;
 
 const std::vector<const FamilyTraits*>& all_families() {
-  static const std::vector<const FamilyTraits*> families = {&kMmaFamily,
+  static const std::vector<const FamilyTraits*> families = {&kWgmmaFamily, &kMmaFamily,
                                                                   &kSimtFamily};
   return families;
 }
