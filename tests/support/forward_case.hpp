@@ -3,6 +3,7 @@
 
 #include <string>
 
+#include "compare.hpp"
 #include "flashjit/flashjit.hpp"
 
 namespace flashjit::test {
@@ -16,11 +17,7 @@ struct ForwardCase {
   std::string describe() const;
 };
 
-struct ForwardCheck {
-  double max_abs_error = 0;
-  double relative_l2_error = 0;
-  double max_lse_error = 0;
-  bool all_written = true;  // no poison (NaN) left in the output
+struct ForwardCheck : ForwardErrors {
   std::string variant;
 };
 
@@ -28,8 +25,7 @@ struct ForwardCheck {
 ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optional<Family> family,
                               unsigned seed);
 
-// Bounds: bf16 output rounding dominates (2^-8 relative), fp16 is 8x finer.
-double max_abs_tolerance(DType dtype);
-double relative_tolerance(DType dtype);
+// Asserts every bound of compare.hpp (doctest CHECK), naming the ones that fail.
+void check_within_bounds(const ForwardErrors& errors, DType dtype);
 
 }  // namespace flashjit::test

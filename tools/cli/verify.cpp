@@ -10,6 +10,7 @@
 #include <random>
 
 #include "cli.hpp"
+#include "compare.hpp"
 #include "flashjit/device_memory.hpp"
 #include "options.hpp"
 #include "progress.hpp"
@@ -51,20 +52,11 @@ struct Case {
   }
 };
 
-// Bounds as in the GPU test suite: the output's own rounding dominates (bf16 keeps 8 bits of
-// mantissa, fp16 11), and the LSE is computed in fp32.
-double max_abs_tolerance(DType dtype) { return dtype == DType::bf16 ? 2.5e-2 : 5e-3; }
-double relative_tolerance(DType dtype) { return dtype == DType::bf16 ? 1.2e-2 : 3e-3; }
-constexpr double kLseTolerance = 1e-2;
-
-struct Result {
+// Errors against the float64 reference, with the bounds the GPU test suite uses (compare.hpp).
+struct Result : test::ForwardErrors {
   enum class Status { passed, failed, skipped } status = Status::failed;
   std::string variant;
   std::string message;  // why it failed or was skipped
-  double max_abs_error = 0;
-  double relative_l2_error = 0;
-  double max_lse_error = 0;
-  bool all_written = true;
 };
 
 std::vector<Shape> default_shapes() {
@@ -134,51 +126,9 @@ struct RandomTensor {
 Result compare(const Case& c, const HostTensor& out, const std::vector<float>& lse,
                const test::Reference& reference) {
   Result result;
-  const Shape& s = c.shape;
-  double error_squares = 0, reference_squares = 0;
-  for (int b = 0; b < s.batch; ++b)
-    for (int i = 0; i < s.seqlen_q; ++i)
-      for (int h = 0; h < s.heads_q; ++h)
-        for (int d = 0; d < c.head_dim; ++d) {
-          const double got = out.at(b, i, h, d);
-          const double want = reference.out[static_cast<std::size_t>(
-              ((static_cast<std::int64_t>(b) * s.seqlen_q + i) * s.heads_q + h) * c.head_dim + d)];
-          if (!std::isfinite(got)) {
-            result.all_written = false;
-            continue;
-          }
-          result.max_abs_error = std::max(result.max_abs_error, std::abs(got - want));
-          error_squares += (got - want) * (got - want);
-          reference_squares += want * want;
-        }
-  result.relative_l2_error = reference_squares > 0 ? std::sqrt(error_squares / reference_squares)
-                                                   : std::sqrt(error_squares);
-  for (std::size_t i = 0; i < reference.lse.size(); ++i) {
-    const double want = reference.lse[i];
-    const double got = lse[i];
-    if (std::isinf(want)) {
-      // A row that sees no key must give exactly -inf.
-      if (!(std::isinf(got) && got < 0)) result.max_lse_error = INFINITY;
-    } else if (!std::isfinite(got)) {
-      result.max_lse_error = INFINITY;
-    } else {
-      result.max_lse_error = std::max(result.max_lse_error, std::abs(got - want));
-    }
-  }
-
-  std::vector<std::string> problems;
-  if (!result.all_written) problems.push_back("output elements left unwritten (NaN)");
-  if (result.max_abs_error > max_abs_tolerance(c.dtype))
-    problems.push_back(fmt::format("max abs error {:.3g} > {:.3g}", result.max_abs_error,
-                                   max_abs_tolerance(c.dtype)));
-  if (result.relative_l2_error > relative_tolerance(c.dtype))
-    problems.push_back(fmt::format("relative L2 error {:.3g} > {:.3g}", result.relative_l2_error,
-                                   relative_tolerance(c.dtype)));
-  if (result.max_lse_error > kLseTolerance)
-    problems.push_back(
-        fmt::format("LSE error {:.3g} > {:.3g}", result.max_lse_error, kLseTolerance));
-  result.status = problems.empty() ? Result::Status::passed : Result::Status::failed;
-  result.message = fmt::format("{}", fmt::join(problems, "; "));
+  static_cast<test::ForwardErrors&>(result) = test::compare_forward(out, &lse, reference);
+  result.message = test::describe_failures(result, c.dtype);
+  result.status = result.message.empty() ? Result::Status::passed : Result::Status::failed;
   return result;
 }
 
@@ -236,7 +186,8 @@ std::string result_line(const Case& c, const Result& r) {
   std::string line = fmt::format(
       "{}  {:<40} {:<46} max_abs {:.2e} (tol {:.1e})  rel_l2 {:.2e}  lse {:.2e}",
       r.status == Result::Status::passed ? "ok  " : "FAIL", r.variant, c.describe(),
-      r.max_abs_error, max_abs_tolerance(c.dtype), r.relative_l2_error, r.max_lse_error);
+      r.max_abs_error, test::max_abs_tolerance(c.dtype, r.max_abs_reference), r.relative_l2_error,
+      r.max_lse_error);
   if (!r.message.empty()) line += fmt::format("  <- {}", r.message);
   return line;
 }
