@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include "log.hpp"
 
@@ -26,7 +27,7 @@ namespace {
 
 constexpr std::string_view kTempPrefix = ".tmp.";
 
-std::string hash_hex(const std::string& bytes) {
+std::string hash_hex(std::string_view bytes) {
   return fmt::format("{:016x}", XXH3_64bits(bytes.data(), bytes.size()));
 }
 
@@ -131,22 +132,6 @@ json metadata(const CompiledKernel& k, const std::string& cubin) {
               {"log", k.log}};
 }
 
-// Metadata -> kernel (without the cubin). Throws on a malformed or foreign document.
-CompiledKernel from_metadata(const json& doc) {
-  CompiledKernel k;
-  k.variant = Variant::parse(doc.at("name").get<std::string>());
-  k.key = doc.at("key").get<std::string>();
-  k.lowered_name = doc.at("lowered_name").get<std::string>();
-  k.registers = doc.at("registers").get<int>();
-  k.spill_bytes = doc.at("spill_bytes").get<int>();
-  k.static_shared_bytes = doc.at("static_shared_bytes").get<int>();
-  k.dynamic_shared_bytes = doc.at("dynamic_shared_bytes").get<int>();
-  k.compile_ms = doc.at("compile_ms").get<double>();
-  k.created = doc.at("created").get<std::string>();
-  k.log = doc.value("log", "");
-  return k;
-}
-
 bool dir_is_usable(const fs::path& dir, std::string& why) {
   std::error_code ec;
   fs::create_directories(dir, ec);
@@ -165,7 +150,51 @@ bool dir_is_usable(const fs::path& dir, std::string& why) {
   return true;
 }
 
+// An integer field that fits T. nlohmann's get<int>() converts a float such as 1e300, or an
+// integer out of range, with undefined behaviour; metadata on disk can hold either.
+template <typename T>
+T integer_field(const json& doc, const char* key) {
+  const json& value = doc.at(key);
+  const bool fits = value.is_number_unsigned() ? std::in_range<T>(value.get<std::uint64_t>())
+                    : value.is_number_integer() ? std::in_range<T>(value.get<std::int64_t>())
+                                                : false;
+  if (!fits)
+    throw std::out_of_range(
+        fmt::format("{} is {}: expected an integer in range", key, value.dump()));
+  return value.get<T>();
+}
+
 }  // namespace
+
+bool EntryMetadata::describes(std::string_view cubin) const {
+  return cubin.size() == cubin_bytes && hash_hex(cubin) == cubin_xxh3;
+}
+
+std::optional<EntryMetadata> parse_entry_metadata(std::string_view json_text, std::string* why) {
+  try {
+    const json doc = json::parse(json_text);
+    EntryMetadata meta;
+    CompiledKernel& k = meta.kernel;
+    k.variant = Variant::parse(doc.at("name").get<std::string>());
+    k.key = doc.at("key").get<std::string>();
+    k.lowered_name = doc.at("lowered_name").get<std::string>();
+    k.registers = integer_field<int>(doc, "registers");
+    k.spill_bytes = integer_field<int>(doc, "spill_bytes");
+    k.static_shared_bytes = integer_field<int>(doc, "static_shared_bytes");
+    k.dynamic_shared_bytes = integer_field<int>(doc, "dynamic_shared_bytes");
+    k.compile_ms = doc.at("compile_ms").get<double>();
+    k.created = doc.at("created").get<std::string>();
+    k.log = doc.value("log", "");
+    meta.cubin_bytes = integer_field<std::size_t>(doc, "cubin_bytes");
+    meta.cubin_xxh3 = doc.at("cubin_xxh3").get<std::string>();
+    meta.nvrtc_version = doc.at("nvrtc_version").get<std::string>();
+    meta.flashjit_version = doc.at("flashjit_version").get<std::string>();
+    return meta;
+  } catch (const std::exception& e) {
+    if (why) *why = e.what();
+    return std::nullopt;
+  }
+}
 
 fs::path default_cache_dir() {
   if (const char* dir = std::getenv("FLASHJIT_CACHE_DIR"); dir && *dir) return dir;
@@ -207,27 +236,19 @@ std::optional<CompiledKernel> DiskCache::load(const Variant& variant, const std:
     fs::remove(meta_path, ec);
     return std::nullopt;
   };
-  CompiledKernel kernel;
-  std::string expected_hash;
-  size_t expected_size = 0;
-  try {
-    const json doc = json::parse(*meta_text);
-    kernel = from_metadata(doc);
-    expected_hash = doc.at("cubin_xxh3").get<std::string>();
-    expected_size = doc.at("cubin_bytes").get<size_t>();
-  } catch (const std::exception& e) {
-    return discard(fmt::format("unreadable metadata: {}", e.what()));
-  }
+  std::string why;
+  auto meta = parse_entry_metadata(*meta_text, &why);
+  if (!meta) return discard(fmt::format("unreadable metadata: {}", why));
+  CompiledKernel& kernel = meta->kernel;
   if (kernel.key != key || !(kernel.variant == variant)) return discard("metadata names another key");
   auto cubin = read_file(cubin_path);
   if (!cubin) return discard("cubin missing");
-  if (cubin->size() != expected_size || hash_hex(*cubin) != expected_hash)
-    return discard("cubin fails its hash");
+  if (!meta->describes(*cubin)) return discard("cubin fails its hash");
   kernel.cubin = std::move(*cubin);
   // Last use, for prune's LRU order; a reader never takes a lock, so this is best effort.
   std::error_code ec;
   fs::last_write_time(cubin_path, fs::file_time_type::clock::now(), ec);
-  return kernel;
+  return std::move(kernel);
 }
 
 std::string DiskCache::store(const CompiledKernel& kernel) const {
@@ -252,31 +273,34 @@ std::vector<CacheEntry> DiskCache::list(const std::optional<std::string>& arch) 
     if (path.extension() != ".json" || path.filename().string().starts_with(kTempPrefix)) continue;
     auto text = read_file(path);
     if (!text) continue;
-    try {
-      const json doc = json::parse(*text);
-      CompiledKernel kernel = from_metadata(doc);
-      if (arch && kernel.variant.arch != *arch) continue;
-      CacheEntry entry;
-      entry.variant = kernel.variant;
-      entry.key = kernel.key.substr(0, 16);
-      entry.cubin_path = path;
-      entry.cubin_path.replace_extension(".cubin");
-      std::error_code stat_error;
-      entry.cubin_bytes = fs::file_size(entry.cubin_path, stat_error);
-      if (stat_error) continue;  // metadata without its cubin: not an entry
-      entry.last_used = iso_time(fs::last_write_time(entry.cubin_path, stat_error));
-      entry.registers = kernel.registers;
-      entry.spill_bytes = kernel.spill_bytes;
-      entry.static_shared_bytes = kernel.static_shared_bytes;
-      entry.dynamic_shared_bytes = kernel.dynamic_shared_bytes;
-      entry.compile_ms = kernel.compile_ms;
-      entry.nvrtc_version = doc.at("nvrtc_version").get<std::string>();
-      entry.flashjit_version = doc.at("flashjit_version").get<std::string>();
-      entry.created = kernel.created;
-      entries.push_back(std::move(entry));
-    } catch (const std::exception& e) {
-      log().debug("skipping unreadable cache metadata {}: {}", path.string(), e.what());
+    std::string why;
+    auto meta = parse_entry_metadata(*text, &why);
+    if (!meta) {
+      log().debug("skipping unreadable cache metadata {}: {}", path.string(), why);
+      continue;
     }
+    const CompiledKernel& kernel = meta->kernel;
+    if (arch && kernel.variant.arch != *arch) continue;
+    CacheEntry entry;
+    entry.variant = kernel.variant;
+    entry.key = kernel.key.substr(0, 16);
+    entry.cubin_path = path;
+    entry.cubin_path.replace_extension(".cubin");
+    std::error_code stat_error;
+    entry.cubin_bytes = fs::file_size(entry.cubin_path, stat_error);
+    if (stat_error) continue;  // metadata without its cubin: not an entry
+    const auto last_used = fs::last_write_time(entry.cubin_path, stat_error);
+    if (stat_error) continue;  // removed since (clear or prune in another process)
+    entry.last_used = iso_time(last_used);
+    entry.registers = kernel.registers;
+    entry.spill_bytes = kernel.spill_bytes;
+    entry.static_shared_bytes = kernel.static_shared_bytes;
+    entry.dynamic_shared_bytes = kernel.dynamic_shared_bytes;
+    entry.compile_ms = kernel.compile_ms;
+    entry.nvrtc_version = meta->nvrtc_version;
+    entry.flashjit_version = meta->flashjit_version;
+    entry.created = kernel.created;
+    entries.push_back(std::move(entry));
   }
   std::sort(entries.begin(), entries.end(),
             [](const CacheEntry& a, const CacheEntry& b) { return a.variant.name() < b.variant.name(); });

@@ -6,12 +6,29 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "compiler.hpp"
 #include "flashjit/flashjit.hpp"
 
 namespace flashjit::detail {
+
+// What an entry's .json says: the kernel without its cubin, and the cubin it was written for.
+struct EntryMetadata {
+  CompiledKernel kernel;  // cubin left empty
+  std::size_t cubin_bytes = 0;
+  std::string cubin_xxh3;
+  std::string nvrtc_version;
+  std::string flashjit_version;
+
+  // Whether `cubin` is the binary this metadata was written for (size and XXH3 hash).
+  bool describes(std::string_view cubin) const;
+};
+
+// Parses an entry's metadata. A malformed or foreign document gives nullopt and, when `why` is
+// given, the reason; it never throws (the text comes from disk and may be anything).
+std::optional<EntryMetadata> parse_entry_metadata(std::string_view json_text, std::string* why);
 
 class DiskCache {
  public:

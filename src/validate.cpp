@@ -13,6 +13,8 @@ namespace {
 
 constexpr const char* kDims[4] = {"batch", "seqlen", "heads", "head_dim"};
 constexpr std::int64_t kAlignBytes = 16;
+constexpr std::int64_t kElementBytes = 2;  // bf16 and fp16
+constexpr float kLog2e = 1.4426950408889634f;
 
 [[noreturn]] void reject(const std::string& message) {
   throw Error(ErrorCode::invalid_argument, message);
@@ -38,10 +40,26 @@ void check_view(const char* name, const TensorView& t, DType dtype) {
     if (t.stride[i] <= 0)
       reject(fmt::format("{}.stride[{}] ({}) is {}: expected a positive stride", name, i, kDims[i],
                          t.stride[i]));
-    if ((t.stride[i] * 2) % kAlignBytes != 0)
+    if (t.stride[i] % (kAlignBytes / kElementBytes) != 0)
       reject(fmt::format("{}.stride[{}] ({}) is {} elements: expected a multiple of 8 (16 bytes)",
                          name, i, kDims[i], t.stride[i]));
   }
+  // Kernels address elements as sum(index * stride) in int64, then bytes: the last element's byte
+  // offset must fit, or an absurd stride would wrap around to some other memory.
+  if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) return;  // no element
+  std::int64_t last_element = 0, last_byte = 0;
+  bool overflows = false;
+  for (int i = 0; i < 3 && !overflows; ++i) {
+    std::int64_t step = 0;
+    overflows = __builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &step) ||
+                __builtin_add_overflow(last_element, step, &last_element);
+  }
+  overflows = overflows || __builtin_add_overflow(last_element, t.shape[3] - 1, &last_element) ||
+              __builtin_mul_overflow(last_element, kElementBytes, &last_byte);
+  if (overflows)
+    reject(fmt::format("{}: shape {} with strides {} reaches past 2^63 bytes: expected the strides "
+                       "of one tensor in memory",
+                       name, fmt::join(t.shape, " x "), fmt::join(t.stride, ", ")));
 }
 
 void expect_dim(const char* name, const TensorView& t, int dim, std::int64_t expected,
@@ -91,8 +109,11 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
     reject("k.shape[1] (seqlen_k) is 0: expected at least 1 key when seqlen_q > 0");
 
   problem.softmax_scale = options.softmax_scale.value_or(1.0f / std::sqrt(float(problem.head_dim)));
-  if (!std::isfinite(problem.softmax_scale) || problem.softmax_scale <= 0.f)
-    reject(fmt::format("softmax_scale is {}: expected a finite value > 0", problem.softmax_scale));
+  // Kernels exponentiate in base 2 with the scale times log2(e), which must be finite too.
+  if (!std::isfinite(problem.softmax_scale) || problem.softmax_scale <= 0.f ||
+      !std::isfinite(problem.softmax_scale * kLog2e))
+    reject(fmt::format("softmax_scale is {}: expected a finite value > 0 and below {:.3g}",
+                       problem.softmax_scale, std::numeric_limits<float>::max() / kLog2e));
   if (options.lse != nullptr && reinterpret_cast<std::uintptr_t>(options.lse) % 4 != 0)
     reject("lse is not 4-byte aligned: expected a float* device buffer");
 
@@ -113,7 +134,7 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   p.seqlen_k = problem.seqlen_k;
   p.heads_per_kv = problem.heads_kv > 0 ? problem.heads_q / problem.heads_kv : 1;
   p.softmax_scale = problem.softmax_scale;
-  p.scale_log2 = problem.softmax_scale * 1.4426950408889634f;
+  p.scale_log2 = problem.softmax_scale * kLog2e;
   return problem;
 }
 

@@ -183,6 +183,13 @@ TEST_CASE("a corrupted entry is discarded and recompiled") {
     meta.replace_extension(".json");
     fs::resize_file(meta, fs::file_size(meta) / 2);
   }
+  SUBCASE("metadata with a number no int holds (found by tests/fuzz/fuzz_cache_metadata)") {
+    fs::path meta = cubin;
+    meta.replace_extension(".json");
+    auto doc = nlohmann::json::parse(read_all(meta));
+    doc["registers"] = 1e300;
+    std::ofstream(meta, std::ios::trunc) << doc.dump();
+  }
   KernelCache cache(CacheOptions{dir.path()});
   const auto outcome = cache.compile(kVariant);
   CHECK(outcome.ok);

@@ -2,6 +2,7 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
+#include <cstdint>
 #include <limits>
 #include <string>
 
@@ -106,6 +107,26 @@ TEST_CASE("each bad input is named") {
   SUBCASE("misaligned lse") {
     a.options.lse = static_cast<float*>(fake(0x500002));
     CHECK(mentions(rejection(a), "lse is not 4-byte aligned"));
+  }
+}
+
+// Found by tests/fuzz/fuzz_forward_args: each of these was accepted, and would have overflowed
+// in validation itself (the stride) or in the kernel's addressing and exponent.
+TEST_CASE("strides and scales past what a kernel can compute with are rejected") {
+  Args a;
+  SUBCASE("a stride whose byte offsets pass 2^63") {
+    a.k.stride[0] = std::int64_t{1} << 62;  // positive and a multiple of 8: only its size is wrong
+    CHECK(mentions(rejection(a), "k: shape 2 x 256 x 2 x 128 with strides"));
+  }
+  SUBCASE("the largest stride that is a multiple of 8") {
+    a.v.stride[1] = std::numeric_limits<std::int64_t>::max() - 7;
+    CHECK(mentions(rejection(a), "reaches past 2^63 bytes"));
+  }
+  SUBCASE("a softmax scale whose product with log2(e) is not finite") {
+    a.options.softmax_scale = 3e38f;
+    CHECK(mentions(rejection(a), "softmax_scale is 3e+38"));
+    a.options.softmax_scale = 2e38f;  // still finite in base 2
+    CHECK(rejection(a) == "(accepted)");
   }
 }
 
