@@ -14,22 +14,13 @@
 #include "common/masking.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
+#include "common/quad_reduce.cuh"
 #include "common/tile_copy_async.cuh"
 #include "common/types.cuh"
 
 namespace flashjit {
 
 constexpr int kMmaWarps = 4;
-
-// Max and sum over the 4 lanes (a quad) that hold one row of an mma accumulator.
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 // s = Q·Kᵀ for the warp's MT row tiles and the NT n8 key tiles of one K tile. q_addr and k_addr
 // are this lane's ldmatrix addresses for row/key 0, column 0 of the tile; Q fragments are re-read

@@ -8,22 +8,13 @@
 #include "common/fast_math.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
+#include "common/quad_reduce.cuh"
 #include "common/tile_io.cuh"
 #include "common/types.cuh"
 
 namespace flashjit {
 
 constexpr int kSimtThreadsPerRow = 4;
-
-// Reduction over the 4 lanes that share a query row.
-__device__ __forceinline__ float row_group_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float row_group_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
 
 template <typename T>
 __device__ __forceinline__ void unpack8(const uint4& packed, float (&out)[8]) {
@@ -105,7 +96,7 @@ __global__ void __launch_bounds__(TileM * kSimtThreadsPerRow)
     float tile_max = neg_inf();
 #pragma unroll
     for (int j = 0; j < kKeysPerThread; ++j) tile_max = fmaxf(tile_max, score[j]);
-    const float new_max = fmaxf(row_max, row_group_max(tile_max));
+    const float new_max = fmaxf(row_max, quad_max(tile_max));
     const float offset = scaled_max(new_max, p.scale_log2);
     const float correction = exp2_ftz(row_max * p.scale_log2 - offset);  // 0 when row_max=-inf
     float tile_sum = 0.f;
@@ -115,7 +106,7 @@ __global__ void __launch_bounds__(TileM * kSimtThreadsPerRow)
       tile_sum += prob;
       probs[local_row * kProbPitch + lane_in_row + j * kSimtThreadsPerRow] = prob;
     }
-    row_sum = row_sum * correction + row_group_sum(tile_sum);
+    row_sum = row_sum * correction + quad_sum(tile_sum);
     row_max = new_max;
 #pragma unroll
     for (int i = 0; i < kDimsPerThread; ++i) acc[i] *= correction;

@@ -12,6 +12,7 @@
 #include "common/fast_math.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
+#include "common/quad_reduce.cuh"
 #include "common/sm90_mbarrier.cuh"
 #include "common/sm90_tma.cuh"
 #include "common/sm90_warpgroup.cuh"
@@ -219,9 +220,7 @@ struct RowSoftmax {
       float tile_max = neg_inf();
 #pragma unroll
       for (int e = 2 * i; e < N; e += 4) tile_max = fmaxf(tile_max, fmaxf(s[e], s[e + 1]));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 1));
-      tile_max = fmaxf(tile_max, __shfl_xor_sync(0xffffffffu, tile_max, 2));
-      const float new_max = fmaxf(max[i], tile_max);
+      const float new_max = fmaxf(max[i], quad_max(tile_max));
       const float offset = scaled_max(new_max, scale_log2);
       correction[i] = exp2_ftz(max[i] * scale_log2 - offset);  // 0 while max was -inf
       float tile_sum = 0.f;
@@ -262,9 +261,7 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const TileCoor
   T* out = static_cast<T*>(p.o) + c.batch * p.o_stride_b + c.head * p.o_stride_h;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    float sum = softmax.sum[i];
-    sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-    sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+    const float sum = quad_sum(softmax.sum[i]);
     const int row = row0 + at.row + 8 * i;
     if (row >= p.seqlen_q) continue;
     const float scale = output_scale(sum);

@@ -37,7 +37,7 @@ std::string mma_check(const Variant& v) {
 
 // The dispatcher's tile table. Arch groups differ in shared memory per block: sm_86, sm_89 and
 // sm_120 allow 99 KB, sm_80 and sm_87 163 KB, Hopper and datacenter Blackwell 227 KB. The big
-// group was chosen by measurement on an H200 (docs/perf-log-mma.md); the others follow
+// group was chosen by measurement on an H200 (docs/perf-log.md, mma section); the others follow
 // FlashAttention-2's choices for those parts, resized to fit with the row padding.
 enum class SmemClass { kb99, kb163, kb227 };
 

@@ -57,8 +57,8 @@ std::string wgmma_check(const Variant& v) {
   return {};
 }
 
-// Tile sizes measured on an H200 (bf16, 16k tokens; docs/perf-log-wgmma.md), starting from
-// FlashAttention-3's (d64 192 x 128, d128 128 x 176 or 128 x 128 causal, d256 128 x 80).
+// Tile sizes measured on an H200 (bf16, 16k tokens; docs/perf-log.md, wgmma section), starting
+// from FlashAttention-3's (d64 192 x 128, d128 128 x 176 or 128 x 128 causal, d256 128 x 80).
 TileConfig wgmma_tiles(std::string_view, int head_dim, bool causal) {
   if (head_dim <= 64) return {192, 128, 3};
   if (head_dim <= 128) return {128, causal ? 176 : 160, 2};

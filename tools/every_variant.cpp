@@ -13,6 +13,7 @@
 
 #include "flashjit/device_memory.hpp"
 #include "flashjit/flashjit.hpp"
+#include "device_problem.hpp"
 #include "reference.hpp"
 
 using namespace flashjit;
@@ -41,34 +42,18 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
   HostTensor k = HostTensor::make(variant.dtype, p.batch, p.seqlen_k, p.heads_kv, d, p.bhsd);
   HostTensor v = HostTensor::make(variant.dtype, p.batch, p.seqlen_k, p.heads_kv, d, p.bhsd);
   for (HostTensor* t : {&q, &k, &v}) t->fill_random(rng);
-  auto bytes = [](const HostTensor& t) { return t.bits.size() * 2; };
-  DeviceBuffer dq(engine, bytes(q)), dk(engine, bytes(k)), dv(engine, bytes(v)),
-      dout(engine, bytes(q));
-  DeviceBuffer dlse(engine, std::size_t(p.batch) * p.heads_q * p.seqlen_q * sizeof(float));
-  dq.upload(q.bits.data(), bytes(q));
-  dk.upload(k.bits.data(), bytes(k));
-  dv.upload(v.bits.data(), bytes(v));
-  dout.fill_bytes(0xff);  // NaN: an element left unwritten shows
-  dlse.fill_bytes(0xff);
-
-  auto on = [](TensorView view, const DeviceBuffer& buffer) {
-    view.data = buffer.data();
-    return view;
-  };
+  const test::DeviceProblem problem(engine, std::move(q), std::move(k), std::move(v));
   ForwardOptions options;
   options.causal = variant.causal;
   options.family = variant.family;
-  options.lse = static_cast<float*>(dlse.data());
-  const TensorView qv = on(q.view, dq), kv = on(k.view, dk), vv = on(v.view, dv),
-                   ov = on(q.view, dout);
-  const Variant chosen = engine.select_variant(qv, kv, vv, ov, options);
+  options.lse = problem.lse();
+  const Variant chosen =
+      engine.select_variant(problem.q(), problem.k(), problem.v(), problem.out(), options);
   if (!(chosen == variant)) return fmt::format("the problem selects {}", chosen.name());
-  engine.forward(qv, kv, vv, ov, options);
+  engine.forward(problem.q(), problem.k(), problem.v(), problem.out(), options);
   synchronize(engine);
 
-  std::vector<std::uint16_t> out(q.bits.size());
-  dout.download(out.data(), bytes(q));
-  for (std::uint16_t bits : out)
+  for (std::uint16_t bits : problem.output().bits)
     if (!std::isfinite(test::to_float(variant.dtype, bits)))
       return "output not finite or not written";
   return {};

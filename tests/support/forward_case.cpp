@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "device_problem.hpp"
 #include "flashjit/device_memory.hpp"
 #include "reference.hpp"
 
@@ -32,41 +33,23 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optiona
   k.fill_random(rng);
   v.fill_random(rng);
 
-  auto bytes = [](const HostTensor& t) { return t.bits.size() * 2; };
-  DeviceBuffer dq(engine, bytes(q)), dk(engine, bytes(k)), dv(engine, bytes(v)),
-      dout(engine, bytes(q));
-  DeviceBuffer dlse(engine, static_cast<size_t>(c.batch) * c.heads_q * c.seqlen_q * 4);
-  dq.upload(q.bits.data(), bytes(q));
-  dk.upload(k.bits.data(), bytes(k));
-  dv.upload(v.bits.data(), bytes(v));
-  dout.fill_bytes(0xff);  // NaN in bf16 and fp16: any element left unwritten fails the check
-  dlse.fill_bytes(0xff);
-
-  auto with_data = [](TensorView view, const DeviceBuffer& buffer) {
-    view.data = buffer.data();
-    return view;
-  };
+  const DeviceProblem problem(engine, std::move(q), std::move(k), std::move(v));
   ForwardOptions options;
   options.causal = c.causal;
   options.family = family;
-  if (c.with_lse) options.lse = static_cast<float*>(dlse.data());
-  const TensorView out_view = with_data(q.view, dout);
+  if (c.with_lse) options.lse = problem.lse();
   ForwardCheck check;
-  check.variant = engine.select_variant(with_data(q.view, dq), with_data(k.view, dk),
-                                        with_data(v.view, dv), out_view, options)
-                      .name();
-  engine.forward(with_data(q.view, dq), with_data(k.view, dk), with_data(v.view, dv), out_view,
-                 options);
+  check.variant =
+      engine.select_variant(problem.q(), problem.k(), problem.v(), problem.out(), options).name();
+  engine.forward(problem.q(), problem.k(), problem.v(), problem.out(), options);
   synchronize(engine);
 
-  HostTensor out = HostTensor::make(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bhsd);
-  dout.download(out.bits.data(), bytes(out));
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  const Reference ref = reference_attention(q, k, v, scale, c.causal);
-
-  std::vector<float> lse(ref.lse.size());
-  if (c.with_lse) dlse.download(lse.data(), lse.size() * sizeof(float));
-  static_cast<ForwardErrors&>(check) = compare_forward(out, c.with_lse ? &lse : nullptr, ref);
+  const Reference ref = reference_attention(problem.host_q(), problem.host_k(), problem.host_v(),
+                                            scale, c.causal);
+  const std::vector<float> lse = problem.lse_values();
+  static_cast<ForwardErrors&>(check) =
+      compare_forward(problem.output(), c.with_lse ? &lse : nullptr, ref);
   return check;
 }
 

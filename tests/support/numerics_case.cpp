@@ -1,5 +1,7 @@
 #include "numerics_case.hpp"
 
+#include "device_problem.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -70,36 +72,20 @@ NumericsResult run_numerics_case(Engine& engine, const NumericsCase& c,
   k.fill_random(rng, c.k_scale);
   v.fill_random(rng, c.v_scale);
 
-  auto bytes = [](const HostTensor& t) { return t.bits.size() * 2; };
-  DeviceBuffer dq(engine, bytes(q)), dk(engine, bytes(k)), dv(engine, bytes(v)),
-      dout(engine, bytes(q));
-  DeviceBuffer dlse(engine, static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q * 4);
-  dq.upload(q.bits.data(), bytes(q));
-  dk.upload(k.bits.data(), bytes(k));
-  dv.upload(v.bits.data(), bytes(v));
-  dout.fill_bytes(c.poison);
-  dlse.fill_bytes(0xff);
-
-  auto on_device = [](TensorView view, const DeviceBuffer& buffer) {
-    view.data = buffer.data();
-    return view;
-  };
+  const DeviceProblem problem(engine, std::move(q), std::move(k), std::move(v), c.poison);
   ForwardOptions options;
   options.causal = s.causal;
   options.family = family;
   options.softmax_scale = c.softmax_scale;
-  options.lse = static_cast<float*>(dlse.data());
-  const TensorView qv = on_device(q.view, dq), kv = on_device(k.view, dk),
-                   vv = on_device(v.view, dv), ov = on_device(q.view, dout);
+  options.lse = problem.lse();
   NumericsResult result;
-  result.check.variant = engine.select_variant(qv, kv, vv, ov, options).name();
-  engine.forward(qv, kv, vv, ov, options);
+  result.check.variant =
+      engine.select_variant(problem.q(), problem.k(), problem.v(), problem.out(), options).name();
+  engine.forward(problem.q(), problem.k(), problem.v(), problem.out(), options);
   synchronize(engine);
 
-  result.out = padded_tensor(s.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.padding);
-  dout.download(result.out.bits.data(), bytes(result.out));
-  std::vector<float> lse(static_cast<size_t>(s.batch) * s.heads_q * s.seqlen_q);
-  dlse.download(lse.data(), lse.size() * sizeof(float));
+  result.out = problem.output();
+  const std::vector<float> lse = problem.lse_values();
 
   const std::uint16_t poison_bits = static_cast<std::uint16_t>(c.poison * 0x0101u);
   const std::vector<bool> inside = element_mask(result.out);
@@ -107,8 +93,9 @@ NumericsResult run_numerics_case(Engine& engine, const NumericsCase& c,
     if (!inside[i] && result.out.bits[i] != poison_bits) result.gaps_untouched = false;
 
   const double scale = c.softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(s.head_dim)));
-  result.max_abs_logit = max_abs_logit(q, k, scale, s.causal);
-  const Reference ref = reference_attention(q, k, v, scale, s.causal);
+  result.max_abs_logit = max_abs_logit(problem.host_q(), problem.host_k(), scale, s.causal);
+  const Reference ref = reference_attention(problem.host_q(), problem.host_k(), problem.host_v(),
+                                            scale, s.causal);
   static_cast<ForwardErrors&>(result.check) = compare_forward(result.out, &lse, ref);
   return result;
 }

@@ -432,10 +432,7 @@ void add_bench_command(CLI::App& app, const GlobalOptions& globals, int& status)
       "bench",
       "Time forward on the FlashAttention benchmark grid, and first-call latency "
       "(needs a GPU)");
-  command->add_option("--device", options->device, "GPU ordinal")
-      ->check(non_negative())
-      ->default_str("0")
-      ->type_name("N");
+  add_device_option(*command, options->device);
   add_family_option(*command, options->families,
                     "Force these kernel families, each in turn (default: the dispatcher's "
                     "choice)");

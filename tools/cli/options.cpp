@@ -52,6 +52,13 @@ CLI::Option* add_dtype_option(CLI::App& command, std::vector<std::string>& dtype
       ->type_name("DTYPE");
 }
 
+CLI::Option* add_device_option(CLI::App& command, int& device) {
+  return command.add_option("--device", device, "GPU ordinal")
+      ->check(non_negative())
+      ->default_str("0")
+      ->type_name("N");
+}
+
 CLI::Option* add_head_dim_option(CLI::App& command, std::vector<int>& head_dims) {
   return command.add_option("--head-dim", head_dims, "Head dims (default: every supported one)")
       ->delimiter(',')

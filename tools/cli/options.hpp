@@ -31,6 +31,7 @@ CLI::Option* add_archs_option(CLI::App& command, std::vector<std::string>& archs
 CLI::Option* add_dtype_option(CLI::App& command, std::vector<std::string>& dtypes,
                               const std::string& help = "Element types (default: both)");
 // --head-dim 64,128: supported head dims only.
+CLI::Option* add_device_option(CLI::App& command, int& device);
 CLI::Option* add_head_dim_option(CLI::App& command, std::vector<int>& head_dims);
 // --family simt,mma,wgmma
 CLI::Option* add_family_option(CLI::App& command, std::vector<std::string>& families,

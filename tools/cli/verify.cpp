@@ -11,6 +11,7 @@
 
 #include "cli.hpp"
 #include "compare.hpp"
+#include "device_problem.hpp"
 #include "flashjit/device_memory.hpp"
 #include "options.hpp"
 #include "progress.hpp"
@@ -105,23 +106,12 @@ std::vector<Case> chosen_cases(const VerifyOptions& o) {
   return cases;
 }
 
-// One device tensor with random contents and its host copy for the reference.
-struct RandomTensor {
-  HostTensor host;
-  DeviceBuffer device;
-
-  RandomTensor(const Engine& engine, const Case& c, int seqlen, int heads, std::mt19937& rng)
-      : host(HostTensor::make(c.dtype, c.shape.batch, seqlen, heads, c.head_dim, c.shape.bhsd)),
-        device(engine, host.bits.size() * sizeof(std::uint16_t)) {
-    host.fill_random(rng);
-    device.upload(host.bits.data(), host.bits.size() * sizeof(std::uint16_t));
-  }
-  TensorView view() const {
-    TensorView view = host.view;
-    view.data = device.data();
-    return view;
-  }
-};
+// Random inputs of one case, fresh per case, as host tensors in the case's layout.
+HostTensor random_tensor(const Case& c, int seqlen, int heads, std::mt19937& rng) {
+  HostTensor t = HostTensor::make(c.dtype, c.shape.batch, seqlen, heads, c.head_dim, c.shape.bhsd);
+  t.fill_random(rng);
+  return t;
+}
 
 Result compare(const Case& c, const HostTensor& out, const std::vector<float>& lse,
                const test::Reference& reference) {
@@ -135,41 +125,32 @@ Result compare(const Case& c, const HostTensor& out, const std::vector<float>& l
 Result run_case(Engine& engine, const Case& c, unsigned seed) {
   std::mt19937 rng(seed);
   const Shape& s = c.shape;
-  RandomTensor q(engine, c, s.seqlen_q, s.heads_q, rng);
-  RandomTensor k(engine, c, s.seqlen_k, s.heads_kv, rng);
-  RandomTensor v(engine, c, s.seqlen_k, s.heads_kv, rng);
-  HostTensor out = HostTensor::make(c.dtype, s.batch, s.seqlen_q, s.heads_q, c.head_dim, s.bhsd);
-  DeviceBuffer out_device(engine, out.bits.size() * sizeof(std::uint16_t));
-  std::vector<float> lse(static_cast<std::size_t>(s.batch) * s.heads_q * s.seqlen_q);
-  DeviceBuffer lse_device(engine, lse.size() * sizeof(float));
-  // All-ones bytes are NaN in bf16, fp16 and fp32: an element the kernel skips cannot pass.
-  out_device.fill_bytes(0xff);
-  lse_device.fill_bytes(0xff);
-
-  TensorView out_view = out.view;
-  out_view.data = out_device.data();
+  HostTensor q = random_tensor(c, s.seqlen_q, s.heads_q, rng);
+  HostTensor k = random_tensor(c, s.seqlen_k, s.heads_kv, rng);
+  HostTensor v = random_tensor(c, s.seqlen_k, s.heads_kv, rng);
+  const test::DeviceProblem problem(engine, std::move(q), std::move(k), std::move(v));
   ForwardOptions options;
   options.causal = c.causal;
   options.family = c.family;
-  options.lse = static_cast<float*>(lse_device.data());
+  options.lse = problem.lse();
 
   Result result;
   try {
-    result.variant = engine.select_variant(q.view(), k.view(), v.view(), out_view, options).name();
+    result.variant =
+        engine.select_variant(problem.q(), problem.k(), problem.v(), problem.out(), options).name();
   } catch (const Error& e) {
     if (e.code() != ErrorCode::unsupported) throw;
     result.status = Result::Status::skipped;
     result.message = e.what();
     return result;
   }
-  engine.forward(q.view(), k.view(), v.view(), out_view, options);
+  engine.forward(problem.q(), problem.k(), problem.v(), problem.out(), options);
   synchronize(engine);
-  out_device.download(out.bits.data(), out.bits.size() * sizeof(std::uint16_t));
-  lse_device.download(lse.data(), lse.size() * sizeof(float));
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  const auto reference = test::reference_attention(q.host, k.host, v.host, scale, c.causal);
-  Result compared = compare(c, out, lse, reference);
+  const auto reference = test::reference_attention(problem.host_q(), problem.host_k(),
+                                                   problem.host_v(), scale, c.causal);
+  Result compared = compare(c, problem.output(), problem.lse_values(), reference);
   compared.variant = result.variant;
   return compared;
 }
@@ -278,10 +259,7 @@ void add_verify_command(CLI::App& app, const GlobalOptions& globals, int& status
   auto options = std::make_shared<VerifyOptions>();
   CLI::App* command = app.add_subcommand(
       "verify", "Check forward passes on the GPU against a float64 reference (needs a GPU)");
-  command->add_option("--device", options->device, "GPU ordinal")
-      ->check(non_negative())
-      ->default_str("0")
-      ->type_name("N");
+  add_device_option(*command, options->device);
   add_family_option(*command, options->families,
                     "Force these kernel families, each in turn (default: the dispatcher's "
                     "choice per case)");
