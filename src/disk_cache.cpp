@@ -307,16 +307,23 @@ std::vector<CacheEntry> DiskCache::list(const std::optional<std::string>& arch) 
   return entries;
 }
 
-std::size_t DiskCache::remove_if_arch(const std::optional<std::string>& arch) const {
+namespace {
+
+// Metadata first, so no reader finds an entry whose cubin is gone. True if the entry was there.
+bool remove_entry(const CacheEntry& entry) {
+  std::error_code ec;
+  fs::path meta = entry.cubin_path;
+  meta.replace_extension(".json");
+  const bool removed = fs::remove(meta, ec);
+  fs::remove(entry.cubin_path, ec);
+  return removed;
+}
+
+}  // namespace
+
+std::size_t DiskCache::remove(const std::vector<CacheEntry>& entries) const {
   std::size_t removed = 0;
-  for (const CacheEntry& entry : list(arch)) {
-    std::error_code ec;
-    fs::path meta = entry.cubin_path;
-    meta.replace_extension(".json");
-    // Metadata first, so no reader finds an entry whose cubin is gone.
-    if (fs::remove(meta, ec)) ++removed;
-    fs::remove(entry.cubin_path, ec);
-  }
+  for (const CacheEntry& entry : entries) removed += remove_entry(entry);
   return removed;
 }
 
@@ -329,13 +336,8 @@ std::size_t DiskCache::prune(std::uint64_t max_bytes) const {
   std::size_t removed = 0;
   for (const CacheEntry& entry : entries) {
     if (total <= max_bytes) break;
-    std::error_code ec;
-    fs::path meta = entry.cubin_path;
-    meta.replace_extension(".json");
-    fs::remove(meta, ec);
-    fs::remove(entry.cubin_path, ec);
+    removed += remove_entry(entry);
     total -= entry.cubin_bytes;
-    ++removed;
   }
   return removed;
 }

@@ -45,7 +45,8 @@ class DiskCache {
   std::string store(const CompiledKernel& kernel) const;
 
   std::vector<CacheEntry> list(const std::optional<std::string>& arch) const;
-  std::size_t remove_if_arch(const std::optional<std::string>& arch) const;
+  // Removes these entries (from list()); returns how many were still there.
+  std::size_t remove(const std::vector<CacheEntry>& entries) const;
   std::size_t prune(std::uint64_t max_bytes) const;
   // Removes temp files that a killed writer left behind (older than `age`).
   void remove_stale_temps(std::chrono::seconds age) const;

@@ -170,11 +170,25 @@ std::vector<CompileOutcome> KernelCache::precompile(
 }
 
 std::vector<CacheEntry> KernelCache::list(std::optional<std::string> arch) const {
-  return impl_->disk.list(arch);
+  std::vector<CacheEntry> entries = impl_->disk.list(arch);
+  for (CacheEntry& entry : entries) {
+    try {
+      entry.current = impl_->key_for(entry.variant).substr(0, 16) == entry.key;
+    } catch (const Error&) {
+      entry.current = false;  // its family or sources are not in this build
+    }
+  }
+  return entries;
+}
+
+std::size_t KernelCache::remove_stale() {
+  std::vector<CacheEntry> stale = list();
+  std::erase_if(stale, [](const CacheEntry& entry) { return entry.current; });
+  return impl_->disk.remove(stale);
 }
 
 std::size_t KernelCache::clear(std::optional<std::string> arch) {
-  return impl_->disk.remove_if_arch(arch);
+  return impl_->disk.remove(impl_->disk.list(arch));
 }
 
 std::size_t KernelCache::prune(std::uint64_t max_bytes) { return impl_->disk.prune(max_bytes); }

@@ -3,6 +3,9 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 
 #include <cstdlib>
+#include <string>
+
+#include "flashjit/flashjit.hpp"
 
 namespace flashjit::detail {
 
@@ -18,3 +21,18 @@ spdlog::logger& log() {
 }
 
 }  // namespace flashjit::detail
+
+namespace flashjit {
+
+void set_log_level(std::string_view level) {
+  const auto parsed = spdlog::level::from_str(std::string(level));
+  // from_str answers "off" for any name it does not know; only "off" itself may mean off.
+  if (parsed == spdlog::level::off && level != "off")
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("log level '{}' is unknown: expected trace, debug, info, warn, error "
+                            "or off",
+                            level));
+  detail::log().set_level(parsed);
+}
+
+}  // namespace flashjit

@@ -25,6 +25,10 @@ namespace flashjit {
 
 std::string_view version();
 
+// The library's log level: "trace", "debug", "info", "warn" (default), "error" or "off". Overrides
+// FLASHJIT_LOG_LEVEL. Throws Error(invalid_argument) for another name.
+void set_log_level(std::string_view level);
+
 enum class ErrorCode {
   invalid_argument,  // bad input from the caller; nothing was launched or written
   no_driver,         // libcuda could not be loaded
@@ -100,6 +104,9 @@ struct CacheEntry {
   std::string flashjit_version;
   std::string created;    // ISO 8601 UTC
   std::string last_used;  // ISO 8601 UTC, what prune orders by
+  // False for an entry built from other kernel sources, options or versions than this library's:
+  // it is never served (its key cannot match) and `remove_stale` deletes it.
+  bool current = true;
 };
 
 struct CompileOutcome {
@@ -138,6 +145,8 @@ class KernelCache {
   std::size_t clear(std::optional<std::string> arch = {});
   // Removes least recently used entries until the total size is at most max_bytes.
   std::size_t prune(std::uint64_t max_bytes);
+  // Removes the entries that are not current (see CacheEntry::current). Returns the number.
+  std::size_t remove_stale();
 
   struct Impl;
   Impl& impl() const { return *impl_; }

@@ -240,3 +240,33 @@ TEST_CASE("clear and prune remove whole entries") {
   CHECK(cache.list().empty());
   CHECK(count_valid_entries(dir.path()) == 0);
 }
+
+TEST_CASE("entries from other kernel sources are listed as stale and removed by remove_stale") {
+  test::TempDir dir, sources;
+  fs::copy(FLASHJIT_SOURCE_DIR "/kernels_src", sources.path(), fs::copy_options::recursive);
+  KernelCache(CacheOptions{dir.path()}).compile(kVariant);
+  {
+    std::ofstream header(sources.path() / "common" / "masking.cuh", std::ios::app);
+    header << "\n// an edit to an included header\n";
+  }
+  ::setenv("FLASHJIT_KERNELS_DIR", sources.path().c_str(), 1);
+  KernelCache edited(CacheOptions{dir.path()});
+  CHECK_FALSE(edited.compile(kVariant).was_cached);  // the old binary is not served
+  auto entries = edited.list();
+  REQUIRE(entries.size() == 2);
+  CHECK(entries[0].current != entries[1].current);
+  CHECK(edited.remove_stale() == 1);
+  entries = edited.list();
+  ::unsetenv("FLASHJIT_KERNELS_DIR");
+  REQUIRE(entries.size() == 1);
+  CHECK(entries[0].current);
+  CHECK(KernelCache(CacheOptions{dir.path()}).list()[0].current == false);  // embedded sources
+}
+
+TEST_CASE("the log level is set by name; an unknown name is an error") {
+  CHECK_NOTHROW(set_log_level("error"));
+  CHECK_NOTHROW(set_log_level("off"));
+  CHECK_THROWS_WITH_AS(set_log_level("loud"), doctest::Contains("log level 'loud' is unknown"),
+                       Error);
+  set_log_level("warn");
+}

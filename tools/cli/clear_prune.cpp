@@ -28,17 +28,24 @@ int run_clear(const std::string& arch, const GlobalOptions& globals) {
   return 0;
 }
 
-int run_prune(std::uint64_t max_bytes, const GlobalOptions& globals) {
+int run_prune(std::optional<std::uint64_t> max_bytes, bool stale, const GlobalOptions& globals) {
   const auto cache = open_cache(globals, /*need_disk=*/true);
   const std::uint64_t before = total_bytes(cache->list());
-  const std::size_t removed = cache->prune(max_bytes);
+  if (stale) {
+    const std::size_t removed = cache->remove_stale();
+    if (!globals.quiet)
+      fmt::print("removed {} stale entries (built from other sources, options or versions)\n",
+                 removed);
+    if (!max_bytes) return 0;
+  }
+  const std::size_t removed = cache->prune(*max_bytes);
   const auto remaining = cache->list();
   const std::uint64_t after = total_bytes(remaining);
   if (!globals.quiet)
     fmt::print(
         "removed {} entries ({}), least recently used first; {} entries ({}) remain, "
         "limit {} bytes, in {}\n",
-        removed, human_bytes(before - after), remaining.size(), human_bytes(after), max_bytes,
+        removed, human_bytes(before - after), remaining.size(), human_bytes(after), *max_bytes,
         describe_cache_location(*cache));
   return 0;
 }
@@ -53,17 +60,24 @@ void add_clear_command(CLI::App& app, const GlobalOptions& globals, int& status)
 }
 
 void add_prune_command(CLI::App& app, const GlobalOptions& globals, int& status) {
-  auto max_bytes = std::make_shared<std::uint64_t>(0);
+  auto max_bytes = std::make_shared<std::optional<std::uint64_t>>();
+  auto stale = std::make_shared<bool>(false);
   CLI::App* command = app.add_subcommand(
-      "prune", "Remove the least recently used kernels until the cache fits a size");
+      "prune",
+      "Remove stale kernels, and/or the least recently used ones until the cache fits a size");
+  command->add_flag("--stale", *stale,
+                    "Remove entries built from other kernel sources, options or versions (never "
+                    "served; `list` marks them stale)");
   command
       ->add_option("--max-size", *max_bytes,
                    "Size to fit in: bytes, or with a unit: 500k, 20M, 1G (powers of 1000), "
                    "512KiB, 1GiB (powers of 1024)")
-      ->required()
       ->transform(CLI::AsSizeValue(/*kb_is_1000=*/true).description(""))
       ->type_name("SIZE");
-  command->callback([&globals, &status, max_bytes] { status = run_prune(*max_bytes, globals); });
+  command->require_option(1, 2);  // --stale, --max-size, or both
+  command->callback([&globals, &status, max_bytes, stale] {
+    status = run_prune(*max_bytes, *stale, globals);
+  });
 }
 
 }  // namespace flashjit::cli

@@ -44,6 +44,7 @@ nlohmann::ordered_json entry_json(const CacheEntry& entry) {
           {"flashjit_version", entry.flashjit_version},
           {"created", entry.created},
           {"last_used", entry.last_used},
+          {"current", entry.current},
           {"key", entry.key},
           {"path", entry.cubin_path.string()}};
 }
@@ -57,12 +58,14 @@ void print_table(const std::vector<CacheEntry>& entries) {
                {"CUBIN", Align::right},
                {"COMPILE", Align::right},
                {"NVRTC", Align::right},
-               {"LAST USED"}});
+               {"LAST USED"},
+               {"STATE"}});
   for (const CacheEntry& e : entries)
     table.add_row(
         {e.variant.name(), fmt::format("{}", e.registers), fmt::format("{} B", e.spill_bytes),
          human_bytes(static_cast<std::uint64_t>(shared_bytes(e))), human_bytes(e.cubin_bytes),
-         fmt::format("{:.2f} s", e.compile_ms / 1000), e.nvrtc_version, e.last_used});
+         fmt::format("{:.2f} s", e.compile_ms / 1000), e.nvrtc_version, e.last_used,
+         e.current ? "current" : "stale"});
   table.print();
 }
 

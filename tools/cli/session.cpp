@@ -15,7 +15,7 @@ void apply_log_level(const GlobalOptions& globals) {
     level = "info";
   else if (globals.verbosity >= 2)
     level = "debug";
-  if (level != nullptr) ::setenv("FLASHJIT_LOG_LEVEL", level, 1);
+  if (level != nullptr) set_log_level(level);
 }
 
 std::shared_ptr<KernelCache> open_cache(const GlobalOptions& globals, bool need_disk) {
