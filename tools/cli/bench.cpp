@@ -18,6 +18,7 @@
 #include "progress.hpp"
 #include "reference.hpp"
 #include "table.hpp"
+#include "temp_dir.hpp"
 
 namespace flashjit::cli {
 namespace {
@@ -186,29 +187,6 @@ Timing time_case(Engine& engine, BenchInputs& in, const BenchCase& c, const Benc
   return timing;
 }
 
-// A private cache directory, so the cold compile is really cold and the user's cache untouched.
-class TemporaryDirectory {
- public:
-  TemporaryDirectory() {
-    std::string pattern =
-        (std::filesystem::temp_directory_path() / "flashjit-bench-XXXXXX").string();
-    if (::mkdtemp(pattern.data()) == nullptr)
-      throw Error(ErrorCode::cache_error,
-                  fmt::format("cannot create a temporary directory from {}", pattern));
-    path_ = pattern;
-  }
-  ~TemporaryDirectory() {
-    std::error_code ignored;
-    std::filesystem::remove_all(path_, ignored);
-  }
-  TemporaryDirectory(const TemporaryDirectory&) = delete;
-  TemporaryDirectory& operator=(const TemporaryDirectory&) = delete;
-  const std::filesystem::path& path() const { return path_; }
-
- private:
-  std::filesystem::path path_;
-};
-
 double milliseconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start)
       .count();
@@ -218,7 +196,8 @@ FirstCall measure_first_call(int device, const BenchInputs& in, const BenchCase&
                              const Variant& variant) {
   FirstCall result;
   result.variant = variant.name();
-  const TemporaryDirectory dir;
+  // A private cache, so the cold compile is really cold and the user's cache untouched.
+  const test::TempDir dir("flashjit-bench");
   {
     KernelCache cold(CacheOptions{dir.path()});
     const CompileOutcome compiled = cold.compile(variant);
