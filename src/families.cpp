@@ -50,9 +50,16 @@ void check_variant(const Variant& v) {
   if (std::string problem = traits.check(v); !problem.empty()) fail(problem);
 }
 
-std::array<unsigned, 3> tiles_heads_batch_grid(const ForwardProblem& problem, int tile_m) {
-  return {static_cast<unsigned>((problem.seqlen_q + tile_m - 1) / tile_m),
-          static_cast<unsigned>(problem.heads_q), static_cast<unsigned>(problem.batch)};
+LaunchPlan query_tile_plan(const Variant& variant, const ForwardProblem& problem, int threads,
+                           int shared_bytes) {
+  LaunchPlan plan;
+  plan.grid = {static_cast<unsigned>((problem.seqlen_q + variant.tile_m - 1) / variant.tile_m),
+               static_cast<unsigned>(problem.heads_q), static_cast<unsigned>(problem.batch)};
+  plan.block = {static_cast<unsigned>(threads), 1, 1};
+  plan.shared_bytes = static_cast<unsigned>(shared_bytes);
+  return plan;
 }
+
+bool runs_on_sm80_or_later(std::string_view arch) { return arch_number(arch) >= 80; }
 
 }  // namespace flashjit::detail

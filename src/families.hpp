@@ -53,7 +53,10 @@ std::string name_expression(const Variant& variant);
 // Throws Error(invalid_argument) when the variant cannot be built.
 void check_variant(const Variant& variant);
 
-// Grid of (query tiles, heads, batch) that the simt and mma families share.
-std::array<unsigned, 3> tiles_heads_batch_grid(const ForwardProblem& problem, int tile_m);
+// The launch of the non-persistent families (simt, mma): one CTA per (query tile, head, batch).
+LaunchPlan query_tile_plan(const Variant& variant, const ForwardProblem& problem, int threads,
+                           int shared_bytes);
+// For families whose kernels need only sm_80 features (cp.async, mma.sync, bf16 conversions).
+bool runs_on_sm80_or_later(std::string_view arch);
 
 }  // namespace flashjit::detail

@@ -93,11 +93,7 @@ TileConfig mma_tiles(std::string_view arch, int head_dim, bool causal) {
 std::string mma_unsupported(const ForwardProblem&) { return {}; }
 
 LaunchPlan mma_plan(const Variant& v, const ForwardProblem& problem) {
-  LaunchPlan plan;
-  plan.grid = tiles_heads_batch_grid(problem, v.tile_m);
-  plan.block = {static_cast<unsigned>(mma_threads(v)), 1, 1};
-  plan.shared_bytes = static_cast<unsigned>(mma_shared_bytes(v));
-  return plan;
+  return query_tile_plan(v, problem, mma_threads(v), mma_shared_bytes(v));
 }
 
 }  // namespace
@@ -107,7 +103,7 @@ extern const FamilyTraits kMmaFamily = {
     .source_file = "fmha_mma.cu",
     .kernel_template = "flashjit::fmha_mma_kernel",
     .head_dims = {32, 64, 96, 128, 192, 256},
-    .runs_on = [](std::string_view arch) { return arch_number(arch) >= 80; },
+    .runs_on = runs_on_sm80_or_later,
     .check = mma_check,
     .threads = mma_threads,
     .shared_bytes = mma_shared_bytes,

@@ -1,7 +1,6 @@
 // Host side of kernels_src/fmha_simt.cu: 4 threads per query row, Q + one K/V tile + P in smem.
 #include <fmt/format.h>
 
-#include "arch.hpp"
 #include "families.hpp"
 
 namespace flashjit::detail {
@@ -31,11 +30,7 @@ TileConfig simt_tiles(std::string_view, int, bool) { return {64, 64, 1}; }
 std::string simt_unsupported(const ForwardProblem&) { return {}; }
 
 LaunchPlan simt_plan(const Variant& v, const ForwardProblem& problem) {
-  LaunchPlan plan;
-  plan.grid = tiles_heads_batch_grid(problem, v.tile_m);
-  plan.block = {static_cast<unsigned>(simt_threads(v)), 1, 1};
-  plan.shared_bytes = static_cast<unsigned>(simt_shared_bytes(v));
-  return plan;
+  return query_tile_plan(v, problem, simt_threads(v), simt_shared_bytes(v));
 }
 
 }  // namespace
@@ -45,7 +40,7 @@ extern const FamilyTraits kSimtFamily = {
     .source_file = "fmha_simt.cu",
     .kernel_template = "flashjit::fmha_simt_kernel",
     .head_dims = {32, 64, 96, 128, 192, 256},
-    .runs_on = [](std::string_view arch) { return arch_number(arch) >= 80; },
+    .runs_on = runs_on_sm80_or_later,
     .check = simt_check,
     .threads = simt_threads,
     .shared_bytes = simt_shared_bytes,
