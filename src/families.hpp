@@ -56,6 +56,8 @@ void check_variant(const Variant& variant);
 // The launch of the non-persistent families (simt, mma): one CTA per (query tile, head, batch).
 LaunchPlan query_tile_plan(const Variant& variant, const ForwardProblem& problem, int threads,
                            int shared_bytes);
+// unsupported_reason of a family that runs every valid problem.
+std::string runs_every_problem(const ForwardProblem& problem);
 // For families whose kernels need only sm_80 features (cp.async, mma.sync, bf16 conversions).
 bool runs_on_sm80_or_later(std::string_view arch);
 

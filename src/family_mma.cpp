@@ -90,8 +90,6 @@ TileConfig mma_tiles(std::string_view arch, int head_dim, bool causal) {
   return causal ? row->causal : row->full;
 }
 
-std::string mma_unsupported(const ForwardProblem&) { return {}; }
-
 LaunchPlan mma_plan(const Variant& v, const ForwardProblem& problem) {
   return query_tile_plan(v, problem, mma_threads(v), mma_shared_bytes(v));
 }
@@ -108,7 +106,7 @@ extern const FamilyTraits kMmaFamily = {
     .threads = mma_threads,
     .shared_bytes = mma_shared_bytes,
     .default_tiles = mma_tiles,
-    .unsupported_reason = mma_unsupported,
+    .unsupported_reason = runs_every_problem,
     .plan = mma_plan,
 };
 

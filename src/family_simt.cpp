@@ -27,8 +27,6 @@ std::string simt_check(const Variant& v) {
 
 TileConfig simt_tiles(std::string_view, int, bool) { return {64, 64, 1}; }
 
-std::string simt_unsupported(const ForwardProblem&) { return {}; }
-
 LaunchPlan simt_plan(const Variant& v, const ForwardProblem& problem) {
   return query_tile_plan(v, problem, simt_threads(v), simt_shared_bytes(v));
 }
@@ -45,7 +43,7 @@ extern const FamilyTraits kSimtFamily = {
     .threads = simt_threads,
     .shared_bytes = simt_shared_bytes,
     .default_tiles = simt_tiles,
-    .unsupported_reason = simt_unsupported,
+    .unsupported_reason = runs_every_problem,
     .plan = simt_plan,
 };
 
