@@ -10,9 +10,11 @@
 // with P·V(j-1) where registers allow (head_dim <= 128).
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
+#include "common/global_store.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
 #include "common/quad_reduce.cuh"
+#include "common/quad_transpose.cuh"
 #include "common/sm90_mbarrier.cuh"
 #include "common/sm90_tma.cuh"
 #include "common/sm90_warpgroup.cuh"
@@ -254,6 +256,8 @@ __device__ __forceinline__ void probabilities_to_fragments(const float (&s)[Tile
 }
 
 // Normalizes and writes this thread's part of O (and the rows' LSE), skipping rows past seqlen_q.
+// A quad holds one 2-column word of each 8-column block of a row; a transpose over each 4 blocks
+// gives every lane one whole block, stored as 16 bytes (O rows are 16-byte aligned: validate.cpp).
 template <typename T, int HeadDim>
 __device__ __forceinline__ void store_output(const FmhaParams& p, const TileCoord& c, int row0,
                                              const FragmentPosition& at,
@@ -263,14 +267,21 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const TileCoor
   for (int i = 0; i < 2; ++i) {
     const float sum = quad_sum(softmax.sum[i]);
     const int row = row0 + at.row + 8 * i;
-    if (row >= p.seqlen_q) continue;
+    const bool in_range = row < p.seqlen_q;  // only the store: the shuffles need the whole warp
     const float scale = output_scale(sum);
-    T* out_row = out + row * p.o_stride_s + at.col;
+    T* out_row = out + row * p.o_stride_s + 4 * at.col;  // lane q of a quad: block 4 g + q
 #pragma unroll
-    for (int j = 0; j < HeadDim / 8; ++j)
-      *reinterpret_cast<unsigned*>(out_row + 8 * j) =
-          pack2<T>(o[4 * j + 2 * i] * scale, o[4 * j + 2 * i + 1] * scale);
-    if (p.lse != nullptr && at.col == 0)
+    for (int g = 0; g < HeadDim / 32; ++g) {
+      unsigned w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int e = 4 * (4 * g + k) + 2 * i;
+        w[k] = pack2<T>(o[e] * scale, o[e + 1] * scale);
+      }
+      quad_transpose(w);
+      store_global_16(out_row + 32 * g, w, in_range);
+    }
+    if (in_range && p.lse != nullptr && at.col == 0)
       p.lse[(static_cast<long long>(c.batch) * p.heads_q + c.head) * p.seqlen_q + row] =
           row_lse(p, softmax.max[i], sum);
   }
@@ -351,14 +362,14 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         turns.end();
         wgmma_wait<0>();
         wgmma_fence_operands(s);
+        // The tile's last Q·Kᵀ is done: the producer may load the next Q under softmax and P·V.
+        if (j == n_tiles - 1) release(&bars->q_empty);
         release(&bars->k_empty[(pipe + j) % Stages]);
         softmax_step(j, masked);
         rescale_rows(o, correction);
         probabilities_to_fragments<T, TileN>(s, pf);
       };
       auto values_alone = [&](int j) {  // O += P(j)·V(j), waited on
-        // After the last Q·Kᵀ the producer may load the next tile's Q under this P·V.
-        if (j == n_tiles - 1) release(&bars->q_empty);
         wait_full(bars->v_full, pipe + j);
         turns.begin();
         issue_pv<T, HeadDim, TileN>(o, pf, v_tile(pipe + j));
@@ -379,6 +390,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         turns.end();
         wgmma_wait<1>();  // S(j) is ready; P·V may still run
         wgmma_fence_operands(s);
+        if (j == n_tiles - 1) release(&bars->q_empty);  // the tile's last Q·Kᵀ is done
         release(&bars->k_empty[k_slot % Stages]);
         softmax_step(j, masked);
         wgmma_wait<0>();
