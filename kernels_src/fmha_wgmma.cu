@@ -7,7 +7,7 @@
 // and runs S = Q·Kᵀ (wgmma, both operands in shared memory), the online softmax in registers, and
 // O += P·V (wgmma, P straight from the S registers). Registers move from the producer to the
 // consumers with setmaxnreg; consumers take turns issuing GEMMs (ping-pong) and overlap softmax(j)
-// with P·V(j-1) where registers allow (head_dim <= 128).
+// with P·V(j-1).
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/global_store.cuh"
@@ -38,10 +38,6 @@ struct WgmmaShape {
   // 65536 registers per SM: the producer keeps 24-32, consumers take the rest (as FA3 does).
   static constexpr int kProducerRegs = kConsumers == 3 ? 32 : 24;
   static constexpr int kConsumerRegs = kConsumers == 3 ? 160 : 240;
-  // Softmax(j) overlapping P·V(j-1) keeps S, P and O live together; with 128 O registers
-  // (head_dim 256) ptxas serializes the two anyway (and spilled for causal), so it is off there,
-  // and so is the ping-pong between consumers (FA3 also drops it for head_dim 256).
-  static constexpr bool kOverlapSoftmax = HeadDim <= 128;
   // A 128-byte swizzle row holds 64 16-bit elements: tiles are stored as HeadDim / 64 column
   // blocks of [rows][64], which is both TMA's box and wgmma's canonical swizzled layout.
   static constexpr int kDimBlocks = HeadDim / 64;
@@ -324,7 +320,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   // Shared-memory addresses are recomputed from one base where used: fewer live registers.
   const unsigned base = smem_u32(smem);
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
-  const Turns<Shape::kOverlapSoftmax ? Shape::kConsumers : 1> turns(consumer);
+  const Turns<Shape::kConsumers> turns(consumer);
   // Slot n of the K/V ring: stage n % Stages, completing its phase (n / Stages) & 1.
   auto k_tile = [&](int slot) {
     return base + Shape::kKOffset + (slot % Stages) * Shape::kKVBytes;
@@ -405,18 +401,12 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       const int unmasked_end = min(first_masked, n_tiles);
       if (n_tiles > 0) {
         mbarrier_wait(&bars->q_full, q_loads++ & 1);
-        if constexpr (Shape::kOverlapSoftmax) {
-          if (first_masked == 0) scores_alone(0, True{});
-          else scores_alone(0, False{});
-          int j = 1;
-          for (; j < unmasked_end; ++j) overlapped_step(j, False{});
-          for (; j < n_tiles; ++j) overlapped_step(j, True{});
-          values_alone(n_tiles - 1);
-        } else {
-          int j = 0;
-          for (; j < unmasked_end; ++j) scores_alone(j, False{}), values_alone(j);
-          for (; j < n_tiles; ++j) scores_alone(j, True{}), values_alone(j);
-        }
+        if (first_masked == 0) scores_alone(0, True{});
+        else scores_alone(0, False{});
+        int j = 1;
+        for (; j < unmasked_end; ++j) overlapped_step(j, False{});
+        for (; j < n_tiles; ++j) overlapped_step(j, True{});
+        values_alone(n_tiles - 1);
         pipe += n_tiles;
       }
       store_output<T, HeadDim>(p, c, row0, at, o, softmax);

@@ -79,6 +79,8 @@ flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
                                 "' is unknown: expected simt, mma or wgmma");
     options.family = *family;
   }
+  if (o->tile_m != 0 || o->tile_n != 0 || o->stages != 0)
+    options.tiles = flashjit::TileConfig{o->tile_m, o->tile_n, o->stages};
   return options;
 }
 

@@ -11,16 +11,36 @@ namespace flashjit::detail {
 namespace {
 
 Variant variant_for(const FamilyTraits& traits, std::string_view arch, DType dtype, int head_dim,
-                    bool causal) {
-  const TileConfig tiles = traits.default_tiles(arch, head_dim, causal);
+                    bool causal, TileConfig tiles) {
   return Variant{traits.family, std::string(arch), dtype,   head_dim,
                  tiles.tile_m,  tiles.tile_n,      tiles.stages, causal};
+}
+
+// A caller's tile shape replaces the table's; one the family cannot build is the caller's error,
+// not a reason to fall back to a slower family.
+Variant with_forced_tiles(Variant variant, const TileConfig& tiles, const FamilyTraits& traits,
+                          const DeviceInfo& device) {
+  variant.tile_m = tiles.tile_m;
+  variant.tile_n = tiles.tile_n;
+  variant.stages = tiles.stages;
+  auto reject = [&](const std::string& why) {
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("options.tiles (tile_m {}, tile_n {}, stages {}) for family {}: {}",
+                            tiles.tile_m, tiles.tile_n, tiles.stages, to_string(traits.family),
+                            why));
+  };
+  if (std::string why = traits.check(variant); !why.empty()) reject(why);
+  const int smem = traits.shared_bytes(variant);
+  if (smem > device.max_shared_per_block_optin)
+    reject(fmt::format("needs {} B of shared memory, the GPU allows {}", smem,
+                       device.max_shared_per_block_optin));
+  return variant;
 }
 
 }  // namespace
 
 Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
-                       std::optional<Family> forced) {
+                       std::optional<Family> forced, std::optional<TileConfig> forced_tiles) {
   std::string reasons;
   for (const FamilyTraits* traits : all_families()) {
     if (forced && traits->family != *forced) continue;
@@ -35,7 +55,11 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
     }
     Variant variant;
     if (why.empty()) {
-      variant = variant_for(*traits, device.arch, problem.dtype, problem.head_dim, problem.causal);
+      const TileConfig tiles = traits->tile_table(device.arch, problem.head_dim, problem.causal)
+                                   .pick(problem.seqlen_k);
+      variant = variant_for(*traits, device.arch, problem.dtype, problem.head_dim, problem.causal,
+                            tiles);
+      if (forced_tiles) return with_forced_tiles(variant, *forced_tiles, *traits, device);
       const int smem = traits->shared_bytes(variant);
       if (smem > device.max_shared_per_block_optin)
         why = fmt::format("needs {} B of shared memory, the GPU allows {}", smem,
@@ -61,8 +85,16 @@ std::vector<Variant> default_variants(std::string_view arch_spelling) {
     if (!traits->runs_on(arch)) continue;
     for (DType dtype : {DType::bf16, DType::fp16})
       for (int head_dim : traits->head_dims)
-        for (bool causal : {false, true})
-          variants.push_back(detail::variant_for(*traits, arch, dtype, head_dim, causal));
+        for (bool causal : {false, true}) {
+          // Every shape the table may pick, once each.
+          const detail::TileTable table = traits->tile_table(arch, head_dim, causal);
+          for (int i = 0; i < table.count; ++i) {
+            const Variant v = detail::variant_for(*traits, arch, dtype, head_dim, causal,
+                                                  table.rules[i].tiles);
+            if (std::find(variants.begin(), variants.end(), v) == variants.end())
+              variants.push_back(v);
+          }
+        }
   }
   return variants;
 }

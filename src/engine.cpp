@@ -66,14 +66,15 @@ CUctx_st* Engine::context() const { return impl_->primary.context; }
 Variant Engine::select_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const ForwardOptions& options) const {
   const auto problem = detail::validate_forward(q, k, v, out, options);
-  return detail::select_variant(problem, impl_->device, options.family);
+  return detail::select_variant(problem, impl_->device, options.family, options.tiles);
 }
 
 void Engine::forward(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& out, const ForwardOptions& options, CUstream_st* stream) {
   const auto problem = detail::validate_forward(q, k, v, out, options);
   if (problem.empty()) return;  // nothing to compute: documented no-op
-  const Variant variant = detail::select_variant(problem, impl_->device, options.family);
+  const Variant variant =
+      detail::select_variant(problem, impl_->device, options.family, options.tiles);
   const auto kernel = impl_->cache->impl().get(variant);
 
   const auto& cu = detail::driver();

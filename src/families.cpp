@@ -37,6 +37,12 @@ std::string name_expression(const Variant& v) {
                      v.tile_m, v.tile_n, v.stages, v.causal ? "true" : "false");
 }
 
+TileConfig TileTable::pick(int seqlen_k) const {
+  for (int i = 0; i + 1 < count; ++i)
+    if (seqlen_k <= rules[i].max_seqlen_k) return rules[i].tiles;
+  return rules[count - 1].tiles;
+}
+
 void check_variant(const Variant& v) {
   const FamilyTraits& traits = family_traits(v.family);
   auto fail = [&](const std::string& what) {

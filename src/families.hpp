@@ -3,6 +3,7 @@
 #pragma once
 
 #include <array>
+#include <climits>
 #include <cstddef>
 #include <optional>
 #include <string>
@@ -14,8 +15,21 @@
 
 namespace flashjit::detail {
 
-struct TileConfig {
-  int tile_m = 64, tile_n = 64, stages = 1;
+// A family's tile choice for one (arch, head_dim, causal): the first rule whose max_seqlen_k covers
+// the problem's key length wins; the last rule covers any length. Short sequences may want smaller
+// key tiles (less padding in the last one), long ones the shape with the best steady state.
+struct TileTable {
+  struct Rule {
+    int max_seqlen_k;
+    TileConfig tiles;
+  };
+  static constexpr int kMaxRules = 4;
+  std::array<Rule, kMaxRules> rules{};
+  int count = 0;
+
+  // One shape for every length.
+  static TileTable single(TileConfig tiles) { return {{Rule{INT_MAX, tiles}}, 1}; }
+  TileConfig pick(int seqlen_k) const;
 };
 
 struct LaunchPlan {
@@ -37,7 +51,7 @@ struct FamilyTraits {
   int (*threads)(const Variant& variant);
   int (*shared_bytes)(const Variant& variant);
   // The dispatcher's per-arch tile table for this family.
-  TileConfig (*default_tiles)(std::string_view arch, int head_dim, bool causal);
+  TileTable (*tile_table)(std::string_view arch, int head_dim, bool causal);
   // Empty when the family can run this problem, else why not (logged when falling back).
   std::string (*unsupported_reason)(const ForwardProblem& problem);
   LaunchPlan (*plan)(const Variant& variant, const ForwardProblem& problem);

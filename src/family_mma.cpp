@@ -81,13 +81,14 @@ SmemClass smem_class(std::string_view arch) {
   return SmemClass::kb99;  // sm_86, sm_89, sm_120, sm_121 and anything unknown
 }
 
-TileConfig mma_tiles(std::string_view arch, int head_dim, bool causal) {
+TileTable mma_tiles(std::string_view arch, int head_dim, bool causal) {
   const SmemClass smem = smem_class(arch);
   const auto row =
       std::find_if(std::begin(kTileTable), std::end(kTileTable),
                    [&](const TileRow& r) { return r.smem == smem && r.head_dim == head_dim; });
-  if (row == std::end(kTileTable)) return {64, 64, 1};  // not a tuned head dim: small and safe
-  return causal ? row->causal : row->full;
+  // A head dim without a tuned row gets a small shape that fits everywhere.
+  if (row == std::end(kTileTable)) return TileTable::single({64, 64, 1});
+  return TileTable::single(causal ? row->causal : row->full);
 }
 
 LaunchPlan mma_plan(const Variant& v, const ForwardProblem& problem) {
@@ -105,7 +106,7 @@ extern const FamilyTraits kMmaFamily = {
     .check = mma_check,
     .threads = mma_threads,
     .shared_bytes = mma_shared_bytes,
-    .default_tiles = mma_tiles,
+    .tile_table = mma_tiles,
     .unsupported_reason = runs_every_problem,
     .plan = mma_plan,
 };

@@ -25,7 +25,7 @@ std::string simt_check(const Variant& v) {
   return {};
 }
 
-TileConfig simt_tiles(std::string_view, int, bool) { return {64, 64, 1}; }
+TileTable simt_tiles(std::string_view, int, bool) { return TileTable::single({64, 64, 1}); }
 
 LaunchPlan simt_plan(const Variant& v, const ForwardProblem& problem) {
   return query_tile_plan(v, problem, simt_threads(v), simt_shared_bytes(v));
@@ -42,7 +42,7 @@ extern const FamilyTraits kSimtFamily = {
     .check = simt_check,
     .threads = simt_threads,
     .shared_bytes = simt_shared_bytes,
-    .default_tiles = simt_tiles,
+    .tile_table = simt_tiles,
     .unsupported_reason = runs_every_problem,
     .plan = simt_plan,
 };

@@ -59,10 +59,18 @@ std::string wgmma_check(const Variant& v) {
 
 // Tile sizes measured on an H200 (bf16, 16k tokens; docs/perf-log.md, wgmma section), starting
 // from FlashAttention-3's (d64 192 x 128, d128 128 x 176 or 128 x 128 causal, d256 128 x 80).
-TileConfig wgmma_tiles(std::string_view, int head_dim, bool causal) {
-  if (head_dim <= 64) return {192, 128, 3};
-  if (head_dim <= 128) return {128, causal ? 176 : 160, 2};
-  return {128, 64, 2};
+// Short sequences take 128-key (and for causal d64 128-query) tiles: the last key tile of a
+// 512-key row is 20-30 % padding with 160-176 keys, and under the causal diagonal a 192-row tile
+// visits keys only its bottom rows need.
+TileTable wgmma_tiles(std::string_view, int head_dim, bool causal) {
+  if (head_dim <= 64)
+    return causal ? TileTable{{{{1024, {128, 128, 2}}, {INT_MAX, {192, 128, 3}}}}, 2}
+                  : TileTable::single({192, 128, 3});
+  if (head_dim <= 128)
+    return causal ? TileTable{{{{2048, {128, 128, 2}}, {INT_MAX, {128, 176, 2}}}}, 2}
+                  : TileTable{{{{1024, {128, 128, 3}}, {INT_MAX, {128, 160, 2}}}}, 2};
+  // d256 causal stays at 64 keys: with 80, the causal kernel spills (180 bytes).
+  return TileTable::single({128, causal ? 64 : 80, 2});
 }
 
 std::string wgmma_unsupported(const ForwardProblem& problem) {
@@ -169,7 +177,7 @@ extern const FamilyTraits kWgmmaFamily = {
     .check = wgmma_check,
     .threads = wgmma_threads,
     .shared_bytes = wgmma_shared_bytes,
-    .default_tiles = wgmma_tiles,
+    .tile_table = wgmma_tiles,
     .unsupported_reason = wgmma_unsupported,
     .plan = wgmma_plan,
 };

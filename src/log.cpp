@@ -11,7 +11,10 @@ namespace flashjit::detail {
 
 spdlog::logger& log() {
   static std::shared_ptr<spdlog::logger> logger = [] {
-    auto made = spdlog::stderr_color_mt("flashjit");
+    // Not in spdlog's global registry: the application may use spdlog too (or load a second
+    // copy of flashjit), and a registered name taken twice throws.
+    auto made = std::make_shared<spdlog::logger>(
+        "flashjit", std::make_shared<spdlog::sinks::stderr_color_sink_mt>());
     made->set_pattern("[flashjit] [%l] %v");
     const char* level = std::getenv("FLASHJIT_LOG_LEVEL");
     made->set_level(level ? spdlog::level::from_str(level) : spdlog::level::warn);

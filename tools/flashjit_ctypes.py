@@ -66,6 +66,9 @@ class FlashjitForwardOptions(ctypes.Structure):
         ("causal", ctypes.c_int32),
         ("lse", ctypes.c_void_p),
         ("family", ctypes.c_char_p),
+        ("tile_m", ctypes.c_int32),
+        ("tile_n", ctypes.c_int32),
+        ("stages", ctypes.c_int32),
     ]
 
 
@@ -220,14 +223,17 @@ class Engine:
             pass
 
     @staticmethod
-    def options(causal=False, softmax_scale=0.0, lse=None, family=None):
+    def options(causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None):
         """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
-        the dispatcher's choice, else 'simt', 'mma' or 'wgmma'."""
+        the dispatcher's choice, else 'simt', 'mma' or 'wgmma'; tiles: None for the family's
+        table, else (tile_m, tile_n, stages)."""
         o = FlashjitForwardOptions()
         o.softmax_scale = float(softmax_scale)
         o.causal = 1 if causal else 0
         o.lse = int(lse) if lse else None
         o.family = _encode(family) if family else None
+        if tiles is not None:
+            o.tile_m, o.tile_n, o.stages = (int(x) for x in tiles)
         return o
 
     def forward_raw(self, q, k, v, out, options, stream=None):
@@ -239,13 +245,14 @@ class Engine:
             raise FlashjitError("flashjit_forward", status, self.owner.last_error())
 
     def forward(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None, family=None,
-                stream=None):
-        self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family), stream)
+                stream=None, tiles=None):
+        self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family, tiles),
+                         stream)
 
     def select_variant(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None,
-                       family=None):
+                       family=None, tiles=None):
         """The canonical variant name forward would run, e.g. 'mma.sm90.bf16.d128.m128n64s2'."""
-        options = self.options(causal, softmax_scale, lse, family)
+        options = self.options(causal, softmax_scale, lse, family, tiles)
         buf = ctypes.create_string_buffer(256)
         self.owner.check("flashjit_select_variant",
                          self.lib.flashjit_select_variant(

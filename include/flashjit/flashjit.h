@@ -37,6 +37,9 @@ typedef struct flashjit_forward_options {
   int32_t causal;      /* bottom-right aligned when seqlen_q != seqlen_k */
   float* lse;          /* optional fp32 [batch, heads_q, seqlen_q], contiguous; may be NULL */
   const char* family;  /* NULL or "": the dispatcher's choice; else "simt", "mma", "wgmma" */
+  /* All three 0: the family's tile table. Else a forced tile shape (tuning, benchmarks); one the
+   * family cannot build fails with FLASHJIT_INVALID_ARGUMENT. */
+  int32_t tile_m, tile_n, stages;
 } flashjit_forward_options;
 
 typedef struct flashjit_engine flashjit_engine;

@@ -170,6 +170,12 @@ struct TensorView {
                          std::int64_t d);
 };
 
+// A kernel's tile shape: query rows per tile, keys per tile, K/V pipeline depth.
+struct TileConfig {
+  int tile_m = 64, tile_n = 64, stages = 1;
+  bool operator==(const TileConfig&) const = default;
+};
+
 struct ForwardOptions {
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   // Causal mask aligned bottom-right like FlashAttention: query i sees key j iff
@@ -177,6 +183,9 @@ struct ForwardOptions {
   bool causal = false;
   float* lse = nullptr;  // optional device buffer, fp32 [batch, heads_q, seqlen_q] contiguous
   std::optional<Family> family;  // force a family (tests, benchmarks); default: the dispatcher's
+  // Force a tile shape (tuning, benchmarks) on the chosen family; default: its tile table. A
+  // shape the family cannot build or the GPU cannot fit throws Error(invalid_argument).
+  std::optional<TileConfig> tiles;
 };
 
 struct DeviceInfo {

@@ -48,6 +48,27 @@ TEST_CASE("a forced family that cannot run the problem is an unsupported error")
                        doctest::Contains("wgmma does not run on sm_80"), Error);
 }
 
+TEST_CASE("forced tiles replace the table's, and a shape the family cannot build is an error") {
+  const DeviceInfo h200 = device_for("sm_90a", 227 * 1024);
+  const Variant v = detail::select_variant(problem(128, false), h200, {}, TileConfig{128, 128, 3});
+  CHECK(v.family == Family::wgmma);
+  CHECK(v.tile_m == 128);
+  CHECK(v.tile_n == 128);
+  CHECK(v.stages == 3);
+  CHECK_THROWS_WITH_AS(
+      detail::select_variant(problem(128, false), h200, {}, TileConfig{96, 128, 2}),
+      doctest::Contains("options.tiles (tile_m 96, tile_n 128, stages 2) for family wgmma"), Error);
+  CHECK_THROWS_WITH_AS(
+      detail::select_variant(problem(128, false), h200, Family::mma, TileConfig{128, 256, 4}),
+      doctest::Contains("shared memory"), Error);
+  try {
+    detail::select_variant(problem(128, false), h200, {}, TileConfig{128, 100, 2});
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+  }
+}
+
 TEST_CASE("simt and mma launch one CTA per (query tile, head, batch)") {
   const DeviceInfo h200 = device_for("sm_90a", 227 * 1024);
   for (Family family : {Family::simt, Family::mma}) {

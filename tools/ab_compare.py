@@ -1,0 +1,202 @@
+#!/usr/bin/env python3
+"""A/B timing of several flashjit builds (and forced tile shapes) against SDPA's cuDNN backend.
+
+Kernel changes are compared in one process, with every implementation's repetitions interleaved
+round-robin with cuDNN's, so drifts of the card (clock, temperature) hit all of them alike; the
+ratio to cuDNN in the same run is what to compare. Each implementation is checked against the
+float32 reference on fresh random inputs (poisoned outputs) before it is timed.
+
+    python3 tools/ab_compare.py --lib base=.devpack/base/libflashjit.so.0 \
+        --lib new=.devpack/new/libflashjit.so.0 --impl n128=new:128n:128x128x3 \
+        --grid standard --out $OUT/ab
+
+--lib NAME=PATH: an implementation with the library's own tile choice, on every case.
+--impl NAME=LIB:D[n|c][:MxNxS]: LIB only on cases of head dim D ("any": all; suffix n: non-causal
+only, c: causal only), with the tiles forced when given. --only-impls: --lib entries are not run on every case.
+Exit status 1 when a check failed.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import compare_sdpa as cs  # noqa: E402
+import flashjit_ctypes as fj  # noqa: E402
+
+
+@dataclass
+class Impl:
+    name: str
+    lib: str
+    head_dim: int = 0          # 0: every case
+    causal: bool | None = None  # None: both
+    tiles: tuple | None = None
+
+    def applies(self, case):
+        return ((not self.head_dim or case.head_dim == self.head_dim)
+                and (self.causal is None or case.causal == self.causal))
+
+
+def parse_impl(text, libs):
+    usage = (f"--impl {text!r}: expected NAME=LIB:D[n|c][:MxNxS], e.g. t128=base:128n:128x128x3 "
+             "(without the shape: the library's own tiles)")
+    try:
+        name, rest = text.split("=", 1)
+        lib, which, *tiles = rest.split(":")
+        causal = {"n": False, "c": True}.get(which[-1])
+        which = which[:-1] if causal is not None else which
+        head_dim = 0 if which == "any" else int(which)
+        shape = tuple(int(x) for x in tiles[0].lower().split("x")) if tiles else None
+    except (ValueError, IndexError):
+        raise SystemExit(usage) from None
+    if lib not in libs or len(tiles) > 1 or (shape is not None and len(shape) != 3):
+        raise SystemExit(f"{usage}; LIB must be one of {sorted(libs)}")
+    return Impl(name, lib, head_dim, causal, shape)
+
+
+class Runner(cs.FlashjitRunner):
+    """compare_sdpa's runner with the tile shape forced (None: the library's choice)."""
+
+    def __init__(self, engine, case, q, k, v, scale, tiles):
+        super().__init__(engine, case, q, k, v, "wgmma" if tiles else "auto", scale)
+        self.options = engine.options(case.causal, scale, self.lse.data_ptr(),
+                                      "wgmma" if tiles else None, tiles)
+
+
+def run_case(index, case, impls, engines, timer, args):
+    scale = 1.0 / math.sqrt(case.head_dim)
+    q, k, v = cs.make_inputs(case, args.seed + index)
+    row = {"case": case.key(), "label": case.label(), "flops": case.flops(), "impls": {}}
+    runners, outputs = {}, {}
+    for impl in impls:
+        if not impl.applies(case):
+            continue
+        runner = Runner(engines[impl.lib], case, q, k, v, scale, impl.tiles)
+        runner.poison()
+        try:
+            runner()
+            cs.sync()
+        except fj.FlashjitError as e:
+            row["impls"][impl.name] = {"status": "error", "reason": e.message}
+            continue
+        row["impls"][impl.name] = {"status": "ok"}
+        runners[impl.name] = runner
+        outputs[impl.name] = (runner.out, runner.lse)
+    cudnn = cs.SdpaRunner("cudnn", case, q, k, v, scale, "same")
+    if cudnn.error is None:
+        runners["cudnn"] = cudnn
+    errors, _, _ = cs.reference_check(case, q, k, v, scale, outputs, args.check_budget)
+    for name in outputs:
+        row["impls"][name]["check"] = errors[name]
+        if not errors[name]["pass"]:
+            row["impls"][name]["status"] = "failed check"
+            del runners[name]
+    for fn in runners.values():  # warm-up
+        for _ in range(args.warmup):
+            fn()
+    cs.sync()
+    samples = cs.round_robin(runners, {n: args.reps for n in runners}, timer)
+    medians = {n: statistics.median(t) for n, t in samples.items()}
+    for name, ms in medians.items():
+        cell = row["impls"].setdefault(name, {"status": "ok"})
+        cell["median_ms"] = ms
+        cell["tflops"] = case.flops() / (ms * 1e-3) / 1e12
+        if "cudnn" in medians and name != "cudnn":
+            cell["ratio_cudnn"] = medians["cudnn"] / ms
+    return row
+
+
+def precompile(impls, cases, libs, engines):
+    """Compiles every variant the run needs up front, in parallel (timing never waits on NVRTC)."""
+    t0 = time.monotonic()
+    wanted = {name: set() for name in libs}
+    for case in cases:
+        q = cs.fake_view(case, case.seqlen_q, case.heads_q)
+        k = cs.fake_view(case, case.seqlen_k, case.heads_kv)
+        for impl in impls:
+            if impl.applies(case):
+                try:
+                    wanted[impl.lib].add(engines[impl.lib].select_variant(
+                        q, k, k, q, causal=case.causal, family="wgmma" if impl.tiles else None,
+                        tiles=impl.tiles))
+                except fj.FlashjitError as e:
+                    print(f"{impl.name} {case.label()}: {e.message}")
+    for name, variants in wanted.items():
+        if variants:
+            libs[name].precompile(sorted(variants))
+    print(f"precompiled {sum(map(len, wanted.values()))} variants in "
+          f"{time.monotonic() - t0:.1f} s", flush=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--lib", action="append", required=True, help="NAME=PATH (repeatable)")
+    ap.add_argument("--impl", action="append", default=[], help="NAME=LIB:D[n|c]:MxNxS")
+    ap.add_argument("--only-impls", action="store_true", help="run only the --impl entries")
+    ap.add_argument("--grid", action="append", default=[], choices=sorted(cs.GRIDS))
+    ap.add_argument("--case", action="append", default=[], help="b,hq,hkv,sq,sk,d,causal")
+    ap.add_argument("--reps", type=int, default=15)
+    ap.add_argument("--warmup", type=int, default=2)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--check-budget", type=int, default=cs.DEFAULT_CHECK_BUDGET)
+    ap.add_argument("--out", type=Path, required=True)
+    args = ap.parse_args()
+
+    libs = {}
+    for text in args.lib:
+        name, _, path = text.partition("=")
+        if not name or not path:
+            raise SystemExit(f"--lib {text!r}: expected NAME=PATH")
+        libs[name] = fj.Flashjit(path)
+    impls = ([] if args.only_impls else [Impl(name, name) for name in libs]) + \
+        [parse_impl(t, libs) for t in args.impl]
+    engines = {name: lib.create_engine(0) for name, lib in libs.items()}
+    cases = cs.build_cases(args.grid, args.case)
+    precompile(impls, cases, libs, engines)
+    timer = cs.CudaTimer()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    rows, failed = [], False
+    names = [i.name for i in impls] + ["cudnn"]
+    print(f"{'case':44} " + " ".join(f"{n:>14}" for n in names), flush=True)
+    t0 = time.monotonic()
+    for index, case in enumerate(cases):
+        row = run_case(index, case, impls, engines, timer, args)
+        rows.append(row)
+        cells = []
+        for n in names:
+            c = row["impls"].get(n)
+            if c is None:
+                cells.append(f"{'':>14}")
+            elif "tflops" not in c:
+                failed = True
+                cells.append(f"{c['status'][:14]:>14}")
+            else:
+                ratio = f" {c['ratio_cudnn']:.3f}" if "ratio_cudnn" in c else ""
+                cells.append(f"{c['tflops']:7.1f}{ratio:>7}")
+        print(f"{case.label():44} " + " ".join(cells), flush=True)
+
+    summary = {}
+    for impl in impls:
+        ratios = [r["impls"][impl.name]["ratio_cudnn"] for r in rows
+                  if "ratio_cudnn" in r["impls"].get(impl.name, {})]
+        if ratios:
+            summary[impl.name] = {"geomean_ratio_cudnn": cs.geomean(ratios), "cases": len(ratios),
+                                  "min_ratio_cudnn": min(ratios)}
+            print(f"{impl.name}: geomean {summary[impl.name]['geomean_ratio_cudnn']:.3f}x cuDNN "
+                  f"over {len(ratios)} cases, lowest {min(ratios):.3f}")
+    print(f"wall {time.monotonic() - t0:.0f} s")
+    (args.out / "ab.json").write_text(json.dumps(
+        {"libs": {n: str(lib.path) for n, lib in libs.items()}, "impls": [vars(i) for i in impls],
+         "rows": rows, "summary": summary}, indent=1, default=str))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
