@@ -64,10 +64,10 @@ std::string wgmma_check(const Variant& v) {
 // visits keys only its bottom rows need.
 TileTable wgmma_tiles(std::string_view, int head_dim, bool causal) {
   if (head_dim <= 64)
-    return causal ? TileTable{{{{1024, {128, 128, 2}}, {INT_MAX, {192, 128, 3}}}}, 2}
+    return causal ? TileTable{{{{4096, {128, 128, 3}}, {INT_MAX, {192, 128, 2}}}}, 2}
                   : TileTable::single({192, 128, 3});
   if (head_dim <= 128)
-    return causal ? TileTable{{{{2048, {128, 128, 2}}, {INT_MAX, {128, 176, 2}}}}, 2}
+    return causal ? TileTable{{{{4096, {128, 128, 2}}, {INT_MAX, {128, 176, 2}}}}, 2}
                   : TileTable{{{{1024, {128, 128, 3}}, {INT_MAX, {128, 160, 2}}}}, 2};
   // d256 causal stays at 64 keys: with 80, the causal kernel spills (180 bytes).
   return TileTable::single({128, causal ? 64 : 80, 2});
