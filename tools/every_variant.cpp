@@ -46,6 +46,9 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
   ForwardOptions options;
   options.causal = variant.causal;
   options.family = variant.family;
+  // Tile tables are keyed on seqlen_k: force the variant's tiles so these small problems reach
+  // the shapes chosen for long sequences too.
+  options.tiles = TileConfig{variant.tile_m, variant.tile_n, variant.stages};
   options.lse = problem.lse();
   const Variant chosen =
       engine.select_variant(problem.q(), problem.k(), problem.v(), problem.out(), options);

@@ -24,7 +24,7 @@ void check_within_bounds(const ForwardErrors& errors, DType dtype) {
 }
 
 ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optional<Family> family,
-                              unsigned seed) {
+                              unsigned seed, std::optional<TileConfig> tiles) {
   std::mt19937 rng(seed);
   auto q = HostTensor::make(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bhsd);
   auto k = HostTensor::make(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.bhsd);
@@ -37,6 +37,7 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optiona
   ForwardOptions options;
   options.causal = c.causal;
   options.family = family;
+  options.tiles = tiles;
   if (c.with_lse) options.lse = problem.lse();
   ForwardCheck check;
   check.variant =
