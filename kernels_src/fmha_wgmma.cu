@@ -7,7 +7,8 @@
 // and runs S = Q·Kᵀ (wgmma, both operands in shared memory), the online softmax in registers, and
 // O += P·V (wgmma, P straight from the S registers). Registers move from the producer to the
 // consumers with setmaxnreg; consumers take turns issuing GEMMs (ping-pong) and overlap softmax(j)
-// with P·V(j-1).
+// with P·V(j-1). Where shared memory has room, O leaves through a staging buffer and a TMA store
+// that runs while the warpgroup starts its next tile; otherwise with 16-byte stores from registers.
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/global_store.cuh"
@@ -16,6 +17,7 @@
 #include "common/quad_reduce.cuh"
 #include "common/quad_transpose.cuh"
 #include "common/sm90_mbarrier.cuh"
+#include "common/sm90_stmatrix.cuh"
 #include "common/sm90_tma.cuh"
 #include "common/sm90_warpgroup.cuh"
 #include "common/sm90_wgmma.cuh"
@@ -44,10 +46,20 @@ struct WgmmaShape {
   static constexpr int kRowBytes = 128;
   static constexpr int kQBytes = TileM * HeadDim * 2;
   static constexpr int kKVBytes = TileN * HeadDim * 2;
+  static constexpr int kOSliceBytes = 64 * HeadDim * 2;  // one consumer's rows of O
+  static constexpr int kBarrierBytes = (2 + 4 * Stages) * 8;  // PipelineBarriers<Stages>
+  static constexpr int kAlignSlack = 1024;  // the kernel aligns its tiles to the 1024-byte atom
+  static constexpr int kMaxSharedBytes = 232448;  // 227 KiB: the most a block may opt into (sm_90)
+  // O is staged in a buffer of its own (not Q's: the next Q loads there during the tile's tail)
+  // only where it fits beside the pipeline; src/family_wgmma.cpp applies the same rule.
+  static constexpr bool kStageO = kQBytes + 2 * Stages * kKVBytes + kConsumers * kOSliceBytes +
+                                      kBarrierBytes + kAlignSlack <=
+                                  kMaxSharedBytes;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + Stages * kKVBytes;
-  static constexpr int kBarrierOffset = kVOffset + Stages * kKVBytes;
+  static constexpr int kOOffset = kVOffset + Stages * kKVBytes;
+  static constexpr int kBarrierOffset = kOOffset + (kStageO ? kConsumers * kOSliceBytes : 0);
   static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 16 == 0, "tile shape");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "one to three consumer warpgroups");
 };
@@ -283,6 +295,80 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const TileCoor
   }
 }
 
+// O through shared memory, where Shape::kStageO. Each consumer warpgroup owns a slice of 64 rows,
+// stored like Q: HeadDim / 64 boxes of [64 rows][128 bytes], 128-byte swizzled, which is what the
+// O tensor map's store reads. The warpgroup writes its normalized rows there with stmatrix (each
+// matrix row is one 16-byte chunk and the swizzle puts a matrix's 8 rows in 8 different chunks:
+// no bank conflicts), then one thread copies the boxes out with TMA and the warpgroup goes on to
+// its next tile. Rows past seqlen_q are clipped by the map. LSE goes out as in store_output.
+template <typename T, int HeadDim>
+struct StagedOutput {
+  // Named barriers 4..6, one per consumer warpgroup (0 is __syncthreads, Turns uses 1..3).
+  static constexpr int kFirstBarrier = 4;
+  static constexpr int kSliceBytes = 64 * HeadDim * 2;
+  unsigned slice;  // shared-memory address of this warpgroup's slice
+  int barrier;
+  bool issuer;  // the thread that issues, commits and waits on the warpgroup's TMA stores
+
+  __device__ __forceinline__ StagedOutput(unsigned o_base, int consumer)
+      : slice(o_base + consumer * kSliceBytes),
+        barrier(kFirstBarrier + consumer),
+        issuer(threadIdx.x % kWarpgroupThreads == 0) {}
+
+  __device__ __forceinline__ void store(const FmhaParams& p, const TmaDescriptor* tma_o,
+                                        const TileCoord& c, int row0, const FragmentPosition& at,
+                                        const float (&o)[HeadDim / 2], RowSoftmax& softmax) const {
+    float sum[2], scale[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      sum[i] = quad_sum(softmax.sum[i]);
+      scale[i] = output_scale(sum[i]);
+    }
+    // The previous tile's store must have read the slice before anyone overwrites it; the
+    // barrier passes that on from the issuer, which alone can wait on its bulk groups.
+    if (issuer) bulk_wait_group_read<0>();
+    named_barrier_sync(barrier, kWarpgroupThreads);
+    // stmatrix g covers 8-column blocks 2g and 2g + 1 of the warp's 16 rows as four matrices:
+    // matrix m is block 2g + m / 2, rows 8 (m % 2) .. + 7, i.e. word 4g + m of each thread's o.
+    // Lane l addresses row l % 8 of matrix l / 8; the swizzle puts chunk k of row r at k ^ (r % 8).
+    const int lane = threadIdx.x % 32;
+    const int row = 16 * ((threadIdx.x / 32) % 4) + 8 * ((lane / 8) % 2) + lane % 8;
+    const unsigned lane_addr = slice + row * 128 + (((lane / 16) ^ (lane % 8)) << 4);
+#pragma unroll
+    for (int g = 0; g < HeadDim / 16; ++g) {
+      unsigned w[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int e = 2 * (4 * g + m);
+        w[m] = pack2<T>(o[e] * scale[m % 2], o[e + 1] * scale[m % 2]);
+      }
+      // Chunk 2g % 8 + lane / 16 of box g / 4; 2g % 8 is even, so adding lane / 16 is an XOR.
+      stmatrix_x4((lane_addr ^ ((2 * g % 8) << 4)) + (g / 4) * 64 * 128, w);
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(barrier, kWarpgroupThreads);
+    if (issuer) {
+#pragma unroll
+      for (int b = 0; b < HeadDim / 64; ++b)
+        tma_store_4d(tma_o, slice + b * 64 * 128, 64 * b, row0, c.head, c.batch);
+      bulk_commit_group();
+    }
+    // LSE last: the proxy fence (a MEMBAR) would otherwise wait for these stores too.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = row0 + at.row + 8 * i;
+      if (row < p.seqlen_q && p.lse != nullptr && at.col == 0)
+        p.lse[(static_cast<long long>(c.batch) * p.heads_q + c.head) * p.seqlen_q + row] =
+            row_lse(p, softmax.max[i], sum[i]);
+    }
+  }
+
+  // Kernel exit: the last stores must have completed (read the slice and written global memory).
+  __device__ __forceinline__ void drain() const {
+    if (issuer) bulk_wait_group<0>();
+  }
+};
+
 // One arrival per consumer warp tells the producer a stage (or Q) may be overwritten.
 __device__ __forceinline__ void release(unsigned long long* bar) {
   if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
@@ -313,14 +399,17 @@ struct Turns {
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
-                                        unsigned char* smem, PipelineBarriers<Stages>* bars,
-                                        int consumer) {
+                                        const TmaDescriptor* tma_o, unsigned char* smem,
+                                        PipelineBarriers<Stages>* bars, int consumer) {
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
   const FragmentPosition at = fragment_position();
   // Shared-memory addresses are recomputed from one base where used: fewer live registers.
   const unsigned base = smem_u32(smem);
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
   const Turns<Shape::kConsumers> turns(consumer);
+  const StagedOutput<T, HeadDim> staged(base + Shape::kOOffset, consumer);
+  static_assert(StagedOutput<T, HeadDim>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
+                "named barriers of the O stores and of the turns overlap");
   // Slot n of the K/V ring: stage n % Stages, completing its phase (n / Stages) & 1.
   auto k_tile = [&](int slot) {
     return base + Shape::kKOffset + (slot % Stages) * Shape::kKVBytes;
@@ -409,9 +498,11 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         values_alone(n_tiles - 1);
         pipe += n_tiles;
       }
-      store_output<T, HeadDim>(p, c, row0, at, o, softmax);
+      if constexpr (Shape::kStageO) staged.store(p, tma_o, c, row0, at, o, softmax);
+      else store_output<T, HeadDim>(p, c, row0, at, o, softmax);
     }
   }
+  if constexpr (Shape::kStageO) staged.drain();
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
@@ -420,13 +511,15 @@ template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
-                      const __grid_constant__ TmaDescriptor tma_v, const WgmmaSchedule sched) {
+                      const __grid_constant__ TmaDescriptor tma_v,
+                      const __grid_constant__ TmaDescriptor tma_o, const WgmmaSchedule sched) {
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
   extern __shared__ unsigned char smem_raw[];
   // The 128B swizzle pattern repeats every 1024 bytes and wgmma assumes atoms start on that grid.
   unsigned char* smem = smem_raw + ((1024 - smem_u32(smem_raw) % 1024) % 1024);
   auto* bars = reinterpret_cast<PipelineBarriers<Stages>*>(smem + Shape::kBarrierOffset);
   constexpr unsigned kConsumerWarps = Shape::kConsumers * 4;
+  static_assert(sizeof(PipelineBarriers<Stages>) == Shape::kBarrierBytes, "barrier bytes");
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bars->q_full, 1);
@@ -441,6 +534,7 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
     tma_prefetch_descriptor(&tma_q);
     tma_prefetch_descriptor(&tma_k);
     tma_prefetch_descriptor(&tma_v);
+    if constexpr (Shape::kStageO) tma_prefetch_descriptor(&tma_o);
   }
   __syncthreads();
 
@@ -452,7 +546,8 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
                                                         bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, smem, bars, warpgroup - 1);
+    consume<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, &tma_o, smem, bars,
+                                                      warpgroup - 1);
   }
 }
 

@@ -1,6 +1,6 @@
 // Host side of kernels_src/fmha_wgmma.cu (Hopper, sm_90a only): one producer warpgroup plus
-// tile_m/64 consumer warpgroups, TMA tensor maps over q, k and v, and a persistent grid of one CTA
-// per SM walking a schedule of query tiles.
+// tile_m/64 consumer warpgroups, TMA tensor maps over q, k, v and o, and a persistent grid of one
+// CTA per SM walking a schedule of query tiles.
 #include <cuda.h>
 #include <fmt/format.h>
 
@@ -20,9 +20,11 @@ constexpr int kRowsPerConsumer = 64;  // wgmma M
 constexpr int kBoxWidth = 64;         // elements in a 128-byte swizzle row: the TMA box's width
 constexpr int kMaxBoxRows = 256;      // TMA box limit per dimension
 constexpr int kAlignSlack = 1024;     // the kernel aligns its tiles to the 1024-byte swizzle atom
+constexpr int kMaxSharedBytes = 232448;  // 227 KiB: the most a block may opt into on sm_90
 constexpr std::int64_t kMaxTmaStride = std::int64_t{1} << 40;
 
-// Mirrors WgmmaSchedule in kernels_src/fmha_wgmma.cu (passed by value after the tensor maps).
+// Mirrors WgmmaSchedule in kernels_src/fmha_wgmma.cu (passed by value after the tensor maps q, k,
+// v, o).
 struct WgmmaSchedule {
   std::int32_t m_tiles;
   std::int32_t units_per_pair;
@@ -34,12 +36,15 @@ int consumers(const Variant& v) { return v.tile_m / kRowsPerConsumer; }
 
 int wgmma_threads(const Variant& v) { return (consumers(v) + 1) * kWarpgroupThreads; }
 
-// Matches WgmmaShape and PipelineBarriers in the kernel: Q, Stages x (K, V), then the mbarriers
+// Matches WgmmaShape and PipelineBarriers in the kernel: Q, Stages x (K, V), O's staging buffer
+// where it fits (WgmmaShape::kStageO: the kernel then stores O with TMA), then the mbarriers
 // (q full/empty, and full/empty for each K and V stage).
 int wgmma_shared_bytes(const Variant& v) {
   const int tiles = (v.tile_m + 2 * v.stages * v.tile_n) * v.head_dim * 2;
   const int barriers = (2 + 4 * v.stages) * 8;
-  return kAlignSlack + tiles + barriers;
+  const int output = v.tile_m * v.head_dim * 2;
+  const bool stage_output = kAlignSlack + tiles + output + barriers <= kMaxSharedBytes;
+  return kAlignSlack + tiles + (stage_output ? output : 0) + barriers;
 }
 
 std::string wgmma_check(const Variant& v) {
@@ -80,14 +85,16 @@ std::string wgmma_unsupported(const ForwardProblem& problem) {
   if (most_tiles > INT32_MAX)
     return fmt::format("{} query tiles do not fit the tile schedule's 32-bit index", most_tiles);
   for (std::int64_t stride : {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b, p.k_stride_s,
-                              p.k_stride_h, p.v_stride_b, p.v_stride_s, p.v_stride_h})
+                              p.k_stride_h, p.v_stride_b, p.v_stride_s, p.v_stride_h, p.o_stride_b,
+                              p.o_stride_s, p.o_stride_h})
     if (stride * 2 >= kMaxTmaStride)
       return fmt::format("a stride of {} elements is past TMA's 2^40-byte limit", stride);
   return {};
 }
 
-// A rank-4 TMA map [head_dim, seqlen, heads, batch] over a tensor's real strides, loading boxes
-// of 64 x box_rows into 128-byte-swizzled shared memory; rows past seqlen read as zeros.
+// A rank-4 TMA map [head_dim, seqlen, heads, batch] over a tensor's real strides, moving boxes of
+// 64 x box_rows to or from 128-byte-swizzled shared memory. Every dimension is bounded: loads
+// read rows past seqlen as zeros, stores skip them.
 std::vector<std::byte> tensor_map(const void* data, DType dtype, int head_dim, int seqlen,
                                   int heads, int batch, std::int64_t stride_s,
                                   std::int64_t stride_h, std::int64_t stride_b, int box_rows) {
@@ -162,6 +169,11 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem) {
   plan.extra_args.push_back(tensor_map(p.v, problem.dtype, problem.head_dim, problem.seqlen_k,
                                        problem.heads_kv, problem.batch, p.v_stride_s, p.v_stride_h,
                                        p.v_stride_b, v.tile_n));
+  // Each consumer warpgroup stores its own 64 rows. Variants without room to stage O store it
+  // from registers and never read this map, but the kernel signature is the same for all.
+  plan.extra_args.push_back(tensor_map(p.o, problem.dtype, problem.head_dim, problem.seqlen_q,
+                                       problem.heads_q, problem.batch, p.o_stride_s, p.o_stride_h,
+                                       p.o_stride_b, kRowsPerConsumer));
   plan.extra_args.push_back(as_bytes(schedule));
   return plan;
 }

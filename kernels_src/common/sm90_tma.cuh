@@ -1,6 +1,7 @@
 // TMA (the bulk tensor copy engine, sm_90): tensor maps built on the host with
 // cuTensorMapEncodeTiled arrive as __grid_constant__ kernel parameters; one thread issues a copy of
-// a whole box into shared memory and the bytes complete on an mbarrier.
+// a whole box. Loads into shared memory complete on an mbarrier; stores to global memory complete
+// in the issuing thread's bulk async-groups, which that thread commits and waits on.
 #pragma once
 
 #include "common/sm90_mbarrier.cuh"
@@ -29,6 +30,43 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDescriptor* map,
       "l"(reinterpret_cast<unsigned long long>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(c3),
       "r"(smem_u32(bar))
       : "memory");
+}
+
+// Copies a box from shared memory (at shared-window address `src`) to coordinates (c0 innermost
+// .. c3) of a rank-4 map. Elements of the box outside the tensor's dimensions are not written: the
+// map bounds every dimension. The copy joins this thread's open bulk async-group.
+__device__ __forceinline__ void tma_store_4d(const TmaDescriptor* map, unsigned src, int c0,
+                                             int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
+      " [%0, {%2, %3, %4, %5}], [%1];" ::"l"(reinterpret_cast<unsigned long long>(map)),
+      "r"(src), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+// Closes this thread's bulk copies issued since its last commit into one bulk async-group.
+__device__ __forceinline__ void bulk_commit_group() {
+  asm volatile("cp.async.bulk.commit_group;" ::: "memory");
+}
+
+// Waits until at most Pending of this thread's bulk groups are still reading their shared-memory
+// source: the source may be overwritten then, though the global writes may still be in flight.
+template <int Pending>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(Pending) : "memory");
+}
+
+// Waits until at most Pending of this thread's bulk groups have not completed (writes included).
+template <int Pending>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(Pending) : "memory");
+}
+
+// Makes this thread's ordinary writes to shared memory visible to the async proxy (TMA), which
+// reads shared memory through another path: each writer fences before the barrier that precedes
+// the TMA store.
+__device__ __forceinline__ void fence_proxy_async_shared() {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
 
 }  // namespace flashjit
