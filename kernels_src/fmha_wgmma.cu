@@ -7,8 +7,8 @@
 // and runs S = Q·Kᵀ (wgmma, both operands in shared memory), the online softmax in registers, and
 // O += P·V (wgmma, P straight from the S registers). Registers move from the producer to the
 // consumers with setmaxnreg; consumers take turns issuing GEMMs (ping-pong) and overlap softmax(j)
-// with P·V(j-1). Where shared memory has room, O leaves through a staging buffer and a TMA store
-// that runs while the warpgroup starts its next tile; otherwise with 16-byte stores from registers.
+// with P·V(j-1). With three consumers O leaves through a staging buffer and a TMA store that runs
+// while the warpgroup starts its next tile; otherwise with 16-byte stores from registers.
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/global_store.cuh"
@@ -51,10 +51,12 @@ struct WgmmaShape {
   static constexpr int kAlignSlack = 1024;  // the kernel aligns its tiles to the 1024-byte atom
   static constexpr int kMaxSharedBytes = 232448;  // 227 KiB: the most a block may opt into (sm_90)
   // O is staged in a buffer of its own (not Q's: the next Q loads there during the tile's tail)
-  // only where it fits beside the pipeline; src/family_wgmma.cpp applies the same rule.
-  static constexpr bool kStageO = kQBytes + 2 * Stages * kKVBytes + kConsumers * kOSliceBytes +
-                                      kBarrierBytes + kAlignSlack <=
-                                  kMaxSharedBytes;
+  // for three consumers, where it fits beside the pipeline; src/family_wgmma.cpp applies the same
+  // rule. Measured on an H200 (docs/perf-log.md): +0.5-5 % with three 160-register consumers,
+  // nothing or a loss with two (d64 128 x 128: -3-5 %), whose 16-byte register stores are as fast.
+  static constexpr int kStagedBytes = kQBytes + 2 * Stages * kKVBytes +
+                                     kConsumers * kOSliceBytes + kBarrierBytes + kAlignSlack;
+  static constexpr bool kStageO = kConsumers == 3 && kStagedBytes <= kMaxSharedBytes;
   static constexpr int kQOffset = 0;
   static constexpr int kKOffset = kQOffset + kQBytes;
   static constexpr int kVOffset = kKOffset + Stages * kKVBytes;

@@ -37,13 +37,15 @@ int consumers(const Variant& v) { return v.tile_m / kRowsPerConsumer; }
 int wgmma_threads(const Variant& v) { return (consumers(v) + 1) * kWarpgroupThreads; }
 
 // Matches WgmmaShape and PipelineBarriers in the kernel: Q, Stages x (K, V), O's staging buffer
-// where it fits (WgmmaShape::kStageO: the kernel then stores O with TMA), then the mbarriers
+// for three consumers where it fits (WgmmaShape::kStageO: the kernel then stores O with TMA),
+// then the mbarriers
 // (q full/empty, and full/empty for each K and V stage).
 int wgmma_shared_bytes(const Variant& v) {
   const int tiles = (v.tile_m + 2 * v.stages * v.tile_n) * v.head_dim * 2;
   const int barriers = (2 + 4 * v.stages) * 8;
   const int output = v.tile_m * v.head_dim * 2;
-  const bool stage_output = kAlignSlack + tiles + output + barriers <= kMaxSharedBytes;
+  const bool stage_output =
+      consumers(v) == 3 && kAlignSlack + tiles + output + barriers <= kMaxSharedBytes;
   return kAlignSlack + tiles + (stage_output ? output : 0) + barriers;
 }
 
