@@ -63,8 +63,9 @@ TEST_CASE("wgmma: every default variant, forced onto ragged problems, matches th
   for (const Variant& v : default_variants("sm_90a")) {
     if (v.family != Family::wgmma) continue;
     const TileConfig tiles{v.tile_m, v.tile_n, v.stages};
-    for (const ForwardCase& c : {ForwardCase{2, 6, 3, 333, 517, v.head_dim, v.causal, v.dtype},
-                                 ForwardCase{1, 4, 4, 520, 200, v.head_dim, v.causal, v.dtype,
+    // Small enough for the float64 reference (40 cases), ragged on both sides, GQA, both layouts.
+    for (const ForwardCase& c : {ForwardCase{1, 2, 1, 333, 517, v.head_dim, v.causal, v.dtype},
+                                 ForwardCase{1, 1, 1, 520, 200, v.head_dim, v.causal, v.dtype,
                                              true}}) {
       const ForwardCheck check = run_forward_case(shared_engine(), c, Family::wgmma, seed++, tiles);
       INFO(check.variant, " on ", c.describe());
