@@ -16,25 +16,13 @@ Variant variant_for(const FamilyTraits& traits, std::string_view arch, DType dty
                  tiles.tile_m,  tiles.tile_n,      tiles.stages, causal};
 }
 
-// A caller's tile shape replaces the table's; one the family cannot build is the caller's error,
-// not a reason to fall back to a slower family.
-Variant with_forced_tiles(Variant variant, const TileConfig& tiles, const FamilyTraits& traits,
-                          const DeviceInfo& device) {
-  variant.tile_m = tiles.tile_m;
-  variant.tile_n = tiles.tile_n;
-  variant.stages = tiles.stages;
-  auto reject = [&](const std::string& why) {
-    throw Error(ErrorCode::invalid_argument,
-                fmt::format("options.tiles (tile_m {}, tile_n {}, stages {}) for family {}: {}",
-                            tiles.tile_m, tiles.tile_n, tiles.stages, to_string(traits.family),
-                            why));
-  };
-  if (std::string why = traits.check(variant); !why.empty()) reject(why);
+// Empty when the variant fits the GPU's shared memory, else what it needs and what the GPU allows.
+std::string shared_memory_shortfall(const FamilyTraits& traits, const Variant& variant,
+                                    const DeviceInfo& device) {
   const int smem = traits.shared_bytes(variant);
-  if (smem > device.max_shared_per_block_optin)
-    reject(fmt::format("needs {} B of shared memory, the GPU allows {}", smem,
-                       device.max_shared_per_block_optin));
-  return variant;
+  if (smem <= device.max_shared_per_block_optin) return {};
+  return fmt::format("needs {} B of shared memory, the GPU allows {}", smem,
+                     device.max_shared_per_block_optin);
 }
 
 }  // namespace
@@ -55,15 +43,21 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
     }
     Variant variant;
     if (why.empty()) {
-      const TileConfig tiles = traits->tile_table(device.arch, problem.head_dim, problem.causal)
-                                   .pick(problem.seqlen_k);
+      const TileConfig tiles =
+          forced_tiles ? *forced_tiles
+                       : traits->tile_table(device.arch, problem.head_dim, problem.causal)
+                             .pick(problem.seqlen_k);
       variant = variant_for(*traits, device.arch, problem.dtype, problem.head_dim, problem.causal,
                             tiles);
-      if (forced_tiles) return with_forced_tiles(variant, *forced_tiles, *traits, device);
-      const int smem = traits->shared_bytes(variant);
-      if (smem > device.max_shared_per_block_optin)
-        why = fmt::format("needs {} B of shared memory, the GPU allows {}", smem,
-                          device.max_shared_per_block_optin);
+      if (forced_tiles) why = traits->check(variant);
+      if (why.empty()) why = shared_memory_shortfall(*traits, variant, device);
+      // A caller's tile shape the family cannot build is the caller's error, not a reason to fall
+      // back to a slower family.
+      if (forced_tiles && !why.empty())
+        throw Error(ErrorCode::invalid_argument,
+                    fmt::format("options.tiles (tile_m {}, tile_n {}, stages {}) for family {}: {}",
+                                tiles.tile_m, tiles.tile_n, tiles.stages, to_string(traits->family),
+                                why));
     }
     if (why.empty()) return variant;
     log().debug("family {} skipped: {}", to_string(traits->family), why);
