@@ -261,8 +261,7 @@ __global__ void __launch_bounds__(kMmaWarps * 32) fmha_mma_kernel(const FmhaPara
         staged[dt * 4] = pack2<T>(o[mt][dt][2 * h] * scale, o[mt][dt][2 * h + 1] * scale);
       const int row = row0 + local_row;
       if (p.lse != nullptr && lane % 4 == 0 && row < p.seqlen_q)
-        p.lse[(static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row] =
-            row_lse(p, row_max[mt][h], sum);
+        store_row_lse(p, batch, head, row, row_max[mt][h], sum);
     }
   __syncwarp();
   T* o_base = static_cast<T*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h;

@@ -144,8 +144,7 @@ __global__ void __launch_bounds__(TileM * kSimtThreadsPerRow)
     *reinterpret_cast<uint4*>(o + d) = packed;
   }
   if (p.lse != nullptr && lane_in_row == 0)
-    p.lse[(static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row] =
-        row_lse(p, row_max, row_sum);
+    store_row_lse(p, batch, head, row, row_max, row_sum);
 }
 
 }  // namespace flashjit

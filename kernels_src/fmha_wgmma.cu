@@ -141,21 +141,20 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       for (int j = 0; j < n_tiles; ++j, ++pipe) {
         const int stage = pipe % Stages;
         const unsigned phase = (pipe / Stages) & 1;
-        // A fresh barrier counts as having completed the phase before phase 0: parity ^ 1 passes.
-        mbarrier_wait(&bars->k_empty[stage], phase ^ 1);
-        mbarrier_arrive_expect_tx(&bars->k_full[stage], Shape::kKVBytes);
-        unsigned char* k_tile = smem + Shape::kKOffset + stage * Shape::kKVBytes;
+        // K(j), then V(j), each into its ring's stage once the consumers have freed it. A fresh
+        // barrier counts as having completed the phase before phase 0: parity ^ 1 passes.
+        auto load = [&](unsigned long long* empty, unsigned long long* full, int offset,
+                        const TmaDescriptor* map) {
+          mbarrier_wait(empty, phase ^ 1);
+          mbarrier_arrive_expect_tx(full, Shape::kKVBytes);
+          unsigned char* tile = smem + offset + stage * Shape::kKVBytes;
 #pragma unroll
-        for (int b = 0; b < Shape::kDimBlocks; ++b)
-          tma_load_4d(k_tile + b * TileN * Shape::kRowBytes, tma_k, &bars->k_full[stage], 64 * b,
-                      j * TileN, kv_head, c.batch);
-        mbarrier_wait(&bars->v_empty[stage], phase ^ 1);
-        mbarrier_arrive_expect_tx(&bars->v_full[stage], Shape::kKVBytes);
-        unsigned char* v_tile = smem + Shape::kVOffset + stage * Shape::kKVBytes;
-#pragma unroll
-        for (int b = 0; b < Shape::kDimBlocks; ++b)
-          tma_load_4d(v_tile + b * TileN * Shape::kRowBytes, tma_v, &bars->v_full[stage], 64 * b,
-                      j * TileN, kv_head, c.batch);
+          for (int b = 0; b < Shape::kDimBlocks; ++b)
+            tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, full, 64 * b, j * TileN, kv_head,
+                        c.batch);
+        };
+        load(&bars->k_empty[stage], &bars->k_full[stage], Shape::kKOffset, tma_k);
+        load(&bars->v_empty[stage], &bars->v_full[stage], Shape::kVOffset, tma_v);
       }
     }
   }
@@ -292,8 +291,7 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const TileCoor
       store_global_16(out_row + 32 * g, w, in_range);
     }
     if (in_range && p.lse != nullptr && at.col == 0)
-      p.lse[(static_cast<long long>(c.batch) * p.heads_q + c.head) * p.seqlen_q + row] =
-          row_lse(p, softmax.max[i], sum);
+      store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum);
   }
 }
 
@@ -360,8 +358,7 @@ struct StagedOutput {
     for (int i = 0; i < 2; ++i) {
       const int row = row0 + at.row + 8 * i;
       if (row < p.seqlen_q && p.lse != nullptr && at.col == 0)
-        p.lse[(static_cast<long long>(c.batch) * p.heads_q + c.head) * p.seqlen_q + row] =
-            row_lse(p, softmax.max[i], sum[i]);
+        store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum[i]);
     }
   }
 

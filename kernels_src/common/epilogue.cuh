@@ -17,6 +17,13 @@ __device__ __forceinline__ float row_lse(const FmhaParams& p, float row_max, flo
   return row_max * p.softmax_scale + log2_approx(row_sum) * 0.69314718055994530942f;
 }
 
+// Writes one row's LSE into p.lse, laid out [batch, heads_q, seqlen_q].
+__device__ __forceinline__ void store_row_lse(const FmhaParams& p, int batch, int head, int row,
+                                              float row_max, float row_sum) {
+  p.lse[(static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row] =
+      row_lse(p, row_max, row_sum);
+}
+
 // exp2 argument offset for a row: the scaled max, or 0 while the row has seen only masked keys
 // (max = -inf), which keeps exp2(-inf - -inf) = NaN out of the sums.
 __device__ __forceinline__ float scaled_max(float row_max, float scale_log2) {
