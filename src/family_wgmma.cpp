@@ -37,16 +37,24 @@ int consumers(const Variant& v) { return v.tile_m / kRowsPerConsumer; }
 int wgmma_threads(const Variant& v) { return (consumers(v) + 1) * kWarpgroupThreads; }
 
 // Matches WgmmaShape and PipelineBarriers in the kernel: Q, Stages x (K, V), O's staging buffer
-// for three consumers where it fits (WgmmaShape::kStageO: the kernel then stores O with TMA),
-// then the mbarriers
-// (q full/empty, and full/empty for each K and V stage).
+// when the kernel stores O with TMA, then the mbarriers (q full/empty, full/empty per K/V stage).
+struct SharedLayout {
+  int tiles, output, barriers;
+  explicit SharedLayout(const Variant& v)
+      : tiles((v.tile_m + 2 * v.stages * v.tile_n) * v.head_dim * 2),
+        output(v.tile_m * v.head_dim * 2),
+        barriers((2 + 4 * v.stages) * 8) {}
+};
+
+// WgmmaShape::kStageO: three consumers, and O's staging buffer fits beside the pipeline.
+bool stages_output(const Variant& v) {
+  const SharedLayout l(v);
+  return consumers(v) == 3 && kAlignSlack + l.tiles + l.output + l.barriers <= kMaxSharedBytes;
+}
+
 int wgmma_shared_bytes(const Variant& v) {
-  const int tiles = (v.tile_m + 2 * v.stages * v.tile_n) * v.head_dim * 2;
-  const int barriers = (2 + 4 * v.stages) * 8;
-  const int output = v.tile_m * v.head_dim * 2;
-  const bool stage_output =
-      consumers(v) == 3 && kAlignSlack + tiles + output + barriers <= kMaxSharedBytes;
-  return kAlignSlack + tiles + (stage_output ? output : 0) + barriers;
+  const SharedLayout l(v);
+  return kAlignSlack + l.tiles + (stages_output(v) ? l.output : 0) + l.barriers;
 }
 
 std::string wgmma_check(const Variant& v) {
@@ -171,11 +179,14 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem) {
   plan.extra_args.push_back(tensor_map(p.v, problem.dtype, problem.head_dim, problem.seqlen_k,
                                        problem.heads_kv, problem.batch, p.v_stride_s, p.v_stride_h,
                                        p.v_stride_b, v.tile_n));
-  // Each consumer warpgroup stores its own 64 rows. Variants without room to stage O store it
-  // from registers and never read this map, but the kernel signature is the same for all.
-  plan.extra_args.push_back(tensor_map(p.o, problem.dtype, problem.head_dim, problem.seqlen_q,
-                                       problem.heads_q, problem.batch, p.o_stride_s, p.o_stride_h,
-                                       p.o_stride_b, kRowsPerConsumer));
+  // Each consumer warpgroup stores its own 64 rows. Variants that store O from registers never
+  // read this parameter (the kernel signature is the same for all): zeros, no encoding per call.
+  plan.extra_args.push_back(stages_output(v)
+                                ? tensor_map(p.o, problem.dtype, problem.head_dim,
+                                             problem.seqlen_q, problem.heads_q, problem.batch,
+                                             p.o_stride_s, p.o_stride_h, p.o_stride_b,
+                                             kRowsPerConsumer)
+                                : std::vector<std::byte>(sizeof(CUtensorMap)));
   plan.extra_args.push_back(as_bytes(schedule));
   return plan;
 }
