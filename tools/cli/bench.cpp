@@ -35,6 +35,7 @@ struct BenchOptions {
   int warmup = 5;
   int iterations = 20;
   bool skip_first_call = false;
+  int host_calls = 10000;  // forward calls timed for the host overhead; 0 skips it
   std::string json_path;
 };
 
@@ -96,6 +97,15 @@ std::vector<BenchCase> chosen_cases(const BenchOptions& o) {
           }
   return cases;
 }
+
+// Host time of one warm forward call: validation, lookups and the launch, not the kernel.
+struct HostOverhead {
+  std::string variant;
+  std::string error;
+  std::string problem;
+  int calls = 0;
+  double p50_us = 0, p90_us = 0, p99_us = 0, mean_us = 0;
+};
 
 // q, k, v and out for every case: one allocation each, sized for the largest case.
 class BenchInputs {
@@ -228,6 +238,80 @@ FirstCall measure_first_call(int device, const BenchInputs& in, const BenchCase&
   return result;
 }
 
+// The small problem whose host overhead is measured: one 128-row query tile per head, so the GPU
+// keeps up with the launches and the host time is what is measured.
+BenchCase overhead_case(int head_dim) {
+  BenchCase c;
+  c.head_dim = head_dim;
+  c.seqlen = 128;
+  c.batch = 1;
+  c.heads = 16;
+  return c;
+}
+
+// p50/p90/p99 of the host time of `calls` back-to-back forward calls into one stream, with no
+// synchronization between them. They go in bursts with an untimed synchronize between bursts, so
+// the driver's launch queue never fills and no call waits for the GPU.
+HostOverhead measure_host_overhead(Engine& engine, BenchInputs& in, const BenchCase& c, int calls,
+                                   CUstream_st* stream) {
+  HostOverhead result;
+  result.problem = c.describe();
+  result.calls = calls;
+  in.fill(c.dtype);
+  const ForwardOptions options = forward_options(c);
+  const TensorView q = in.q(c), k = in.k(c), v = in.v(c), out = in.out(c);
+  result.variant = engine.select_variant(q, k, v, out, options).name();
+  for (int i = 0; i < 10; ++i) engine.forward(q, k, v, out, options, stream);  // compile, load
+  synchronize(engine);
+  constexpr int kBurst = 128;
+  std::vector<double> micros;
+  micros.reserve(static_cast<std::size_t>(calls));
+  for (int done = 0; done < calls; done += kBurst) {
+    for (int i = 0; i < std::min(kBurst, calls - done); ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      engine.forward(q, k, v, out, options, stream);
+      micros.push_back(
+          std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - start)
+              .count());
+    }
+    synchronize(engine);
+  }
+  double total = 0;
+  for (double us : micros) total += us;
+  result.mean_us = total / static_cast<double>(micros.size());
+  std::sort(micros.begin(), micros.end());
+  auto percentile = [&](double p) {
+    return micros[std::min(micros.size() - 1, static_cast<std::size_t>(p * micros.size()))];
+  };
+  result.p50_us = percentile(0.50);
+  result.p90_us = percentile(0.90);
+  result.p99_us = percentile(0.99);
+  return result;
+}
+
+void print_host_overheads(const std::vector<HostOverhead>& rows) {
+  using Align = Table::Align;
+  Table table({{"HOST TIME PER FORWARD (us)"},
+               {"PROBLEM"},
+               {"CALLS", Align::right},
+               {"P50", Align::right},
+               {"P90", Align::right},
+               {"P99", Align::right},
+               {"MEAN", Align::right}});
+  for (const HostOverhead& row : rows) {
+    if (!row.error.empty()) {
+      table.add_row({row.variant, row.problem, "failed", "", "", "", ""});
+      continue;
+    }
+    table.add_row({row.variant, row.problem, fmt::format("{}", row.calls),
+                   fmt::format("{:.2f}", row.p50_us), fmt::format("{:.2f}", row.p90_us),
+                   fmt::format("{:.2f}", row.p99_us), fmt::format("{:.2f}", row.mean_us)});
+  }
+  table.print();
+  for (const HostOverhead& row : rows)
+    if (!row.error.empty()) fmt::print(stderr, "host overhead of {}: {}\n", row.problem, row.error);
+}
+
 // Columns of timing_line.
 std::string timing_header() {
   return fmt::format("{:<40} {:<30} {:>12} {:>15}", "VARIANT", "CASE", "MEDIAN", "THROUGHPUT");
@@ -266,7 +350,8 @@ void print_first_calls(const std::vector<FirstCall>& calls) {
 nlohmann::ordered_json report_json(const BenchOptions& o, const DeviceInfo& device,
                                    const std::vector<BenchCase>& cases,
                                    const std::vector<Timing>& timings,
-                                   const std::vector<FirstCall>& first_calls) {
+                                   const std::vector<FirstCall>& first_calls,
+                                   const std::vector<HostOverhead>& host_overheads) {
   nlohmann::ordered_json results = nlohmann::ordered_json::array();
   for (std::size_t i = 0; i < timings.size(); ++i) {
     const BenchCase& c = cases[i];
@@ -294,6 +379,16 @@ nlohmann::ordered_json report_json(const BenchOptions& o, const DeviceInfo& devi
                        {"first_launch_ms", call.first_launch_ms},
                        {"later_launch_ms", call.later_launch_ms},
                        {"error", call.error}});
+  nlohmann::ordered_json overhead = nlohmann::ordered_json::array();
+  for (const HostOverhead& row : host_overheads)
+    overhead.push_back({{"variant", row.variant},
+                        {"problem", row.problem},
+                        {"calls", row.calls},
+                        {"p50_us", row.p50_us},
+                        {"p90_us", row.p90_us},
+                        {"p99_us", row.p99_us},
+                        {"mean_us", row.mean_us},
+                        {"error", row.error}});
   return {{"flashjit_version", version()},
           {"nvrtc_version", nvrtc_version()},
           {"driver_version", driver_version()},
@@ -308,7 +403,8 @@ nlohmann::ordered_json report_json(const BenchOptions& o, const DeviceInfo& devi
             {"warmup", o.warmup},
             {"iterations", o.iterations}}},
           {"results", results},
-          {"first_call", latency}};
+          {"first_call", latency},
+          {"host_overhead", overhead}};
 }
 
 int run_bench(const BenchOptions& o, const GlobalOptions& globals) {
@@ -317,6 +413,8 @@ int run_bench(const BenchOptions& o, const GlobalOptions& globals) {
   const DeviceInfo& device = engine->device();
   std::int64_t max_elements = 0;
   for (const BenchCase& c : cases) max_elements = std::max(max_elements, c.elements());
+  for (int head_dim : o.head_dims)
+    max_elements = std::max(max_elements, overhead_case(head_dim).elements());
   BenchInputs inputs(*engine, max_elements);
   if (!globals.quiet)
     fmt::print(
@@ -360,6 +458,22 @@ int run_bench(const BenchOptions& o, const GlobalOptions& globals) {
     print_first_calls(first_calls);
   }
 
+  std::vector<HostOverhead> host_overheads;
+  if (o.host_calls > 0 && compile_failures == 0) {
+    for (int head_dim : o.head_dims) {
+      const BenchCase c = overhead_case(head_dim);
+      try {
+        host_overheads.push_back(measure_host_overhead(*engine, inputs, c, o.host_calls, nullptr));
+      } catch (const Error& e) {
+        HostOverhead failed;
+        failed.problem = c.describe();
+        failed.error = e.what();
+        host_overheads.push_back(failed);
+      }
+    }
+    print_host_overheads(host_overheads);
+  }
+
   if (!globals.quiet) fmt::print("{}\n", timing_header());
   ProgressBar progress("timing", cases.size(), !globals.quiet && stdout_is_terminal());
   std::vector<Timing> timings;
@@ -388,7 +502,7 @@ int run_bench(const BenchOptions& o, const GlobalOptions& globals) {
   progress.finish();
   if (!o.json_path.empty()) {
     std::ofstream file(o.json_path);
-    file << report_json(o, device, cases, timings, first_calls).dump(2) << '\n';
+    file << report_json(o, device, cases, timings, first_calls, host_overheads).dump(2) << '\n';
     if (!file)
       throw Error(ErrorCode::invalid_argument, fmt::format("--json: cannot write {}", o.json_path));
     if (!globals.quiet) fmt::print("results written to {}\n", o.json_path);
@@ -445,6 +559,11 @@ void add_bench_command(CLI::App& app, const GlobalOptions& globals, int& status)
       ->type_name("N");
   command->add_flag("--no-first-call", options->skip_first_call,
                     "Skip the first-call latency measurement (one cold compile per variant)");
+  command->add_option("--host-calls", options->host_calls,
+                      "Warm forward calls timed for the host overhead per head dim (0: skip)")
+      ->check(non_negative())
+      ->default_str("10000")
+      ->type_name("N");
   command->add_option("--json", options->json_path, "Also write the results to FILE as JSON")
       ->type_name("FILE");
   command->callback([&globals, &status, options] { status = run_bench(*options, globals); });
