@@ -4,7 +4,6 @@
 // exits non-zero on any error, any non-finite output, or memory that grows past a small bound.
 //
 //   flashjit_soak [--calls 10000] [--threads 4] [--streams 2]
-#include <cuda.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -24,10 +23,8 @@
 #include <thread>
 #include <vector>
 
-#include "driver.hpp"
 #include "flashjit/device_memory.hpp"
 #include "flashjit/flashjit.hpp"
-#include "module_cache.hpp"
 #include "reference.hpp"
 
 using namespace flashjit;
@@ -40,13 +37,13 @@ struct Shape {
   DType dtype;
   bool bhsd;
   bool with_lse;
-  std::optional<Family> family;  // nullopt: the dispatcher's choice, as in production
+  std::optional<std::string> family;  // nullopt: the dispatcher's choice, as in production
 
   std::string describe() const {
     return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{} {}", batch, heads_q, heads_kv,
                        seqlen_q, seqlen_k, head_dim, causal ? "causal" : "full", to_string(dtype),
                        bhsd ? "bhsd" : "bshd", with_lse ? " lse" : "",
-                       family ? to_string(*family) : "default");
+                       family ? *family : "default");
   }
   std::size_t q_elements() const { return std::size_t(batch) * seqlen_q * heads_q * head_dim; }
   std::size_t kv_elements() const { return std::size_t(batch) * seqlen_k * heads_kv * head_dim; }
@@ -65,8 +62,8 @@ const std::vector<Shape> kShapes = {
     {1, 4, 4, 100, 333, 256, false, DType::fp16, true, true, {}},
     {3, 2, 2, 65, 1, 128, true, DType::bf16, false, true, {}},
     {1, 12, 4, 1024, 1024, 128, true, DType::bf16, false, false, {}},
-    {2, 4, 2, 150, 150, 128, false, DType::bf16, false, true, Family::simt},
-    {1, 8, 1, 257, 129, 64, true, DType::fp16, false, true, Family::mma},
+    {2, 4, 2, 150, 150, 128, false, DType::bf16, false, true, "simt"},
+    {1, 8, 1, 257, 129, 64, true, DType::fp16, false, true, "mma"},
 };
 
 double host_rss_mib() {
@@ -77,10 +74,7 @@ double host_rss_mib() {
 }
 
 double device_free_mib(const Engine& engine) {
-  detail::ScopedContext scope(engine.context());
-  size_t free = 0, total = 0;
-  detail::check(detail::driver().cuMemGetInfo(&free, &total), "cuMemGetInfo");
-  return double(free) / (1 << 20);
+  return double(device_memory_info(engine).free_bytes) / (1 << 20);
 }
 
 struct Sample {
@@ -114,12 +108,12 @@ struct Buffers {
 
 class Soak {
  public:
-  Soak(Engine& engine, std::vector<CUstream> streams)
-      : engine_(engine), streams_(std::move(streams)) {}
+  Soak(Engine& engine, const std::vector<std::unique_ptr<Stream>>& streams)
+      : engine_(engine), streams_(streams) {}
 
   // One call of `shape` on `stream` with `buffers`; every `check_every`-th call also waits for the
   // stream and checks that the output is finite.
-  void forward(const Shape& shape, Buffers& buffers, CUstream stream, bool check_output) {
+  void forward(const Shape& shape, Buffers& buffers, const Stream& stream, bool check_output) {
     auto view = [&](const DeviceBuffer& buffer, int seqlen, int heads) {
       return shape.bhsd ? TensorView::bhsd(buffer.data(), shape.dtype, shape.batch, seqlen, heads,
                                            shape.head_dim)
@@ -133,12 +127,9 @@ class Soak {
     engine_.forward(view(buffers.q, shape.seqlen_q, shape.heads_q),
                     view(buffers.k, shape.seqlen_k, shape.heads_kv),
                     view(buffers.v, shape.seqlen_k, shape.heads_kv),
-                    view(buffers.out, shape.seqlen_q, shape.heads_q), options, stream);
+                    view(buffers.out, shape.seqlen_q, shape.heads_q), options, stream.get());
     if (!check_output) return;
-    {
-      detail::ScopedContext scope(engine_.context());
-      detail::check(detail::driver().cuStreamSynchronize(stream), "cuStreamSynchronize");
-    }
+    stream.synchronize();
     buffers.out.download(buffers.host_out.data(), shape.q_elements() * 2);
     for (std::size_t i = 0; i < shape.q_elements(); ++i)
       if (!std::isfinite(test::to_float(shape.dtype, buffers.host_out[i])))
@@ -153,7 +144,7 @@ class Soak {
 
   void run_thread(int thread, long calls, std::atomic<long>& done, Buffers& buffers) {
     std::mt19937 rng(1000 + thread);
-    const CUstream stream = streams_[thread % streams_.size()];
+    const Stream& stream = *streams_[thread % streams_.size()];
     for (long i = 0; i < calls; ++i) {
       const Shape& shape = kShapes[rng() % kShapes.size()];
       try {
@@ -170,7 +161,7 @@ class Soak {
 
  private:
   Engine& engine_;
-  std::vector<CUstream> streams_;
+  const std::vector<std::unique_ptr<Stream>>& streams_;
   std::mutex mutex_;
   long errors_ = 0;
 };
@@ -198,13 +189,8 @@ int main(int argc, char** argv) {
                engine.device().name, engine.device().arch, calls, threads, stream_count,
                kShapes.size());
 
-    std::vector<CUstream> streams(stream_count);
-    {
-      detail::ScopedContext scope(engine.context());
-      for (CUstream& stream : streams)
-        detail::check(detail::driver().cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING),
-                      "cuStreamCreate");
-    }
+    std::vector<std::unique_ptr<Stream>> streams;
+    for (int i = 0; i < stream_count; ++i) streams.push_back(std::make_unique<Stream>(engine));
     std::size_t q_max = 0, kv_max = 0, lse_max = 0;
     for (const Shape& s : kShapes) {
       q_max = std::max(q_max, s.q_elements());
@@ -220,7 +206,7 @@ int main(int argc, char** argv) {
     Soak soak(engine, streams);
     for (const Shape& shape : kShapes) {
       try {
-        soak.forward(shape, *buffers[0], streams[0], true);
+        soak.forward(shape, *buffers[0], *streams[0], true);
       } catch (const std::exception& e) {
         soak.record_error(fmt::format("warm-up ({}): {}", shape.describe(), e.what()));
       }
@@ -242,10 +228,7 @@ int main(int argc, char** argv) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
     samples.push_back({"end", done.load(), host_rss_mib(), device_free_mib(engine)});
 
-    {
-      detail::ScopedContext scope(engine.context());
-      for (CUstream stream : streams) detail::driver().cuStreamDestroy(stream);
-    }
+    streams.clear();
     fmt::print("{:<15} {:>7} {:>14} {:>18}\n", "when", "calls", "host RSS MiB", "device free MiB");
     for (const Sample& s : samples)
       fmt::print("{:<15} {:>7} {:>14.1f} {:>18.1f}\n", s.when, s.calls, s.rss_mib,

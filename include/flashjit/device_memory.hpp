@@ -8,7 +8,7 @@
 
 namespace flashjit {
 
-class DeviceBuffer {
+class FLASHJIT_API DeviceBuffer {
  public:
   // Throws Error(cuda_error) when the allocation fails.
   DeviceBuffer(const Engine& engine, std::size_t bytes);
@@ -32,7 +32,7 @@ class DeviceBuffer {
 };
 
 // Device time between start() and stop() on one stream, from CUDA events.
-class EventTimer {
+class FLASHJIT_API EventTimer {
  public:
   explicit EventTimer(const Engine& engine);
   ~EventTimer();
@@ -49,7 +49,29 @@ class EventTimer {
   CUevent_st* end_ = nullptr;
 };
 
+// A non-blocking stream of the engine's primary context (for timing and concurrency tests).
+class FLASHJIT_API Stream {
+ public:
+  explicit Stream(const Engine& engine);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+
+  CUstream_st* get() const { return stream_; }
+  void synchronize() const;
+
+ private:
+  CUctx_st* context_ = nullptr;
+  CUstream_st* stream_ = nullptr;
+};
+
 // Waits for all work on the engine's device (its primary context).
-void synchronize(const Engine& engine);
+FLASHJIT_API void synchronize(const Engine& engine);
+
+struct DeviceMemoryInfo {
+  std::size_t free_bytes = 0, total_bytes = 0;
+};
+// Free and total memory of the engine's device, as the driver reports them.
+FLASHJIT_API DeviceMemoryInfo device_memory_info(const Engine& engine);
 
 }  // namespace flashjit

@@ -6,6 +6,8 @@
 
 #include <stdint.h>
 
+#include "flashjit/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -36,7 +38,7 @@ typedef struct flashjit_forward_options {
   float softmax_scale; /* <= 0: 1/sqrt(head_dim) */
   int32_t causal;      /* bottom-right aligned when seqlen_q != seqlen_k */
   float* lse;          /* optional fp32 [batch, heads_q, seqlen_q], contiguous; may be NULL */
-  const char* family;  /* NULL or "": the dispatcher's choice; else "simt", "mma", "wgmma" */
+  const char* family;  /* NULL or "": the dispatcher's choice; else a flashjit_family_name() */
   /* All three 0: the family's tile table. Else a forced tile shape (tuning, benchmarks); one the
    * family cannot build fails with FLASHJIT_INVALID_ARGUMENT. */
   int32_t tile_m, tile_n, stages;
@@ -44,31 +46,36 @@ typedef struct flashjit_forward_options {
 
 typedef struct flashjit_engine flashjit_engine;
 
-const char* flashjit_version(void);
+FLASHJIT_API const char* flashjit_version(void);
 /* The NVRTC this process compiles with, e.g. "13.0". */
-const char* flashjit_nvrtc_version(void);
+FLASHJIT_API const char* flashjit_nvrtc_version(void);
 /* The CUDA driver's version (e.g. 13000) in *version; FLASHJIT_NO_DRIVER without one. */
-flashjit_status flashjit_driver_version(int32_t* version);
+FLASHJIT_API flashjit_status flashjit_driver_version(int32_t* version);
 /* The message of the last failed call on this thread ("" if none). */
-const char* flashjit_last_error(void);
+FLASHJIT_API const char* flashjit_last_error(void);
+
+/* Number of kernel families built into this library, fastest first. */
+FLASHJIT_API int32_t flashjit_family_count(void);
+/* The name of family `index` (e.g. "wgmma"), or NULL when index is out of range. */
+FLASHJIT_API const char* flashjit_family_name(int32_t index);
 
 /* cache_dir: NULL for the default location order. */
-flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashjit_engine** engine);
-void flashjit_engine_destroy(flashjit_engine* engine);
+FLASHJIT_API flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashjit_engine** engine);
+FLASHJIT_API void flashjit_engine_destroy(flashjit_engine* engine);
 /* stream: a CUstream / cudaStream_t, or NULL for the legacy default stream. */
-flashjit_status flashjit_forward(flashjit_engine* engine, const flashjit_tensor* q,
+FLASHJIT_API flashjit_status flashjit_forward(flashjit_engine* engine, const flashjit_tensor* q,
                                  const flashjit_tensor* k, const flashjit_tensor* v,
                                  const flashjit_tensor* out, const flashjit_forward_options* options,
                                  void* stream);
 /* Writes the canonical name of the variant forward would run into buf (NUL-terminated). */
-flashjit_status flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q,
+FLASHJIT_API flashjit_status flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q,
                                         const flashjit_tensor* k, const flashjit_tensor* v,
                                         const flashjit_tensor* out,
                                         const flashjit_forward_options* options, char* buf,
                                         int32_t buf_size);
 
 /* Compiles the named variants into the cache; no GPU needed. */
-flashjit_status flashjit_precompile(const char* cache_dir, const char* const* variant_names,
+FLASHJIT_API flashjit_status flashjit_precompile(const char* cache_dir, const char* const* variant_names,
                                     int32_t count);
 
 #ifdef __cplusplus

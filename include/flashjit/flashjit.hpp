@@ -17,17 +17,19 @@
 #include <string_view>
 #include <vector>
 
+#include "flashjit/export.h"
+
 struct CUstream_st;  // == CUstream == cudaStream_t, so callers need no CUDA header
 struct CUctx_st;     // == CUcontext
 struct CUevent_st;   // == CUevent
 
 namespace flashjit {
 
-std::string_view version();
+FLASHJIT_API std::string_view version();
 
 // The library's log level: "trace", "debug", "info", "warn" (default), "error" or "off". Overrides
 // FLASHJIT_LOG_LEVEL. Throws Error(invalid_argument) for another name.
-void set_log_level(std::string_view level);
+FLASHJIT_API void set_log_level(std::string_view level);
 
 enum class ErrorCode {
   invalid_argument,  // bad input from the caller; nothing was launched or written
@@ -40,7 +42,7 @@ enum class ErrorCode {
 };
 
 // Every failure is an Error whose message names what was wrong and what was expected.
-class Error : public std::runtime_error {
+class FLASHJIT_API Error : public std::runtime_error {
  public:
   Error(ErrorCode code, const std::string& message) : std::runtime_error(message), code_(code) {}
   ErrorCode code() const { return code_; }
@@ -50,19 +52,24 @@ class Error : public std::runtime_error {
 };
 
 enum class DType { bf16, fp16 };
-std::string_view to_string(DType dtype);
+FLASHJIT_API std::string_view to_string(DType dtype);
 
 // A kernel family is one kernel template; a Variant fixes all of its compile-time parameters.
-//   simt  : the first correct kernel, scalar fp32 math, any GPU from sm_80.
-//   mma   : tensor cores through mma.sync (FlashAttention-2 class), any GPU from sm_80.
-//   wgmma : Hopper only (sm_90a): TMA + wgmma + warp specialization.
-enum class Family { simt, mma, wgmma };
-std::string_view to_string(Family family);
+// families() lists those built into this library, fastest first (the dispatcher's preference):
+// today wgmma (Hopper, sm_90a: TMA + wgmma + warp specialization), mma (tensor cores through
+// mma.sync, FlashAttention-2 class, sm_80 on) and simt (scalar fp32, the first correct kernel).
+struct FamilyInfo {
+  std::string name;                // the first field of its variant names, e.g. "wgmma"
+  std::string summary;             // one line: what the kernel is
+  std::vector<int> head_dims;      // head dims it has kernels for
+  std::vector<std::string> archs;  // the known archs it runs on
+};
+FLASHJIT_API const std::vector<FamilyInfo>& families();
 
 // Everything one compiled binary is specialized on. Its canonical name is readable, complete and
 // parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" (non-causal variants omit the suffix).
-struct Variant {
-  Family family = Family::simt;
+struct FLASHJIT_API Variant {
+  std::string family = "simt";  // a name from families()
   std::string arch;  // NVRTC target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, ...
   DType dtype = DType::bf16;
   int head_dim = 128;
@@ -72,22 +79,23 @@ struct Variant {
   bool causal = false;
 
   std::string name() const;
-  // Throws Error(invalid_argument) naming the field that is wrong.
+  // Throws Error(invalid_argument) naming the field that is wrong, or for a variant that the
+  // family cannot build (the check forward and precompile share).
   static Variant parse(std::string_view name);
   bool operator==(const Variant&) const = default;
 };
 
 // The variants `precompile` builds for an arch when none are named: every family that runs on it,
 // bf16 and fp16, every supported head dim, causal and not, with the dispatcher's tile choice.
-std::vector<Variant> default_variants(std::string_view arch);
-// Head dims the engine accepts.
-std::vector<int> supported_head_dims();
+FLASHJIT_API std::vector<Variant> default_variants(std::string_view arch);
+// Head dims the engine accepts: those of every family, ascending.
+FLASHJIT_API std::vector<int> supported_head_dims();
 // Canonical arch from user spellings: "sm_90a", "sm_90", "90", "9.0", "h100", "h200", "a100", ...
 // Throws Error(invalid_argument) listing the valid spellings.
-std::string normalize_arch(std::string_view arch);
+FLASHJIT_API std::string normalize_arch(std::string_view arch);
 // Archs the linked NVRTC can generate code for (sm_XX, plus the 'a' forms we use).
-std::vector<std::string> nvrtc_archs();
-std::string nvrtc_version();
+FLASHJIT_API std::vector<std::string> nvrtc_archs();
+FLASHJIT_API std::string nvrtc_version();
 
 // One binary in the disk cache (what `flashjit list` prints).
 struct CacheEntry {
@@ -124,7 +132,7 @@ struct CacheOptions {
 };
 
 // The compiled-kernel store: NVRTC plus the on-disk cache. Thread-safe; shareable by Engines.
-class KernelCache {
+class FLASHJIT_API KernelCache {
  public:
   explicit KernelCache(CacheOptions options = {});
   ~KernelCache();
@@ -148,16 +156,15 @@ class KernelCache {
   // Removes the entries that are not current (see CacheEntry::current). Returns the number.
   std::size_t remove_stale();
 
-  struct Impl;
-  Impl& impl() const { return *impl_; }
-
  private:
+  friend class Engine;  // fetches kernels through the same store
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 
 // A strided 4-D view [batch, seqlen, heads, head_dim] of device memory; strides in elements.
 // head_dim must have stride 1; other strides are free, so BSHD and BHSD both work.
-struct TensorView {
+struct FLASHJIT_API TensorView {
   void* data = nullptr;
   DType dtype = DType::bf16;
   std::array<std::int64_t, 4> shape{};
@@ -182,7 +189,8 @@ struct ForwardOptions {
   // j <= i + seqlen_k - seqlen_q. Rows that see no key give output 0 and LSE -inf.
   bool causal = false;
   float* lse = nullptr;  // optional device buffer, fp32 [batch, heads_q, seqlen_q] contiguous
-  std::optional<Family> family;  // force a family (tests, benchmarks); default: the dispatcher's
+  // Force a family by name (tests, benchmarks), one of families(); default: the dispatcher's.
+  std::optional<std::string> family;
   // Force a tile shape (tuning, benchmarks) on the chosen family; default: its tile table. A
   // shape the family cannot build or the GPU cannot fit throws Error(invalid_argument).
   std::optional<TileConfig> tiles;
@@ -195,14 +203,15 @@ struct DeviceInfo {
   int multiprocessors = 0;
   int max_shared_per_block_optin = 0;
   std::size_t total_memory = 0;
+  std::size_t l2_cache_bytes = 0;
   std::string arch;  // the NVRTC target flashjit compiles for on it
 };
 // GPUs the driver reports. Throws Error(no_driver) without a driver.
-std::vector<DeviceInfo> devices();
-int driver_version();  // e.g. 13000; throws Error(no_driver)
+FLASHJIT_API std::vector<DeviceInfo> devices();
+FLASHJIT_API int driver_version();  // e.g. 13000; throws Error(no_driver)
 
 // Runs attention forward on one GPU. Thread-safe: many threads may call forward concurrently.
-class Engine {
+class FLASHJIT_API Engine {
  public:
   // Throws Error(no_driver / no_device) when the GPU cannot be reached.
   explicit Engine(int device = 0, std::shared_ptr<KernelCache> cache = nullptr);
@@ -225,9 +234,8 @@ class Engine {
   Variant select_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const ForwardOptions& options = {}) const;
 
-  struct Impl;
-
  private:
+  struct Impl;
   std::unique_ptr<Impl> impl_;
 };
 

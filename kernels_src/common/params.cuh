@@ -1,5 +1,5 @@
-// The argument block every fmha kernel takes by value. Mirrored byte for byte by
-// src/kernel_params.hpp; change both together (the host static_asserts the layout).
+// The argument block every fmha kernel takes by value. Plain C++: the host (src/core/problem.hpp)
+// fills this very struct, so the two sides cannot disagree on its layout.
 #pragma once
 
 namespace flashjit {

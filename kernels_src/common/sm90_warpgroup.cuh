@@ -2,9 +2,9 @@
 // warpgroups, and named barriers for turn-taking between warpgroups.
 #pragma once
 
-namespace flashjit {
+#include "common/warpgroup_size.cuh"
 
-constexpr int kWarpgroupThreads = 128;
+namespace flashjit {
 
 // Raises this warpgroup's register limit to Regs per thread (consumers: accumulators live here).
 // Takes effect only with a register cap at entry: __launch_bounds__(threads, 1).

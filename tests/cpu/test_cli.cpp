@@ -117,7 +117,7 @@ TEST_CASE("precompile --arch fills the cache without a GPU, list --json describe
       CHECK_MESSAGE(entry.contains(key), "list --json lacks '", key, "' in ", entry.dump());
     const auto variant = flashjit::Variant::parse(entry.at("name").get<std::string>());
     CHECK(entry.at("arch") == "sm_90a");
-    CHECK(entry.at("family") == std::string(flashjit::to_string(variant.family)));
+    CHECK(entry.at("family") == variant.family);
     CHECK(entry.at("head_dim") == 64);
     CHECK(entry.at("dtype") == "bf16");
     CHECK(entry.at("causal") == false);
@@ -312,8 +312,8 @@ TEST_CASE("a variant that fails to compile makes precompile exit 1 with its NVRT
   // A copy of the kernel sources with a syntax error in the simt kernel only.
   const fs::path kernels = cache.dir / "kernels";
   fs::copy(FLASHJIT_SOURCE_DIR "/kernels_src", kernels, fs::copy_options::recursive);
-  REQUIRE(fs::exists(kernels / "fmha_simt.cu"));
-  std::ofstream(kernels / "fmha_simt.cu", std::ios::app) << "\nthis_is_not_cuda;\n";
+  REQUIRE(fs::exists(kernels / "simt/kernel.cu"));
+  std::ofstream(kernels / "simt/kernel.cu", std::ios::app) << "\nthis_is_not_cuda;\n";
 
   const std::string dir = "--cache-dir " + (cache.dir / "cache").string();
   const Run run = run_cli(cache,

@@ -33,7 +33,7 @@ TEST_CASE("a broken kernel source fails with the NVRTC log and caches nothing") 
   std::filesystem::copy(FLASHJIT_SOURCE_DIR "/kernels_src", sources.path(),
                         std::filesystem::copy_options::recursive);
   {
-    std::ofstream broken(sources.path() / "fmha_simt.cu", std::ios::app);
+    std::ofstream broken(sources.path() / "simt/kernel.cu", std::ios::app);
     broken << "\nthis is not C++;\n";
   }
   ::setenv("FLASHJIT_KERNELS_DIR", sources.path().c_str(), 1);
@@ -42,6 +42,6 @@ TEST_CASE("a broken kernel source fails with the NVRTC log and caches nothing") 
   ::unsetenv("FLASHJIT_KERNELS_DIR");
   CHECK_FALSE(outcome.ok);
   CHECK(outcome.error.find("NVRTC could not compile") != std::string::npos);
-  CHECK(outcome.error.find("fmha_simt.cu") != std::string::npos);
+  CHECK(outcome.error.find("simt/kernel.cu") != std::string::npos);
   CHECK(cache.list().empty());
 }

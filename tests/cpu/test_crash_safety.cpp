@@ -24,9 +24,10 @@
 #include <thread>
 #include <vector>
 
-#include "disk_cache.hpp"
+#include "families/registry.hpp"
 #include "flashjit/flashjit.hpp"
-#include "kernel_cache_impl.hpp"
+#include "jit/disk_cache.hpp"
+#include "jit/kernel_store.hpp"
 #include "temp_dir.hpp"
 
 using namespace flashjit;
@@ -98,14 +99,14 @@ CacheAudit audit(
     }
     if (path.extension() != ".json") continue;
     std::string why;
-    const auto meta = detail::parse_entry_metadata(read_all(path), &why);
+    const auto meta = detail::parse_metadata(read_all(path), &why);
     if (!meta) {
       result.problems.push_back(
           fmt::format("{}: torn or unreadable metadata: {}", path.string(), why));
       continue;
     }
     const std::string stem =
-        fmt::format("{}.{}", meta->kernel.variant.name(), meta->kernel.key.substr(0, 16));
+        fmt::format("{}.{}", meta->entry.variant.name(), meta->key.substr(0, 16));
     if (path.stem() != stem)
       result.problems.push_back(fmt::format("{} describes {}", path.string(), stem));
     fs::path cubin = path;
@@ -118,7 +119,7 @@ CacheAudit audit(
           fmt::format("{}: cubin does not match its metadata", cubin.string()));
     } else {
       ++result.entries;
-      ++result.entries_per_variant[meta->kernel.variant.name()];
+      ++result.entries_per_variant[meta->entry.variant.name()];
     }
   }
   for (const auto& item : fs::directory_iterator(dir)) {
@@ -195,7 +196,9 @@ TEST_CASE("writers SIGKILLed at random points leave every entry valid or absent"
   // loaded it is, so that kills land in publishing too and not only in NVRTC.
   test::TempDir elsewhere;
   const auto compile_start = std::chrono::steady_clock::now();
-  const auto compiled = KernelCache(CacheOptions{elsewhere.path()}).impl().get(small_variants()[0]);
+  const Variant first = small_variants()[0];
+  const auto compiled =
+      detail::KernelStore(elsewhere.path()).get(first, detail::kernel_spec(first));
   const auto compile_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                               std::chrono::steady_clock::now() - compile_start)
                               .count();

@@ -1,10 +1,13 @@
 // The dispatcher's choice per arch and problem, and the launch shape of the query-tile families.
 #include <doctest/doctest.h>
 
-#include "dispatch.hpp"
-#include "families.hpp"
+#include "api/dispatch.hpp"
+#include "api/launch_plans.hpp"
+#include "api/validate.hpp"
+#include "families/registry.hpp"
 #include "flashjit/flashjit.hpp"
-#include "validate.hpp"
+#include "mma/shape.cuh"
+#include "simt/shape.cuh"
 
 using namespace flashjit;
 
@@ -26,32 +29,34 @@ detail::ForwardProblem problem(int head_dim, bool causal, int seqlen_q = 1000) {
   return detail::validate_forward(q, kv, kv, q, options);
 }
 
+const detail::KernelFamily* family(const char* name) { return &detail::family_named(name, "family"); }
+
 }  // namespace
 
 TEST_CASE("Hopper gets wgmma where it has a kernel, mma elsewhere; older GPUs get mma") {
   const DeviceInfo h200 = device_for("sm_90a", 227 * 1024);
-  CHECK(detail::select_variant(problem(128, true), h200, {}).family == Family::wgmma);
-  CHECK(detail::select_variant(problem(64, false), h200, {}).family == Family::wgmma);
-  CHECK(detail::select_variant(problem(96, false), h200, {}).family == Family::mma);
+  CHECK(detail::select_variant(problem(128, true), h200, {}).family == "wgmma");
+  CHECK(detail::select_variant(problem(64, false), h200, {}).family == "wgmma");
+  CHECK(detail::select_variant(problem(96, false), h200, {}).family == "mma");
   const DeviceInfo rtx = device_for("sm_86", 99 * 1024);
   const Variant v = detail::select_variant(problem(256, true), rtx, {});
-  CHECK(v.family == Family::mma);
+  CHECK(v.family == "mma");
   CHECK(v.arch == "sm_86");
   CHECK(v.causal);
-  CHECK(detail::family_traits(v.family).shared_bytes(v) <= 99 * 1024);
+  CHECK(family("mma")->shared_bytes(v) <= 99 * 1024);
 }
 
 TEST_CASE("a forced family that cannot run the problem is an unsupported error") {
   const DeviceInfo a100 = device_for("sm_80", 163 * 1024);
-  CHECK(detail::select_variant(problem(128, false), a100, Family::simt).family == Family::simt);
-  CHECK_THROWS_WITH_AS(detail::select_variant(problem(128, false), a100, Family::wgmma),
+  CHECK(detail::select_variant(problem(128, false), a100, family("simt")).family == "simt");
+  CHECK_THROWS_WITH_AS(detail::select_variant(problem(128, false), a100, family("wgmma")),
                        doctest::Contains("wgmma does not run on sm_80"), Error);
 }
 
 TEST_CASE("forced tiles replace the table's, and a shape the family cannot build is an error") {
   const DeviceInfo h200 = device_for("sm_90a", 227 * 1024);
   const Variant v = detail::select_variant(problem(128, false), h200, {}, TileConfig{128, 128, 3});
-  CHECK(v.family == Family::wgmma);
+  CHECK(v.family == "wgmma");
   CHECK(v.tile_m == 128);
   CHECK(v.tile_n == 128);
   CHECK(v.stages == 3);
@@ -59,7 +64,7 @@ TEST_CASE("forced tiles replace the table's, and a shape the family cannot build
       detail::select_variant(problem(128, false), h200, {}, TileConfig{96, 128, 2}),
       doctest::Contains("options.tiles (tile_m 96, tile_n 128, stages 2) for family wgmma"), Error);
   CHECK_THROWS_WITH_AS(
-      detail::select_variant(problem(128, false), h200, Family::mma, TileConfig{128, 256, 4}),
+      detail::select_variant(problem(128, false), h200, family("mma"), TileConfig{128, 256, 4}),
       doctest::Contains("shared memory"), Error);
   try {
     detail::select_variant(problem(128, false), h200, {}, TileConfig{128, 100, 2});
@@ -69,18 +74,51 @@ TEST_CASE("forced tiles replace the table's, and a shape the family cannot build
   }
 }
 
-TEST_CASE("simt and mma launch one CTA per (query tile, head, batch)") {
+TEST_CASE("simt and mma launch one CTA per (query tile, head, batch), shaped by their shape.cuh") {
   const DeviceInfo h200 = device_for("sm_90a", 227 * 1024);
-  for (Family family : {Family::simt, Family::mma}) {
+  for (const char* name : {"simt", "mma"}) {
     const auto p = problem(128, false, 1000);
-    const Variant v = detail::select_variant(p, h200, family);
-    const auto& traits = detail::family_traits(family);
-    const detail::LaunchPlan plan = traits.plan(v, p);
+    const Variant v = detail::select_variant(p, h200, family(name));
+    const detail::LaunchPlan plan = family(name)->plan(v, p, h200);
+    const int threads = v.family == "simt"
+                            ? SimtShape{v.head_dim, v.tile_m, v.tile_n}.threads()
+                            : MmaShape::kThreads;
     CHECK(plan.grid[0] == static_cast<unsigned>((1000 + v.tile_m - 1) / v.tile_m));
     CHECK(plan.grid[1] == 8u);
     CHECK(plan.grid[2] == 2u);
-    CHECK(plan.block[0] == static_cast<unsigned>(traits.threads(v)));
-    CHECK(plan.shared_bytes == static_cast<unsigned>(traits.shared_bytes(v)));
-    CHECK(plan.extra_args.empty());
+    CHECK(plan.block[0] == static_cast<unsigned>(threads));
+    CHECK(plan.shared_bytes == static_cast<unsigned>(family(name)->shared_bytes(v)));
+    CHECK(plan.maps.empty());
+    CHECK(plan.values.empty());
   }
+}
+
+TEST_CASE("an unknown forced family names the families there are") {
+  CHECK_THROWS_WITH_AS(detail::forced_family(std::string("tensor")),
+                       doctest::Contains("options.family 'tensor' is unknown: expected one of "
+                                         "wgmma, mma, simt"),
+                       Error);
+  CHECK(detail::forced_family(std::nullopt) == nullptr);
+}
+
+TEST_CASE("launch plans are keyed by every size, stride and option, and by no pointer") {
+  const auto base = problem(128, true);
+  const auto key = detail::PlanKey::of(nullptr, base, nullptr, std::nullopt);
+  CHECK(detail::PlanKey::of(nullptr, base, nullptr, std::nullopt) == key);
+
+  detail::ForwardProblem moved = base;  // other buffers, same shape: the same plan
+  moved.params.q = reinterpret_cast<void*>(0x200000);
+  moved.params.lse = reinterpret_cast<float*>(0x300000);
+  moved.params.softmax_scale = 0.5f;
+  CHECK(detail::PlanKey::of(nullptr, moved, nullptr, std::nullopt) == key);
+
+  detail::ForwardProblem strided = base;
+  strided.params.k_stride_s *= 2;
+  CHECK_FALSE(detail::PlanKey::of(nullptr, strided, nullptr, std::nullopt) == key);
+  CHECK_FALSE(detail::PlanKey::of(nullptr, problem(128, false), nullptr, std::nullopt) == key);
+  CHECK_FALSE(detail::PlanKey::of(nullptr, problem(128, true, 999), nullptr, std::nullopt) == key);
+  CHECK_FALSE(detail::PlanKey::of(nullptr, base, family("mma"), std::nullopt) == key);
+  CHECK_FALSE(detail::PlanKey::of(nullptr, base, nullptr, TileConfig{128, 128, 2}) == key);
+  CHECK_FALSE(detail::PlanKey::of(reinterpret_cast<CUcontext>(0x10), base, nullptr,
+                                  std::nullopt) == key);
 }

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "flashjit/flashjit.hpp"
-#include "validate.hpp"
+#include "api/validate.hpp"
 
 using namespace flashjit;
 

@@ -13,12 +13,13 @@
 #include <string>
 #include <string_view>
 
-#include "disk_cache.hpp"
+#include "core/variant_name.hpp"
 #include "invariant.hpp"
+#include "jit/disk_cache.hpp"
 
 namespace fs = std::filesystem;
 using flashjit::detail::DiskCache;
-using flashjit::detail::EntryMetadata;
+using flashjit::detail::CompiledKernel;
 using flashjit::fuzz::invariant;
 
 namespace {
@@ -61,19 +62,19 @@ void write_file(const fs::path& path, std::string_view bytes) {
 }
 
 // The entry as the cache would find it on disk: load() serves it iff the cubin matches.
-void check_load(const EntryMetadata& meta, std::string_view json_text, std::string_view cubin) {
+void check_load(const CompiledKernel& meta, std::string_view json_text, std::string_view cubin) {
   ScratchCache& s = scratch();
   const std::string stem =
-      (s.dir / (meta.kernel.variant.name() + "." + meta.kernel.key.substr(0, 16))).string();
+      (s.dir / (meta.entry.variant.name() + "." + meta.key.substr(0, 16))).string();
   write_file(stem + ".json", json_text);
   write_file(stem + ".cubin", cubin);
 
-  const auto loaded = s.cache->load(meta.kernel.variant, meta.kernel.key);
+  const auto loaded = s.cache->load(meta.entry.variant, meta.key);
   const auto listed = s.cache->list(std::nullopt);
   if (meta.describes(cubin)) {
     invariant(loaded.has_value(), "a matching entry was not served");
     invariant(loaded->cubin == cubin, "served cubin differs from the one on disk");
-    invariant(loaded->key == meta.kernel.key && loaded->variant == meta.kernel.variant,
+    invariant(loaded->key == meta.key && loaded->entry.variant == meta.entry.variant,
               "served entry names another variant or key");
     invariant(listed.size() == 1 && listed[0].cubin_bytes == cubin.size(),
               "list() does not show the one valid entry");
@@ -98,15 +99,15 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       split == std::string_view::npos ? std::string_view() : input.substr(split + 1);
 
   std::string why;
-  const auto meta = flashjit::detail::parse_entry_metadata(json_text, &why);
+  const auto meta = flashjit::detail::parse_metadata(json_text, &why);
   if (!meta) {
     invariant(!why.empty(), "metadata rejected without a reason");
     return 0;
   }
-  invariant(flashjit::Variant::parse(meta->kernel.variant.name()) == meta->kernel.variant,
+  invariant(flashjit::detail::parse_variant_name(meta->entry.variant.name()) == meta->entry.variant,
             "metadata variant does not round-trip");
-  invariant(!meta->describes(cubin) || cubin.size() == meta->cubin_bytes,
+  invariant(!meta->describes(cubin) || cubin.size() == meta->entry.cubin_bytes,
             "describes() accepted a cubin of the wrong size");
-  if (is_content_key(meta->kernel.key)) check_load(*meta, json_text, cubin);
+  if (is_content_key(meta->key)) check_load(*meta, json_text, cubin);
   return 0;
 }

@@ -15,7 +15,7 @@
 #include "flashjit/flashjit.hpp"
 #include "fuzz_input.hpp"
 #include "invariant.hpp"
-#include "validate.hpp"
+#include "api/validate.hpp"
 
 using flashjit::DType;
 using flashjit::Error;

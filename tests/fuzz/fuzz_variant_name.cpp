@@ -7,7 +7,7 @@
 #include <string>
 #include <string_view>
 
-#include "arch.hpp"
+#include "core/arch.hpp"
 #include "flashjit/flashjit.hpp"
 #include "invariant.hpp"
 

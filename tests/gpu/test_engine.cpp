@@ -62,7 +62,7 @@ TEST_CASE("bad input throws before any launch: the output stays untouched") {
   v.dtype = DType::fp16;
   CHECK_THROWS_AS(engine.forward(p.view(p.q_dev), p.view(p.k_dev), v, p.view(p.out_dev)), Error);
   ForwardOptions forced;
-  forced.family = Family::wgmma;
+  forced.family = "wgmma";
   forced.softmax_scale = -1.f;
   CHECK_THROWS_AS(engine.forward(p.view(p.q_dev), p.view(p.k_dev), p.view(p.v_dev),
                                  p.view(p.out_dev), forced),

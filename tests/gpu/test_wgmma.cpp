@@ -20,7 +20,7 @@ namespace {
 bool on_hopper() { return shared_engine().device().arch == "sm_90a"; }
 
 void check_case(const ForwardCase& c, unsigned seed) {
-  const ForwardCheck check = run_forward_case(shared_engine(), c, Family::wgmma, seed);
+  const ForwardCheck check = run_forward_case(shared_engine(), c, "wgmma", seed);
   INFO(check.variant, " on ", c.describe());
   INFO("max abs ", check.max_abs_error, ", rel l2 ", check.relative_l2_error, ", lse ",
        check.max_lse_error);
@@ -61,13 +61,13 @@ TEST_CASE("wgmma: every default variant, forced onto ragged problems, matches th
   // chosen for long sequences: force each default variant's tiles instead.
   unsigned seed = 700;
   for (const Variant& v : default_variants("sm_90a")) {
-    if (v.family != Family::wgmma) continue;
+    if (v.family != "wgmma") continue;
     const TileConfig tiles{v.tile_m, v.tile_n, v.stages};
     // Small enough for the float64 reference (40 cases), ragged on both sides, GQA, both layouts.
     for (const ForwardCase& c : {ForwardCase{1, 2, 1, 333, 517, v.head_dim, v.causal, v.dtype},
                                  ForwardCase{1, 1, 1, 520, 200, v.head_dim, v.causal, v.dtype,
                                              true}}) {
-      const ForwardCheck check = run_forward_case(shared_engine(), c, Family::wgmma, seed++, tiles);
+      const ForwardCheck check = run_forward_case(shared_engine(), c, "wgmma", seed++, tiles);
       INFO(check.variant, " on ", c.describe());
       CHECK(check.variant == v.name());
       CHECK(check.all_written);
@@ -99,7 +99,7 @@ TEST_CASE("wgmma: repeated runs give identical bits") {
     };
     ForwardOptions options;
     options.causal = true;
-    options.family = Family::wgmma;
+    options.family = "wgmma";
     std::vector<std::uint16_t> first(q.bits.size()), again(q.bits.size());
     for (int run = 0; run < 3; ++run) {
       dout.fill_bytes(0xff);
@@ -119,9 +119,9 @@ TEST_CASE("wgmma: head dims it lacks fall back to another family") {
   Engine& engine = shared_engine();
   DeviceBuffer buffer(engine, 4 * 16 * 96 * 2);
   const TensorView t = TensorView::bshd(buffer.data(), DType::bf16, 1, 16, 4, 96);
-  CHECK(engine.select_variant(t, t, t, t).family != Family::wgmma);
+  CHECK(engine.select_variant(t, t, t, t).family != "wgmma");
   ForwardOptions forced;
-  forced.family = Family::wgmma;
+  forced.family = "wgmma";
   try {
     engine.select_variant(t, t, t, t, forced);
     FAIL("wgmma accepted head_dim 96");
@@ -129,5 +129,5 @@ TEST_CASE("wgmma: head dims it lacks fall back to another family") {
     CHECK(e.code() == ErrorCode::unsupported);
   }
   const TensorView t128 = TensorView::bshd(buffer.data(), DType::bf16, 1, 8, 4, 128);
-  CHECK(engine.select_variant(t128, t128, t128, t128).family == Family::wgmma);
+  CHECK(engine.select_variant(t128, t128, t128, t128).family == "wgmma");
 }

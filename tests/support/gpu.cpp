@@ -11,6 +11,12 @@ std::string gpu_unavailable_reason() {
   }
 }
 
+std::vector<std::string> family_names() {
+  std::vector<std::string> names;
+  for (const FamilyInfo& family : families()) names.push_back(family.name);
+  return names;
+}
+
 Engine& shared_engine() {
   static Engine engine(0);
   return engine;

@@ -62,7 +62,7 @@ bool row_is_zero(const HostTensor& out, std::int64_t b, std::int64_t s, std::int
 }
 
 NumericsResult run_numerics_case(Engine& engine, const NumericsCase& c,
-                                 std::optional<Family> family, unsigned seed) {
+                                 std::optional<std::string> family, unsigned seed) {
   const ForwardCase& s = c.shape;
   std::mt19937 rng(seed);
   auto q = padded_tensor(s.dtype, s.batch, s.seqlen_q, s.heads_q, s.head_dim, c.padding);

@@ -35,7 +35,7 @@ struct NumericsResult {
 
 // Throws what Engine::forward throws (Error(unsupported) when `family` cannot run the case).
 NumericsResult run_numerics_case(Engine& engine, const NumericsCase& c,
-                                 std::optional<Family> family, unsigned seed);
+                                 std::optional<std::string> family, unsigned seed);
 
 // Whether out[b, s, h, :] is all (positive or negative) zeros.
 bool row_is_zero(const HostTensor& out, std::int64_t b, std::int64_t s, std::int64_t h);

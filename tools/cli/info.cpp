@@ -1,4 +1,5 @@
-// `flashjit info`: versions, what NVRTC can target, the GPUs here, and the cache's size.
+// `flashjit info`: versions, what NVRTC can target, the kernel families, the GPUs here, and the
+// cache's size.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -40,6 +41,10 @@ void print_text(const GpuSurvey& gpus, const KernelCache& cache,
   row("flashjit", std::string(version()));
   row("NVRTC", nvrtc_version());
   row("NVRTC archs", fmt::format("{}", fmt::join(nvrtc_archs(), " ")));
+  for (const FamilyInfo& family : families())
+    row(fmt::format("family {}", family.name),
+        fmt::format("{}; archs {}; head dims {}", family.summary, fmt::join(family.archs, " "),
+                    fmt::join(family.head_dims, " ")));
   row("CUDA driver", gpus.driver_version ? driver_text(*gpus.driver_version) : "none");
   if (gpus.devices.empty()) row("GPU", fmt::format("no GPU: {}", gpus.why_none));
   for (const DeviceInfo& d : gpus.devices)
@@ -63,10 +68,17 @@ nlohmann::ordered_json to_json(const GpuSurvey& gpus, const KernelCache& cache, 
                        {"multiprocessors", d.multiprocessors},
                        {"total_memory_bytes", d.total_memory},
                        {"max_shared_per_block_optin", d.max_shared_per_block_optin}});
+  nlohmann::ordered_json family_list = nlohmann::ordered_json::array();
+  for (const FamilyInfo& family : families())
+    family_list.push_back({{"name", family.name},
+                           {"summary", family.summary},
+                           {"archs", family.archs},
+                           {"head_dims", family.head_dims}});
   const auto dir = cache.directory();
   return {{"flashjit_version", version()},
           {"nvrtc_version", nvrtc_version()},
           {"nvrtc_archs", nvrtc_archs()},
+          {"families", family_list},
           {"driver_version",
            gpus.driver_version ? nlohmann::ordered_json(*gpus.driver_version) : nullptr},
           {"gpus", devices},
@@ -82,7 +94,8 @@ nlohmann::ordered_json to_json(const GpuSurvey& gpus, const KernelCache& cache, 
 void add_info_command(CLI::App& app, const GlobalOptions& globals, int& status) {
   auto json = std::make_shared<bool>(false);
   CLI::App* command = app.add_subcommand(
-      "info", "Versions, NVRTC targets, the GPUs found, and the cache directory and size");
+      "info",
+      "Versions, NVRTC targets, kernel families, the GPUs found, and the cache directory and size");
   command->add_flag("--json", *json, "Print one JSON object");
   command->callback([&globals, &status, json] {
     const GpuSurvey gpus = survey_gpus();

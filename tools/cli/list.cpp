@@ -25,7 +25,7 @@ int shared_bytes(const CacheEntry& entry) {
 nlohmann::ordered_json entry_json(const CacheEntry& entry) {
   const Variant& v = entry.variant;
   return {{"name", v.name()},
-          {"family", to_string(v.family)},
+          {"family", v.family},
           {"arch", v.arch},
           {"dtype", to_string(v.dtype)},
           {"head_dim", v.head_dim},
@@ -76,15 +76,23 @@ int run_list(const ListOptions& options, const GlobalOptions& globals) {
   if (!options.families.empty())
     std::erase_if(entries, [&](const CacheEntry& e) {
       return std::find(options.families.begin(), options.families.end(),
-                       to_string(e.variant.family)) == options.families.end();
+                       e.variant.family) == options.families.end();
     });
-  // By field rather than by name, so head dims read 32, 64, ..., 256 and not 128, 192, ..., 64.
-  std::sort(entries.begin(), entries.end(), [](const CacheEntry& a, const CacheEntry& b) {
+  // By field rather than by name, so head dims read 32, 64, ..., 256 and not 128, 192, ..., 64;
+  // families in the library's order (fastest first), unknown ones last.
+  auto family_rank = [](const std::string& name) {
+    const auto& known = families();
+    return std::find_if(known.begin(), known.end(),
+                        [&](const FamilyInfo& f) { return f.name == name; }) -
+           known.begin();
+  };
+  std::sort(entries.begin(), entries.end(), [&](const CacheEntry& a, const CacheEntry& b) {
     const Variant& x = a.variant;
     const Variant& y = b.variant;
-    return std::tie(x.arch, x.family, x.dtype, x.head_dim, x.causal, x.tile_m, x.tile_n, x.stages,
-                    a.key) < std::tie(y.arch, y.family, y.dtype, y.head_dim, y.causal, y.tile_m,
-                                      y.tile_n, y.stages, b.key);
+    return std::tuple(x.arch, family_rank(x.family), x.family, x.dtype, x.head_dim, x.causal,
+                      x.tile_m, x.tile_n, x.stages, a.key) <
+           std::tuple(y.arch, family_rank(y.family), y.family, y.dtype, y.head_dim, y.causal,
+                      y.tile_m, y.tile_n, y.stages, b.key);
   });
 
   if (options.json) {

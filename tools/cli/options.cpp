@@ -7,11 +7,9 @@
 namespace flashjit::cli {
 namespace {
 
-constexpr Family kFamilies[] = {Family::simt, Family::mma, Family::wgmma};
-
 std::vector<std::string> family_names() {
   std::vector<std::string> names;
-  for (Family family : kFamilies) names.emplace_back(to_string(family));
+  for (const FamilyInfo& family : families()) names.push_back(family.name);
   return names;
 }
 
@@ -82,13 +80,6 @@ CLI::Option* add_causal_option(CLI::App& command, std::string& choice) {
 }
 
 DType dtype_from_name(std::string_view name) { return name == "fp16" ? DType::fp16 : DType::bf16; }
-
-Family family_from_name(std::string_view name) {
-  for (Family family : kFamilies)
-    if (to_string(family) == name) return family;
-  throw Error(ErrorCode::invalid_argument,
-              fmt::format("unknown family '{}': expected simt, mma or wgmma", name));
-}
 
 std::vector<bool> causal_values(std::string_view choice) {
   if (choice == "yes") return {true};

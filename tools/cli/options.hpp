@@ -33,7 +33,7 @@ CLI::Option* add_dtype_option(CLI::App& command, std::vector<std::string>& dtype
 // --head-dim 64,128: supported head dims only.
 CLI::Option* add_device_option(CLI::App& command, int& device);
 CLI::Option* add_head_dim_option(CLI::App& command, std::vector<int>& head_dims);
-// --family simt,mma,wgmma
+// --family NAME[,NAME...]: names from families()
 CLI::Option* add_family_option(CLI::App& command, std::vector<std::string>& families,
                                const std::string& help);
 // --causal yes|no|both
@@ -41,7 +41,6 @@ CLI::Option* add_causal_option(CLI::App& command, std::string& choice);
 
 // Values already checked by the options above.
 DType dtype_from_name(std::string_view name);
-Family family_from_name(std::string_view name);
 std::vector<bool> causal_values(std::string_view choice);
 
 // The values to cover: the user's list, or every value when the list is empty.

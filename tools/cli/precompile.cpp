@@ -84,7 +84,7 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
           !contains(causal, variant.causal))
         continue;
       if (!options.families.empty() &&
-          !contains(options.families, std::string(to_string(variant.family))))
+          !contains(options.families, variant.family))
         continue;
       add(std::move(variant));
     }

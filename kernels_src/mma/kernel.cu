@@ -1,0 +1,281 @@
+// fmha_mma: FlashAttention-2 forward on tensor cores (mma.sync m16n8k16, fp32 accumulation), for
+// every GPU from sm_80 on.
+//
+// Layout of the work: one CTA per (TileM query rows, head, batch), 4 warps. Each warp owns TileM/4
+// query rows (one or two m16 row tiles) across all keys and the whole head dim, so the softmax
+// statistics of a row never leave its quad of lanes and warps share nothing but the K/V tiles.
+// K and V stream through rings of `Stages` shared buffers filled by cp.async: V_j is in flight
+// while S = Q·K_jᵀ is computed, K_{j+Stages} while softmax and P·V_j are. P never leaves
+// registers: the accumulator layout of two n8 tiles of S is the A-operand layout of one k16 step.
+// Shared rows are padded by 16 bytes, so the 8 rows that one ldmatrix phase reads fall into 8
+// distinct groups of 4 banks for every head dim (no swizzle arithmetic in the loop).
+#include "common/epilogue.cuh"
+#include "common/fast_math.cuh"
+#include "common/masking.cuh"
+#include "common/mma_sm80.cuh"
+#include "common/params.cuh"
+#include "common/quad_reduce.cuh"
+#include "common/tile_copy_async.cuh"
+#include "common/types.cuh"
+#include "mma/shape.cuh"
+
+namespace flashjit {
+
+constexpr int kMmaWarps = MmaShape::kWarps;
+
+// s = Q·Kᵀ for the warp's MT row tiles and the NT n8 key tiles of one K tile. q_addr and k_addr
+// are this lane's ldmatrix addresses for row/key 0, column 0 of the tile; Q fragments are re-read
+// per k16 step (holding them all would cost HeadDim/2·MT registers).
+template <typename T, int HeadDim, int MT, int NT, int Pitch>
+__device__ __forceinline__ void gemm_qk(float (&s)[MT][NT][4], unsigned q_addr, unsigned k_addr) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) s[mt][nt][e] = 0.f;
+#pragma unroll
+  for (int kk = 0; kk < HeadDim / 16; ++kk) {
+    unsigned a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr + (mt * 16 * Pitch + kk * 16) * 2);
+#pragma unroll
+    for (int np = 0; np < NT / 2; ++np) {
+      unsigned b[4];  // b[0], b[1]: keys 16np..16np+7; b[2], b[3]: keys 16np+8..16np+15
+      ldmatrix_x4(b, k_addr + (np * 16 * Pitch + kk * 16) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16x8x16<T>(s[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16x8x16<T>(s[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// o += P·V; v_addr is this lane's ldmatrix.trans address for key 0, dim 0 of the V tile.
+template <typename T, int MT, int NT, int DT, int Pitch>
+__device__ __forceinline__ void gemm_pv(float (&o)[MT][DT][4], const unsigned (&pr)[MT][NT / 2][4],
+                                        unsigned v_addr) {
+#pragma unroll
+  for (int kk = 0; kk < NT / 2; ++kk) {
+#pragma unroll
+    for (int dp = 0; dp < DT / 2; ++dp) {
+      unsigned b[4];  // b[0], b[1]: dims 16dp..16dp+7; b[2], b[3]: dims 16dp+8..16dp+15
+      ldmatrix_x4_trans(b, v_addr + (kk * 16 * Pitch + dp * 16) * 2);
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16x8x16<T>(o[mt][2 * dp], pr[mt][kk], b[0], b[1]);
+        mma_16x8x16<T>(o[mt][2 * dp + 1], pr[mt][kk], b[2], b[3]);
+      }
+    }
+  }
+}
+
+// Online softmax step: folds the tile's scores s into the running max and sum of each of the
+// lane's 2·MT rows (h = 0: row lane/4, h = 1: row lane/4 + 8), rescales o, and writes the
+// probabilities, rounded to T, in A-operand order (k16 step kk = n8 tiles 2kk and 2kk+1). Sums
+// stay per lane: the quad agrees on the max, so the partial sums add up at the end.
+template <typename T, int MT, int NT, int DT>
+__device__ __forceinline__ void online_softmax(float (&s)[MT][NT][4], float (&o)[MT][DT][4],
+                                               unsigned (&probs)[MT][NT / 2][4],
+                                               float (&row_max)[MT][2], float (&row_sum)[MT][2],
+                                               float scale_log2) {
+  float correction[MT][2];
+  bool max_moved = false;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float new_max = row_max[mt][h];
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+        new_max = fmaxf(new_max, fmaxf(s[mt][nt][2 * h], s[mt][nt][2 * h + 1]));
+      new_max = quad_max(new_max);
+      // 0 when the old max is -inf (nothing seen yet), exactly 1 when the max did not move.
+      correction[mt][h] = exp2_ftz(row_max[mt][h] * scale_log2 - scaled_max(new_max, scale_log2));
+      max_moved |= new_max != row_max[mt][h];
+      row_max[mt][h] = new_max;
+    }
+  // The running max settles after a few tiles; from then on the whole warp skips multiplying
+  // its accumulator by 1 (HeadDim/2·MT multiplies per lane per tile).
+  if (__any_sync(0xffffffffu, max_moved)) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) o[mt][dt][e] *= correction[mt][e / 2];
+  }
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float offset = scaled_max(row_max[mt][h], scale_log2);
+      float sum = 0.f;
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt) {
+        const float p0 = exp2_ftz(fmaf(s[mt][nt][2 * h], scale_log2, -offset));
+        const float p1 = exp2_ftz(fmaf(s[mt][nt][2 * h + 1], scale_log2, -offset));
+        sum += p0 + p1;
+        probs[mt][nt / 2][(nt % 2) * 2 + h] = pack2<T>(p0, p1);
+      }
+      row_sum[mt][h] = row_sum[mt][h] * correction[mt][h] + sum;
+    }
+}
+
+// -inf for every score whose key the row may not see; lane_row / lane_key: the lane's first row
+// and first key in the accumulator layout.
+template <bool Causal, int MT, int NT>
+__device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaParams& p,
+                                            int lane_row, int lane_key) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key_end = key_limit<Causal>(p, lane_row + mt * 16 + h * 8);
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (lane_key + nt * 8 + e >= key_end) s[mt][nt][2 * h + e] = neg_inf();
+    }
+}
+
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+__global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
+  constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
+  constexpr int kThreads = MmaShape::kThreads;
+  constexpr int kPitch = kShape.pitch();
+  constexpr int kWarpRows = TileM / kMmaWarps;
+  constexpr int MT = kWarpRows / 16;  // m16 row tiles per warp
+  constexpr int NT = TileN / 8;       // n8 key tiles of S
+  constexpr int DT = HeadDim / 8;     // n8 dim tiles of O
+  constexpr int kKvTile = kShape.kv_tile_elements();
+  static_assert(kWarpRows % 16 == 0 && TileN % 16 == 0 && HeadDim % 16 == 0, "whole mma tiles");
+  static_assert(Stages >= 1, "at least one K and one V buffer");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* q_tile = reinterpret_cast<T*>(smem);  // later the staging area of the output
+  T* k_tiles = q_tile + TileM * kPitch;    // Stages buffers
+  T* v_tiles = k_tiles + Stages * kKvTile; // Stages buffers
+
+  const int m_tile = Causal ? gridDim.x - 1 - blockIdx.x : blockIdx.x;  // longest rows first
+  const int head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int kv_head = head / p.heads_per_kv;
+  const int row0 = m_tile * TileM;
+  const int lane = threadIdx.x % 32;
+  const int warp_row0 = (threadIdx.x / 32) * kWarpRows;  // first row of this warp in the tile
+
+  const T* q = static_cast<const T*>(p.q) + batch * p.q_stride_b + head * p.q_stride_h;
+  const T* k = static_cast<const T*>(p.k) + batch * p.k_stride_b + kv_head * p.k_stride_h;
+  const T* v = static_cast<const T*>(p.v) + batch * p.v_stride_b + kv_head * p.v_stride_h;
+  using KvStream = TileStream<T, HeadDim, TileN, kPitch, kThreads>;
+  const KvStream k_stream(k, p.k_stride_s);
+  const KvStream v_stream(v, p.v_stride_s);
+  const unsigned k_smem = smem_address(k_tiles);
+  const unsigned v_smem = smem_address(v_tiles);
+  constexpr unsigned kKvTileBytes = kKvTile * sizeof(T);
+
+  // cp.async groups, one per tile, in the order K0 V0 K1 V1 ...: the prologue issues Q with K0,
+  // then up to V_{Stages-2} and K_{Stages-1}; iteration j adds V_{j+Stages-1} and K_{j+Stages}.
+  // So when K_j or V_j is waited for, exactly 2·(Stages-1) newer groups exist. Tiles past the
+  // end commit empty groups to keep that count.
+  const int n_tiles = kv_tile_count<Causal, TileM, TileN>(p, row0);
+  TileStream<T, HeadDim, TileM, kPitch, kThreads>(q, p.q_stride_s)
+      .copy(smem_address(q_tile), row0, p.seqlen_q, p.q_stride_s);
+#pragma unroll
+  for (int tile = 0; tile < Stages; ++tile) {
+    if (tile < n_tiles)
+      k_stream.copy(k_smem + tile * kKvTileBytes, tile * TileN, p.seqlen_k, p.k_stride_s);
+    cp_async_commit();
+    if (tile == Stages - 1) break;
+    if (tile < n_tiles)
+      v_stream.copy(v_smem + tile * kKvTileBytes, tile * TileN, p.seqlen_k, p.v_stride_s);
+    cp_async_commit();
+  }
+
+  // This lane's ldmatrix row addresses (see mma_sm80.cuh for which lane feeds which matrix).
+  const unsigned q_addr =
+      smem_address(q_tile + (warp_row0 + lane % 16) * kPitch + (lane / 16) * 8);
+  const unsigned k_addr =
+      smem_address(k_tiles + (lane % 8 + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8);
+  const unsigned v_addr =
+      smem_address(v_tiles + (lane % 8 + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8);
+
+  float o[MT][DT][4];
+  float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mt][h] = neg_inf();
+      row_sum[mt][h] = 0.f;
+    }
+  }
+
+  for (int tile = 0; tile < n_tiles; ++tile) {
+    const unsigned stage_offset = tile % Stages * kKvTileBytes;
+    cp_async_wait<2 * (Stages - 1)>();
+    __syncthreads();  // K_tile has landed for all; every warp is done with P·V of tile - 1
+    if (tile + Stages - 1 < n_tiles)
+      v_stream.copy(v_smem + (tile + Stages - 1) % Stages * kKvTileBytes,
+                    (tile + Stages - 1) * TileN, p.seqlen_k, p.v_stride_s);
+    cp_async_commit();
+
+    float s[MT][NT][4];
+    gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage_offset);
+    const int key0 = tile * TileN;
+    if (tile_needs_mask<Causal, kWarpRows, TileN>(p, row0 + warp_row0, key0))
+      mask_scores<Causal, MT, NT>(s, p, row0 + warp_row0 + lane / 4, key0 + (lane % 4) * 2);
+
+    cp_async_wait<2 * (Stages - 1)>();
+    __syncthreads();  // V_tile has landed for all; every warp is done reading K_tile
+    if (tile + Stages < n_tiles)
+      k_stream.copy(k_smem + tile % Stages * kKvTileBytes, (tile + Stages) * TileN, p.seqlen_k,
+                    p.k_stride_s);
+    cp_async_commit();
+
+    unsigned probs[MT][NT / 2][4];
+    online_softmax<T, MT, NT, DT>(s, o, probs, row_max, row_sum, p.scale_log2);
+    gemm_pv<T, MT, NT, DT, kPitch>(o, probs, v_addr + stage_offset);
+  }
+
+  // Epilogue: normalize, stage the warp's rows in its own slice of the Q tile (only this warp
+  // ever read it), then store whole 16-byte vectors. The barrier covers the no-tile case, where
+  // other threads' Q copies may still be landing in this slice.
+  cp_async_wait<0>();
+  __syncthreads();
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const float sum = quad_sum(row_sum[mt][h]);
+      const float scale = output_scale(sum);
+      const int local_row = warp_row0 + mt * 16 + h * 8 + lane / 4;
+      unsigned* staged = reinterpret_cast<unsigned*>(q_tile + local_row * kPitch + (lane % 4) * 2);
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt)
+        staged[dt * 4] = pack2<T>(o[mt][dt][2 * h] * scale, o[mt][dt][2 * h + 1] * scale);
+      const int row = row0 + local_row;
+      if (p.lse != nullptr && lane % 4 == 0 && row < p.seqlen_q)
+        store_row_lse(p, batch, head, row, row_max[mt][h], sum);
+    }
+  __syncwarp();
+  T* o_base = static_cast<T*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h;
+  static_assert(kWarpRows * DT % 32 == 0, "whole rounds of 32 vectors");
+#pragma unroll
+  for (int i0 = 0; i0 < kWarpRows * DT; i0 += 32) {
+    const int r = warp_row0 + (i0 + lane) / DT;
+    const int c = ((i0 + lane) % DT) * 8;
+    if (row0 + r < p.seqlen_q)
+      *reinterpret_cast<uint4*>(o_base + (row0 + r) * p.o_stride_s + c) =
+          *reinterpret_cast<const uint4*>(q_tile + r * kPitch + c);
+  }
+}
+
+}  // namespace flashjit

@@ -1,0 +1,513 @@
+// fmha_wgmma: the Hopper attention forward (sm_90a only), built like FlashAttention-3.
+//
+// One CTA per SM loops over work units (a persistent grid; a causal unit pairs a long and a short
+// query tile so all units cost the same). Warpgroup 0 is the producer: one thread issues TMA loads
+// of the Q tile and of a Stages-deep ring of K and V tiles into 128-byte-swizzled shared memory,
+// each completing on an mbarrier. Warpgroups 1..TileM/64 are consumers: each owns 64 query rows
+// and runs S = Q·Kᵀ (wgmma, both operands in shared memory), the online softmax in registers, and
+// O += P·V (wgmma, P straight from the S registers). Registers move from the producer to the
+// consumers with setmaxnreg; consumers take turns issuing GEMMs (ping-pong) and overlap softmax(j)
+// with P·V(j-1). With three consumers O leaves through a staging buffer and a TMA store that runs
+// while the warpgroup starts its next tile; otherwise with 16-byte stores from registers.
+#include "common/epilogue.cuh"
+#include "common/fast_math.cuh"
+#include "common/global_store.cuh"
+#include "common/masking.cuh"
+#include "common/params.cuh"
+#include "common/quad_reduce.cuh"
+#include "common/quad_transpose.cuh"
+#include "common/sm90_mbarrier.cuh"
+#include "common/sm90_stmatrix.cuh"
+#include "common/sm90_tma.cuh"
+#include "common/sm90_warpgroup.cuh"
+#include "common/sm90_wgmma.cuh"
+#include "common/types.cuh"
+#include "wgmma/shape.cuh"
+
+namespace flashjit {
+
+template <int Stages>
+struct PipelineBarriers {
+  unsigned long long q_full, q_empty;
+  unsigned long long k_full[Stages], k_empty[Stages];
+  unsigned long long v_full[Stages], v_empty[Stages];
+};
+
+// Compile-time flags for generic lambdas (no <type_traits> in NVRTC without the toolkit).
+struct True {
+  static constexpr bool value = true;
+};
+struct False {
+  static constexpr bool value = false;
+};
+
+struct TileCoord {
+  int m_block, head, batch;
+};
+
+// A work unit is one query tile, or for causal the pair of tiles k and m_tiles - 1 - k of one head:
+// long + short costs the same for every k, so dealing units round-robin balances the CTAs.
+// Units go group by group of heads_per_group (batch, head) pairs, the pair index changing
+// fastest, so CTAs running together read the same heads' K/V.
+struct WorkUnit {
+  int k, pair;
+
+  __device__ __forceinline__ WorkUnit(const FmhaParams& p, const WgmmaSchedule& s, int unit) {
+    const int group_units = s.heads_per_group * s.units_per_pair;
+    const int group = unit / group_units;
+    const int first_pair = group * s.heads_per_group;
+    const int pairs = min(s.heads_per_group, p.batch * p.heads_q - first_pair);
+    const int r = unit - group * group_units;
+    k = r / pairs;
+    pair = first_pair + (r - k * pairs);
+  }
+  template <bool Causal>
+  __device__ __forceinline__ int tiles(const WgmmaSchedule& s) const {
+    return Causal && 2 * k + 1 != s.m_tiles ? 2 : 1;  // an odd middle tile comes once
+  }
+  template <bool Causal>
+  __device__ __forceinline__ TileCoord tile(const FmhaParams& p, const WgmmaSchedule& s,
+                                            int which) const {
+    const int m_block = Causal && which == 0 ? s.m_tiles - 1 - k : k;  // the long tile first
+    return {m_block, pair % p.heads_q, pair / p.heads_q};
+  }
+};
+
+// ---- producer ---------------------------------------------------------------------------------
+
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+__device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule& sched,
+                                        const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
+                                        const TmaDescriptor* tma_v, unsigned char* smem,
+                                        PipelineBarriers<Stages>* bars) {
+  using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
+  int pipe = 0, q_loads = 0;
+  for (int unit = blockIdx.x; unit < sched.total_units; unit += gridDim.x) {
+    const WorkUnit u(p, sched, unit);
+    for (int which = 0; which < u.tiles<Causal>(sched); ++which) {
+      const TileCoord c = u.tile<Causal>(p, sched, which);
+      const int row0 = c.m_block * TileM;
+      const int n_tiles = kv_tile_count<Causal, TileM, TileN>(p, row0);
+      if (n_tiles == 0) continue;  // the consumers write zeros without touching the pipeline
+      // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
+      if (q_loads > 0) mbarrier_wait(&bars->q_empty, (q_loads - 1) & 1);
+      ++q_loads;
+      mbarrier_arrive_expect_tx(&bars->q_full, Shape::kQBytes);
+#pragma unroll
+      for (int b = 0; b < Shape::kDimBlocks; ++b)
+        tma_load_4d(smem + Shape::kQOffset + b * TileM * Shape::kRowBytes, tma_q, &bars->q_full,
+                    64 * b, row0, c.head, c.batch);
+      const int kv_head = c.head / p.heads_per_kv;
+      for (int j = 0; j < n_tiles; ++j, ++pipe) {
+        const int stage = pipe % Stages;
+        const unsigned phase = (pipe / Stages) & 1;
+        // K(j), then V(j), each into its ring's stage once the consumers have freed it. A fresh
+        // barrier counts as having completed the phase before phase 0: parity ^ 1 passes.
+        auto load = [&](unsigned long long* empty, unsigned long long* full, int offset,
+                        const TmaDescriptor* map) {
+          mbarrier_wait(empty, phase ^ 1);
+          mbarrier_arrive_expect_tx(full, Shape::kKVBytes);
+          unsigned char* tile = smem + offset + stage * Shape::kKVBytes;
+#pragma unroll
+          for (int b = 0; b < Shape::kDimBlocks; ++b)
+            tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, full, 64 * b, j * TileN, kv_head,
+                        c.batch);
+        };
+        load(&bars->k_empty[stage], &bars->k_full[stage], Shape::kKOffset, tma_k);
+        load(&bars->v_empty[stage], &bars->v_full[stage], Shape::kVOffset, tma_v);
+      }
+    }
+  }
+}
+
+// ---- consumer pieces --------------------------------------------------------------------------
+
+// Where this thread's accumulator elements sit in its warpgroup's 64 x N tile.
+struct FragmentPosition {
+  int row;  // first of the thread's two rows (the other is row + 8)
+  int col;  // first of its two adjacent columns in each 8-column block
+};
+
+__device__ __forceinline__ FragmentPosition fragment_position() {
+  const int lane = threadIdx.x % 32;
+  const int warp = (threadIdx.x / 32) % 4;
+  return {16 * warp + lane / 4, 2 * (lane % 4)};
+}
+
+// S = Q·Kᵀ for this warpgroup's 64 rows and one K stage (issued and committed, not waited on).
+template <typename T, int HeadDim, int TileM, int TileN>
+__device__ __forceinline__ void issue_qk(float (&s)[TileN / 2], unsigned q_rows, unsigned k_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < HeadDim / 16; ++kk) {
+    // 16 head dims = 32 bytes inside a 128-byte swizzle row; every 4 slices the next column block.
+    const unsigned q = q_rows + (kk / 4) * TileM * 128 + (kk % 4) * 32;
+    const unsigned k = k_tile + (kk / 4) * TileN * 128 + (kk % 4) * 32;
+    const unsigned long long desc_q = smem_desc_sw128(q, 16, 1024);
+    const unsigned long long desc_k = smem_desc_sw128(k, 16, 1024);
+    if (kk == 0) wgmma_ss<T, TileN, false>(s, desc_q, desc_k);
+    else wgmma_ss<T, TileN, true>(s, desc_q, desc_k);
+  }
+  wgmma_commit();
+}
+
+// O += P·V for one V stage, P as wgmma A fragments (issued and committed, not waited on).
+template <typename T, int HeadDim, int TileN>
+__device__ __forceinline__ void issue_pv(float (&o)[HeadDim / 2],
+                                         const unsigned (&p)[TileN / 16][4], unsigned v_tile) {
+  wgmma_fence();
+#pragma unroll
+  for (int kk = 0; kk < TileN / 16; ++kk) {
+    // 16 keys = two 8-row groups (stride 1024 B); head dims step by column block (TileN rows).
+    const unsigned long long desc_v = smem_desc_sw128(v_tile + kk * 16 * 128, TileN * 128, 1024);
+    wgmma_rs_tnsp_b<T, HeadDim>(o, p[kk], desc_v);
+  }
+  wgmma_commit();
+}
+
+// Scores of keys a row may not see become -inf (past seqlen_k, or above the causal diagonal).
+// `key` is the thread's first column; comparisons are against per-row counts of visible columns,
+// so each element costs a compare with an immediate.
+template <bool Causal, int TileN>
+__device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const FmhaParams& p, int row,
+                                            int key) {
+  const int visible[2] = {key_limit<Causal>(p, row) - key, key_limit<Causal>(p, row + 8) - key};
+#pragma unroll
+  for (int e = 0; e < TileN / 2; ++e)
+    if (8 * (e / 4) + e % 2 >= visible[(e / 2) % 2]) s[e] = neg_inf();
+}
+
+// Online softmax of the two rows a thread holds. The max is reduced across the 4 threads of a row
+// every tile; the sum stays per-thread until the end (its rescaling is the same on all 4).
+struct RowSoftmax {
+  float max[2] = {neg_inf(), neg_inf()};
+  float sum[2] = {0.f, 0.f};
+
+  // Turns scores into unnormalized probabilities in place; returns how much O must shrink.
+  template <int N>
+  __device__ __forceinline__ void update(float (&s)[N], float scale_log2, float (&correction)[2]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float tile_max = neg_inf();
+#pragma unroll
+      for (int e = 2 * i; e < N; e += 4) tile_max = fmaxf(tile_max, fmaxf(s[e], s[e + 1]));
+      const float new_max = fmaxf(max[i], quad_max(tile_max));
+      const float offset = scaled_max(new_max, scale_log2);
+      correction[i] = exp2_ftz(max[i] * scale_log2 - offset);  // 0 while max was -inf
+      float tile_sum = 0.f;
+#pragma unroll
+      for (int e = 2 * i; e < N; e += 4) {
+        s[e] = exp2_ftz(fmaf(s[e], scale_log2, -offset));
+        s[e + 1] = exp2_ftz(fmaf(s[e + 1], scale_log2, -offset));
+        tile_sum += s[e] + s[e + 1];
+      }
+      sum[i] = sum[i] * correction[i] + tile_sum;
+      max[i] = new_max;
+    }
+  }
+};
+
+template <int N>
+__device__ __forceinline__ void rescale_rows(float (&o)[N], const float (&correction)[2]) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) o[e] *= correction[(e / 2) % 2];
+}
+
+// The S accumulator layout of 16 keys is exactly the A-fragment layout of a k16 slice of P, so
+// P needs no shuffle: pack pairs to 16 bits, slice by slice.
+template <typename T, int TileN>
+__device__ __forceinline__ void probabilities_to_fragments(const float (&s)[TileN / 2],
+                                                           unsigned (&p)[TileN / 16][4]) {
+#pragma unroll
+  for (int kk = 0; kk < TileN / 16; ++kk)
+#pragma unroll
+    for (int r = 0; r < 4; ++r) p[kk][r] = pack2<T>(s[8 * kk + 2 * r], s[8 * kk + 2 * r + 1]);
+}
+
+// Normalizes and writes this thread's part of O (and the rows' LSE), skipping rows past seqlen_q.
+// A quad holds one 2-column word of each 8-column block of a row; a transpose over each 4 blocks
+// gives every lane one whole block, stored as 16 bytes (O rows are 16-byte aligned: validate.cpp).
+template <typename T, int HeadDim>
+__device__ __forceinline__ void store_output(const FmhaParams& p, const TileCoord& c, int row0,
+                                             const FragmentPosition& at,
+                                             const float (&o)[HeadDim / 2], RowSoftmax& softmax) {
+  T* out = static_cast<T*>(p.o) + c.batch * p.o_stride_b + c.head * p.o_stride_h;
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float sum = quad_sum(softmax.sum[i]);
+    const int row = row0 + at.row + 8 * i;
+    const bool in_range = row < p.seqlen_q;  // only the store: the shuffles need the whole warp
+    const float scale = output_scale(sum);
+    T* out_row = out + row * p.o_stride_s + 4 * at.col;  // lane q of a quad: block 4 g + q
+#pragma unroll
+    for (int g = 0; g < HeadDim / 32; ++g) {
+      unsigned w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int e = 4 * (4 * g + k) + 2 * i;
+        w[k] = pack2<T>(o[e] * scale, o[e + 1] * scale);
+      }
+      quad_transpose(w);
+      store_global_16(out_row + 32 * g, w, in_range);
+    }
+    if (in_range && p.lse != nullptr && at.col == 0)
+      store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum);
+  }
+}
+
+// O through shared memory, where Shape::kStageO. Each consumer warpgroup owns a slice of 64 rows,
+// stored like Q: HeadDim / 64 boxes of [64 rows][128 bytes], 128-byte swizzled, which is what the
+// O tensor map's store reads. The warpgroup writes its normalized rows there with stmatrix (each
+// matrix row is one 16-byte chunk and the swizzle puts a matrix's 8 rows in 8 different chunks:
+// no bank conflicts), then one thread copies the boxes out with TMA and the warpgroup goes on to
+// its next tile. Rows past seqlen_q are clipped by the map. LSE goes out as in store_output.
+template <typename T, int HeadDim>
+struct StagedOutput {
+  // Named barriers 4..6, one per consumer warpgroup (0 is __syncthreads, Turns uses 1..3).
+  static constexpr int kFirstBarrier = 4;
+  static constexpr int kSliceBytes = 64 * HeadDim * 2;
+  unsigned slice;  // shared-memory address of this warpgroup's slice
+  int barrier;
+  bool issuer;  // the thread that issues, commits and waits on the warpgroup's TMA stores
+
+  __device__ __forceinline__ StagedOutput(unsigned o_base, int consumer)
+      : slice(o_base + consumer * kSliceBytes),
+        barrier(kFirstBarrier + consumer),
+        issuer(threadIdx.x % kWarpgroupThreads == 0) {}
+
+  __device__ __forceinline__ void store(const FmhaParams& p, const TmaDescriptor* tma_o,
+                                        const TileCoord& c, int row0, const FragmentPosition& at,
+                                        const float (&o)[HeadDim / 2], RowSoftmax& softmax) const {
+    float sum[2], scale[2];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      sum[i] = quad_sum(softmax.sum[i]);
+      scale[i] = output_scale(sum[i]);
+    }
+    // The previous tile's store must have read the slice before anyone overwrites it; the
+    // barrier passes that on from the issuer, which alone can wait on its bulk groups.
+    if (issuer) bulk_wait_group_read<0>();
+    named_barrier_sync(barrier, kWarpgroupThreads);
+    // stmatrix g covers 8-column blocks 2g and 2g + 1 of the warp's 16 rows as four matrices:
+    // matrix m is block 2g + m / 2, rows 8 (m % 2) .. + 7, i.e. word 4g + m of each thread's o.
+    // Lane l addresses row l % 8 of matrix l / 8; the swizzle puts chunk k of row r at k ^ (r % 8).
+    const int lane = threadIdx.x % 32;
+    const int row = 16 * ((threadIdx.x / 32) % 4) + 8 * ((lane / 8) % 2) + lane % 8;
+    const unsigned lane_addr = slice + row * 128 + (((lane / 16) ^ (lane % 8)) << 4);
+#pragma unroll
+    for (int g = 0; g < HeadDim / 16; ++g) {
+      unsigned w[4];
+#pragma unroll
+      for (int m = 0; m < 4; ++m) {
+        const int e = 2 * (4 * g + m);
+        w[m] = pack2<T>(o[e] * scale[m % 2], o[e + 1] * scale[m % 2]);
+      }
+      // Chunk 2g % 8 + lane / 16 of box g / 4; 2g % 8 is even, so adding lane / 16 is an XOR.
+      stmatrix_x4((lane_addr ^ ((2 * g % 8) << 4)) + (g / 4) * 64 * 128, w);
+    }
+    fence_proxy_async_shared();
+    named_barrier_sync(barrier, kWarpgroupThreads);
+    if (issuer) {
+#pragma unroll
+      for (int b = 0; b < HeadDim / 64; ++b)
+        tma_store_4d(tma_o, slice + b * 64 * 128, 64 * b, row0, c.head, c.batch);
+      bulk_commit_group();
+    }
+    // LSE last: the proxy fence (a MEMBAR) would otherwise wait for these stores too.
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = row0 + at.row + 8 * i;
+      if (row < p.seqlen_q && p.lse != nullptr && at.col == 0)
+        store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum[i]);
+    }
+  }
+
+  // Kernel exit: the last stores must have completed (read the slice and written global memory).
+  __device__ __forceinline__ void drain() const {
+    if (issuer) bulk_wait_group<0>();
+  }
+};
+
+// One arrival per consumer warp tells the producer a stage (or Q) may be overwritten.
+__device__ __forceinline__ void release(unsigned long long* bar) {
+  if (threadIdx.x % 32 == 0) mbarrier_arrive(bar);
+}
+
+// Ping-pong between consumer warpgroups (FA3's scheduler barriers): a warpgroup issues its GEMMs
+// only in its turn, then hands the turn on, so one warpgroup's softmax runs while another's GEMMs
+// hold the tensor cores. Turn t of warpgroup c waits for turn t of c - 1 (consumer 0: turn t - 1
+// of the last one); consumer 0 gives itself the first turn.
+template <int Consumers>
+struct Turns {
+  static constexpr int kFirstBarrier = 1;  // barrier 0 is __syncthreads
+  static constexpr int kThreads = 2 * kWarpgroupThreads;  // the waiting and the handing warpgroup
+  int consumer;
+
+  __device__ __forceinline__ explicit Turns(int consumer_index) : consumer(consumer_index) {
+    if (Consumers > 1 && consumer == 0) named_barrier_arrive(kFirstBarrier, kThreads);
+  }
+  __device__ __forceinline__ void begin() const {
+    if (Consumers > 1) named_barrier_sync(kFirstBarrier + consumer, kThreads);
+  }
+  __device__ __forceinline__ void end() const {
+    if (Consumers > 1) named_barrier_arrive(kFirstBarrier + (consumer + 1) % Consumers, kThreads);
+  }
+};
+
+// ---- consumer main loop -----------------------------------------------------------------------
+
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+__device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
+                                        const TmaDescriptor* tma_o, unsigned char* smem,
+                                        PipelineBarriers<Stages>* bars, int consumer) {
+  using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
+  const FragmentPosition at = fragment_position();
+  // Shared-memory addresses are recomputed from one base where used: fewer live registers.
+  const unsigned base = smem_u32(smem);
+  const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
+  const Turns<Shape::kConsumers> turns(consumer);
+  const StagedOutput<T, HeadDim> staged(base + Shape::kOOffset, consumer);
+  static_assert(StagedOutput<T, HeadDim>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
+                "named barriers of the O stores and of the turns overlap");
+  // Slot n of the K/V ring: stage n % Stages, completing its phase (n / Stages) & 1.
+  auto k_tile = [&](int slot) {
+    return base + Shape::kKOffset + (slot % Stages) * Shape::kKVBytes;
+  };
+  auto v_tile = [&](int slot) {
+    return base + Shape::kVOffset + (slot % Stages) * Shape::kKVBytes;
+  };
+  auto wait_full = [&](unsigned long long* full, int slot) {
+    mbarrier_wait(&full[slot % Stages], (slot / Stages) & 1);
+  };
+  int pipe = 0, q_loads = 0;
+  for (int unit = blockIdx.x; unit < sched.total_units; unit += gridDim.x) {
+    const WorkUnit u(p, sched, unit);
+    for (int which = 0; which < u.tiles<Causal>(sched); ++which) {
+      const TileCoord c = u.tile<Causal>(p, sched, which);
+      const int n_tiles = kv_tile_count<Causal, TileM, TileN>(p, c.m_block * TileM);
+      const int row0 = c.m_block * TileM + consumer * 64;
+      // Key tiles from first_masked on hold keys that some row of this warpgroup may not see.
+      const int first_masked = max(key_limit<Causal>(p, row0), 0) / TileN;
+      float o[HeadDim / 2];
+#pragma unroll
+      for (int e = 0; e < HeadDim / 2; ++e) o[e] = 0.f;
+      RowSoftmax softmax;
+      float s[TileN / 2], correction[2];
+      unsigned pf[TileN / 16][4];
+      auto softmax_step = [&](int j, auto masked) {  // S(j) -> P(j) in place, and O's correction
+        if constexpr (decltype(masked)::value)
+          mask_scores<Causal, TileN>(s, p, row0 + at.row, j * TileN + at.col);
+        softmax.update(s, p.scale_log2, correction);
+      };
+      auto scores_alone = [&](int j, auto masked) {  // S(j), waited on, then softmax(j)
+        wait_full(bars->k_full, pipe + j);
+        turns.begin();
+        issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(pipe + j));
+        turns.end();
+        wgmma_wait<0>();
+        wgmma_fence_operands(s);
+        // The tile's last Q·Kᵀ is done: the producer may load the next Q under softmax and P·V.
+        if (j == n_tiles - 1) release(&bars->q_empty);
+        release(&bars->k_empty[(pipe + j) % Stages]);
+        softmax_step(j, masked);
+        rescale_rows(o, correction);
+        probabilities_to_fragments<T, TileN>(s, pf);
+      };
+      auto values_alone = [&](int j) {  // O += P(j)·V(j), waited on
+        wait_full(bars->v_full, pipe + j);
+        turns.begin();
+        issue_pv<T, HeadDim, TileN>(o, pf, v_tile(pipe + j));
+        turns.end();
+        wgmma_wait<0>();
+        wgmma_fence_operands(o);
+        release(&bars->v_empty[(pipe + j) % Stages]);
+      };
+      // Intra-warpgroup overlap for tile j >= 1: S(j) = Q·K(j) and O += P(j-1)·V(j-1) are issued
+      // together and softmax(j) runs while P·V is still on the tensor cores.
+      auto overlapped_step = [&](int j, auto masked) {
+        const int k_slot = pipe + j, v_slot = pipe + j - 1;
+        wait_full(bars->k_full, k_slot);
+        wait_full(bars->v_full, v_slot);
+        turns.begin();
+        issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(k_slot));
+        issue_pv<T, HeadDim, TileN>(o, pf, v_tile(v_slot));
+        turns.end();
+        wgmma_wait<1>();  // S(j) is ready; P·V may still run
+        wgmma_fence_operands(s);
+        if (j == n_tiles - 1) release(&bars->q_empty);  // the tile's last Q·Kᵀ is done
+        release(&bars->k_empty[k_slot % Stages]);
+        softmax_step(j, masked);
+        wgmma_wait<0>();
+        wgmma_fence_operands(o);
+        wgmma_fence_operands(pf);  // P's registers stay reserved until P·V is done with them
+        release(&bars->v_empty[v_slot % Stages]);
+        rescale_rows(o, correction);
+        probabilities_to_fragments<T, TileN>(s, pf);
+      };
+      // Masked and unmasked tiles run in separate loops: a branch inside a step would split its
+      // block, and ptxas then hoists the wait for P·V above the softmax.
+      const int unmasked_end = min(first_masked, n_tiles);
+      if (n_tiles > 0) {
+        mbarrier_wait(&bars->q_full, q_loads++ & 1);
+        if (first_masked == 0) scores_alone(0, True{});
+        else scores_alone(0, False{});
+        int j = 1;
+        for (; j < unmasked_end; ++j) overlapped_step(j, False{});
+        for (; j < n_tiles; ++j) overlapped_step(j, True{});
+        values_alone(n_tiles - 1);
+        pipe += n_tiles;
+      }
+      if constexpr (Shape::kStageO) staged.store(p, tma_o, c, row0, at, o, softmax);
+      else store_output<T, HeadDim>(p, c, row0, at, o, softmax);
+    }
+  }
+  if constexpr (Shape::kStageO) staged.drain();
+}
+
+// ---- kernel -----------------------------------------------------------------------------------
+
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+__global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
+    fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
+                      const __grid_constant__ TmaDescriptor tma_k,
+                      const __grid_constant__ TmaDescriptor tma_v,
+                      const __grid_constant__ TmaDescriptor tma_o, const WgmmaSchedule sched) {
+  using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
+  extern __shared__ unsigned char smem_raw[];
+  // The 128B swizzle pattern repeats every 1024 bytes and wgmma assumes atoms start on that grid.
+  unsigned char* smem = smem_raw + ((1024 - smem_u32(smem_raw) % 1024) % 1024);
+  auto* bars = reinterpret_cast<PipelineBarriers<Stages>*>(smem + Shape::kBarrierOffset);
+  constexpr unsigned kConsumerWarps = Shape::kConsumers * 4;
+  static_assert(sizeof(PipelineBarriers<Stages>) == Shape::kBarrierBytes, "barrier bytes");
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars->q_full, 1);
+    mbarrier_init(&bars->q_empty, kConsumerWarps);
+    for (int s = 0; s < Stages; ++s) {
+      mbarrier_init(&bars->k_full[s], 1);
+      mbarrier_init(&bars->v_full[s], 1);
+      mbarrier_init(&bars->k_empty[s], kConsumerWarps);
+      mbarrier_init(&bars->v_empty[s], kConsumerWarps);
+    }
+    mbarrier_init_fence();
+    tma_prefetch_descriptor(&tma_q);
+    tma_prefetch_descriptor(&tma_k);
+    tma_prefetch_descriptor(&tma_v);
+    if constexpr (Shape::kStageO) tma_prefetch_descriptor(&tma_o);
+  }
+  __syncthreads();
+
+  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  if (warpgroup == 0) {
+    warpgroup_lower_registers<Shape::kProducerRegs>();
+    if (threadIdx.x == 0)
+      produce<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, &tma_q, &tma_k, &tma_v, smem,
+                                                        bars);
+  } else {
+    warpgroup_raise_registers<Shape::kConsumerRegs>();
+    consume<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, &tma_o, smem, bars,
+                                                      warpgroup - 1);
+  }
+}
+
+}  // namespace flashjit

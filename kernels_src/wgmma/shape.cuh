@@ -1,0 +1,102 @@
+// Geometry of the wgmma kernel (wgmma/kernel.cu): warpgroups, registers, shared-memory layout and
+// the tile schedule the host fills. Plain C++ read by NVRTC (the kernel) and by g++
+// (src/families/wgmma), so the launch cannot disagree with the kernel.
+#pragma once
+
+#include "common/host_device.cuh"
+#include "common/warpgroup_size.cuh"
+
+namespace flashjit {
+
+// Which tiles this launch covers and in what order; filled by the host, passed by value after the
+// tensor maps q, k, v and o.
+struct WgmmaSchedule {
+  int m_tiles;          // query tiles per (batch, head)
+  int units_per_pair;   // work units per (batch, head): causal pairs of tiles, else single tiles
+  int total_units;      // units_per_pair * heads_q * batch, dealt round-robin to the CTAs
+  int heads_per_group;  // (batch, head) pairs worked on together so their K/V stay in L2
+};
+
+struct WgmmaGeometry {
+  int head_dim, tile_m, tile_n, stages;
+
+  static constexpr int kRowsPerConsumer = 64;  // one consumer warpgroup per 64 rows (wgmma M)
+  // A 128-byte swizzle row holds 64 16-bit elements: tiles are stored as head_dim / 64 column
+  // blocks of [rows][64], which is both TMA's box and wgmma's canonical swizzled layout.
+  static constexpr int kBoxWidth = 64;
+  static constexpr int kRowBytes = 128;
+  static constexpr int kMaxBoxRows = 256;  // TMA box limit per dimension
+  static constexpr int kElementBytes = 2;  // bf16 and fp16
+  static constexpr int kAlignSlack = 1024;  // the kernel aligns its tiles to the 1024-byte atom
+  static constexpr int kMaxSharedBytes = 232448;  // 227 KiB: the most a block may opt into (sm_90)
+
+  FLASHJIT_HOST_DEVICE constexpr int consumers() const { return tile_m / kRowsPerConsumer; }
+  FLASHJIT_HOST_DEVICE constexpr int threads() const {
+    return (consumers() + 1) * kWarpgroupThreads;
+  }
+  // 65536 registers per SM: the producer keeps 24-32, consumers take the rest (as FA3 does).
+  FLASHJIT_HOST_DEVICE constexpr int producer_registers() const {
+    return consumers() == 3 ? 32 : 24;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int consumer_registers() const {
+    return consumers() == 3 ? 160 : 240;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int dim_blocks() const { return head_dim / kBoxWidth; }
+  FLASHJIT_HOST_DEVICE constexpr int q_bytes() const { return tile_m * head_dim * kElementBytes; }
+  FLASHJIT_HOST_DEVICE constexpr int kv_bytes() const { return tile_n * head_dim * kElementBytes; }
+  FLASHJIT_HOST_DEVICE constexpr int o_slice_bytes() const {  // one consumer's rows of O
+    return kRowsPerConsumer * head_dim * kElementBytes;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const {  // PipelineBarriers<stages>
+    return (2 + 4 * stages) * 8;
+  }
+  // O is staged in a buffer of its own (not Q's: the next Q loads there during the tile's tail)
+  // for three consumers, where it fits beside the pipeline. Measured on an H200
+  // (docs/perf-log.md): +0.5-5 % with three 160-register consumers, nothing or a loss with two
+  // (d64 128 x 128: -3-5 %), whose 16-byte register stores are as fast.
+  FLASHJIT_HOST_DEVICE constexpr bool stages_output() const {
+    return consumers() == 3 && q_bytes() + 2 * stages * kv_bytes() +
+                                       consumers() * o_slice_bytes() + barrier_bytes() +
+                                       kAlignSlack <=
+                                   kMaxSharedBytes;
+  }
+  // Shared memory, in order: Q, Stages x K, Stages x V, O's staging buffer (when staged), the
+  // mbarriers; plus the slack the kernel spends aligning the start to 1024 bytes.
+  FLASHJIT_HOST_DEVICE constexpr int q_offset() const { return 0; }
+  FLASHJIT_HOST_DEVICE constexpr int k_offset() const { return q_offset() + q_bytes(); }
+  FLASHJIT_HOST_DEVICE constexpr int v_offset() const { return k_offset() + stages * kv_bytes(); }
+  FLASHJIT_HOST_DEVICE constexpr int o_offset() const { return v_offset() + stages * kv_bytes(); }
+  FLASHJIT_HOST_DEVICE constexpr int barrier_offset() const {
+    return o_offset() + (stages_output() ? consumers() * o_slice_bytes() : 0);
+  }
+  FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
+    return barrier_offset() + barrier_bytes() + kAlignSlack;
+  }
+};
+
+// The kernel's compile-time view of WgmmaGeometry.
+template <int HeadDim, int TileM, int TileN, int Stages>
+struct WgmmaShape {
+  static constexpr WgmmaGeometry kGeometry{HeadDim, TileM, TileN, Stages};
+  static constexpr int kConsumers = kGeometry.consumers();
+  static constexpr int kThreads = kGeometry.threads();
+  static constexpr int kProducerRegs = kGeometry.producer_registers();
+  static constexpr int kConsumerRegs = kGeometry.consumer_registers();
+  static constexpr int kDimBlocks = kGeometry.dim_blocks();
+  static constexpr int kRowBytes = WgmmaGeometry::kRowBytes;
+  static constexpr int kQBytes = kGeometry.q_bytes();
+  static constexpr int kKVBytes = kGeometry.kv_bytes();
+  static constexpr int kOSliceBytes = kGeometry.o_slice_bytes();
+  static constexpr int kBarrierBytes = kGeometry.barrier_bytes();
+  static constexpr bool kStageO = kGeometry.stages_output();
+  static constexpr int kQOffset = kGeometry.q_offset();
+  static constexpr int kKOffset = kGeometry.k_offset();
+  static constexpr int kVOffset = kGeometry.v_offset();
+  static constexpr int kOOffset = kGeometry.o_offset();
+  static constexpr int kBarrierOffset = kGeometry.barrier_offset();
+  static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 16 == 0, "tile shape");
+  static_assert(kConsumers >= 1 && kConsumers <= 3, "one to three consumer warpgroups");
+  static_assert(kGeometry.shared_bytes() <= WgmmaGeometry::kMaxSharedBytes, "fits shared memory");
+};
+
+}  // namespace flashjit

@@ -1,0 +1,172 @@
+// The C API: the C++ API behind status codes and a thread-local error message.
+#include <cstring>
+#include <string>
+
+#include "flashjit/flashjit.h"
+#include "flashjit/flashjit.hpp"
+
+struct flashjit_engine {
+  std::unique_ptr<flashjit::Engine> engine;
+};
+
+namespace {
+
+thread_local std::string last_error;
+
+flashjit_status status_of(flashjit::ErrorCode code) {
+  using flashjit::ErrorCode;
+  switch (code) {
+    case ErrorCode::invalid_argument: return FLASHJIT_INVALID_ARGUMENT;
+    case ErrorCode::no_driver: return FLASHJIT_NO_DRIVER;
+    case ErrorCode::no_device: return FLASHJIT_NO_DEVICE;
+    case ErrorCode::compile_failed: return FLASHJIT_COMPILE_FAILED;
+    case ErrorCode::cuda_error: return FLASHJIT_CUDA_ERROR;
+    case ErrorCode::cache_error: return FLASHJIT_CACHE_ERROR;
+    case ErrorCode::unsupported: return FLASHJIT_UNSUPPORTED;
+  }
+  return FLASHJIT_INTERNAL_ERROR;
+}
+
+// Runs `body`, turning exceptions into a status and the thread's last error.
+template <typename Body>
+flashjit_status guarded(Body&& body) {
+  try {
+    body();
+    last_error.clear();
+    return FLASHJIT_OK;
+  } catch (const flashjit::Error& e) {
+    last_error = e.what();
+    return status_of(e.code());
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return FLASHJIT_INTERNAL_ERROR;
+  }
+}
+
+void require(bool condition, const char* message) {
+  if (!condition) throw flashjit::Error(flashjit::ErrorCode::invalid_argument, message);
+}
+
+flashjit::TensorView view_of(const flashjit_tensor* t, const char* name) {
+  if (t == nullptr)
+    throw flashjit::Error(flashjit::ErrorCode::invalid_argument,
+                          std::string(name) + " is null: expected a flashjit_tensor");
+  if (t->dtype != FLASHJIT_BF16 && t->dtype != FLASHJIT_FP16)
+    throw flashjit::Error(flashjit::ErrorCode::invalid_argument,
+                          std::string(name) + ".dtype is not FLASHJIT_BF16 or FLASHJIT_FP16");
+  flashjit::TensorView view;
+  view.data = t->data;
+  view.dtype = t->dtype == FLASHJIT_BF16 ? flashjit::DType::bf16 : flashjit::DType::fp16;
+  for (int i = 0; i < 4; ++i) {
+    view.shape[i] = t->shape[i];
+    view.stride[i] = t->stride[i];
+  }
+  return view;
+}
+
+flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
+  flashjit::ForwardOptions options;
+  if (o == nullptr) return options;
+  if (o->softmax_scale > 0) options.softmax_scale = o->softmax_scale;
+  options.causal = o->causal != 0;
+  options.lse = o->lse;
+  // An unknown name is refused by forward itself, with the list of families.
+  if (o->family != nullptr && *o->family != '\0') options.family = std::string(o->family);
+  if (o->tile_m != 0 || o->tile_n != 0 || o->stages != 0)
+    options.tiles = flashjit::TileConfig{o->tile_m, o->tile_n, o->stages};
+  return options;
+}
+
+}  // namespace
+
+extern "C" {
+
+const char* flashjit_version(void) {
+  static const std::string text(flashjit::version());
+  return text.c_str();
+}
+
+const char* flashjit_nvrtc_version(void) {
+  static const std::string text = flashjit::nvrtc_version();
+  return text.c_str();
+}
+
+flashjit_status flashjit_driver_version(int32_t* version) {
+  return guarded([&] {
+    require(version != nullptr, "version is null: expected an int32_t* to fill");
+    *version = flashjit::driver_version();
+  });
+}
+
+const char* flashjit_last_error(void) { return last_error.c_str(); }
+
+int32_t flashjit_family_count(void) { return static_cast<int32_t>(flashjit::families().size()); }
+
+const char* flashjit_family_name(int32_t index) {
+  const auto& families = flashjit::families();
+  if (index < 0 || index >= static_cast<int32_t>(families.size())) return nullptr;
+  return families[static_cast<std::size_t>(index)].name.c_str();
+}
+
+flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashjit_engine** engine) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is null: expected a flashjit_engine** to fill");
+    *engine = nullptr;
+    flashjit::CacheOptions options;
+    if (cache_dir != nullptr && *cache_dir != '\0') options.dir = cache_dir;
+    auto made = std::make_unique<flashjit_engine>();
+    made->engine = std::make_unique<flashjit::Engine>(
+        device, std::make_shared<flashjit::KernelCache>(options));
+    *engine = made.release();
+  });
+}
+
+void flashjit_engine_destroy(flashjit_engine* engine) { delete engine; }
+
+flashjit_status flashjit_forward(flashjit_engine* engine, const flashjit_tensor* q,
+                                 const flashjit_tensor* k, const flashjit_tensor* v,
+                                 const flashjit_tensor* out, const flashjit_forward_options* options,
+                                 void* stream) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
+    engine->engine->forward(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), view_of(out, "out"),
+                            options_of(options), static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q,
+                                        const flashjit_tensor* k, const flashjit_tensor* v,
+                                        const flashjit_tensor* out,
+                                        const flashjit_forward_options* options, char* buf,
+                                        int32_t buf_size) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
+    require(buf != nullptr && buf_size > 0, "buf is null or buf_size <= 0");
+    const std::string name =
+        engine->engine
+            ->select_variant(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), view_of(out, "out"),
+                             options_of(options))
+            .name();
+    require(static_cast<int32_t>(name.size()) < buf_size, "buf_size is too small for the name");
+    std::memcpy(buf, name.c_str(), name.size() + 1);
+  });
+}
+
+flashjit_status flashjit_precompile(const char* cache_dir, const char* const* variant_names,
+                                    int32_t count) {
+  return guarded([&] {
+    require(count >= 0 && (count == 0 || variant_names != nullptr),
+            "variant_names is null or count < 0");
+    std::vector<flashjit::Variant> variants;
+    for (int32_t i = 0; i < count; ++i) variants.push_back(flashjit::Variant::parse(variant_names[i]));
+    flashjit::CacheOptions options;
+    if (cache_dir != nullptr && *cache_dir != '\0') options.dir = cache_dir;
+    flashjit::KernelCache cache(options);
+    std::string failures;
+    for (const auto& outcome : cache.precompile(variants))
+      if (!outcome.ok) failures += outcome.variant.name() + ": " + outcome.error + "\n";
+    if (!failures.empty()) throw flashjit::Error(flashjit::ErrorCode::compile_failed, failures);
+  });
+}
+
+}  // extern "C"

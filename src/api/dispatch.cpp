@@ -1,0 +1,93 @@
+#include "api/dispatch.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "core/arch.hpp"
+#include "core/log.hpp"
+#include "families/registry.hpp"
+
+namespace flashjit::detail {
+namespace {
+
+// Empty when the variant fits the GPU's shared memory, else what it needs and what the GPU allows.
+std::string shared_memory_shortfall(const KernelFamily& family, const Variant& variant,
+                                    const DeviceInfo& device) {
+  const int smem = family.shared_bytes(variant);
+  if (smem <= device.max_shared_per_block_optin) return {};
+  return fmt::format("needs {} B of shared memory, the GPU allows {}", smem,
+                     device.max_shared_per_block_optin);
+}
+
+}  // namespace
+
+const KernelFamily* forced_family(const std::optional<std::string>& name) {
+  return name ? &family_named(*name, "options.family") : nullptr;
+}
+
+Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
+                       const KernelFamily* forced, std::optional<TileConfig> forced_tiles) {
+  std::string reasons;
+  for (const KernelFamily* family : registered_families()) {
+    if (forced && family != forced) continue;
+    std::string why;
+    if (!family->runs_on(device.arch)) {
+      why = fmt::format("does not run on {}", device.arch);
+    } else if (std::find(family->head_dims.begin(), family->head_dims.end(), problem.head_dim) ==
+               family->head_dims.end()) {
+      why = fmt::format("has no head_dim {}", problem.head_dim);
+    } else {
+      why = family->unsupported_reason(problem);
+    }
+    Variant variant;
+    if (why.empty()) {
+      const TileConfig tiles =
+          forced_tiles ? *forced_tiles
+                       : family->tile_table(device.arch, problem.head_dim, problem.causal)
+                             .pick(problem.seqlen_k);
+      variant = variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal,
+                           tiles);
+      if (forced_tiles) why = family->check_tiles(variant);
+      if (why.empty()) why = shared_memory_shortfall(*family, variant, device);
+      // A caller's tile shape the family cannot build is the caller's error, not a reason to fall
+      // back to a slower family.
+      if (forced_tiles && !why.empty())
+        throw Error(ErrorCode::invalid_argument,
+                    fmt::format("options.tiles (tile_m {}, tile_n {}, stages {}) for family {}: {}",
+                                tiles.tile_m, tiles.tile_n, tiles.stages, family->name, why));
+    }
+    if (why.empty()) return variant;
+    log().debug("family {} skipped: {}", family->name, why);
+    reasons += fmt::format("{}{} {}", reasons.empty() ? "" : "; ", family->name, why);
+  }
+  throw Error(ErrorCode::unsupported, fmt::format("no kernel family can run this problem on {}: {}",
+                                                  device.arch, reasons));
+}
+
+}  // namespace flashjit::detail
+
+namespace flashjit {
+
+std::vector<Variant> default_variants(std::string_view arch_spelling) {
+  const std::string arch = normalize_arch(arch_spelling);
+  std::vector<Variant> variants;
+  for (const detail::KernelFamily* family : detail::registered_families()) {
+    if (!family->runs_on(arch)) continue;
+    for (DType dtype : {DType::bf16, DType::fp16})
+      for (int head_dim : family->head_dims)
+        for (bool causal : {false, true}) {
+          // Every shape the table may pick, once each.
+          const detail::TileTable table = family->tile_table(arch, head_dim, causal);
+          for (int i = 0; i < table.count; ++i) {
+            const Variant v = detail::variant_of(*family, arch, dtype, head_dim, causal,
+                                                 table.rules[i].tiles);
+            if (std::find(variants.begin(), variants.end(), v) == variants.end())
+              variants.push_back(v);
+          }
+        }
+  }
+  return variants;
+}
+
+}  // namespace flashjit

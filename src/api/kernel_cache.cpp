@@ -1,0 +1,99 @@
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
+
+#include "api/kernel_cache_impl.hpp"
+#include "families/registry.hpp"
+
+namespace flashjit {
+
+std::shared_ptr<const detail::CompiledKernel> KernelCache::Impl::get(const Variant& variant,
+                                                                     bool* was_cached) {
+  detail::check_variant(variant);
+  return store.get(variant, detail::kernel_spec(variant), was_cached);
+}
+
+KernelCache::KernelCache(CacheOptions options) : impl_(std::make_unique<Impl>(options.dir)) {}
+KernelCache::~KernelCache() = default;
+
+std::optional<std::filesystem::path> KernelCache::directory() const {
+  if (!impl_->store.disk().persistent()) return std::nullopt;
+  return impl_->store.disk().directory();
+}
+
+CompileOutcome KernelCache::compile(const Variant& variant) {
+  CompileOutcome outcome;
+  outcome.variant = variant;
+  const auto start = std::chrono::steady_clock::now();
+  try {
+    auto kernel = impl_->get(variant, &outcome.was_cached);
+    outcome.ok = kernel->store_error.empty();
+    outcome.error = kernel->store_error.empty()
+                        ? ""
+                        : fmt::format("compiled, but not cached: {}", kernel->store_error);
+    outcome.entry = kernel->entry;
+  } catch (const std::exception& e) {
+    outcome.ok = false;
+    outcome.error = e.what();
+  }
+  outcome.milliseconds =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
+  return outcome;
+}
+
+std::vector<CompileOutcome> KernelCache::precompile(
+    const std::vector<Variant>& variants, int jobs,
+    const std::function<void(const CompileOutcome&)>& on_done) {
+  std::vector<CompileOutcome> outcomes(variants.size());
+  if (jobs <= 0) jobs = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  jobs = std::min<int>(jobs, static_cast<int>(std::max<size_t>(1, variants.size())));
+  std::atomic<size_t> next{0};
+  std::mutex report;
+  auto worker = [&] {
+    for (size_t i = next++; i < variants.size(); i = next++) {
+      outcomes[i] = compile(variants[i]);
+      if (on_done) {
+        std::lock_guard lock(report);
+        on_done(outcomes[i]);
+      }
+    }
+  };
+  std::vector<std::thread> threads;
+  for (int t = 1; t < jobs; ++t) threads.emplace_back(worker);
+  worker();
+  for (auto& thread : threads) thread.join();
+  return outcomes;
+}
+
+std::vector<CacheEntry> KernelCache::list(std::optional<std::string> arch) const {
+  std::vector<CacheEntry> entries = impl_->store.disk().list(arch);
+  for (CacheEntry& entry : entries) {
+    try {
+      detail::check_variant(entry.variant);
+      const detail::KernelSpec spec = detail::kernel_spec(entry.variant);
+      entry.current = impl_->store.key_for(entry.variant, spec).substr(0, 16) == entry.key;
+    } catch (const Error&) {
+      entry.current = false;  // its family or sources are not in this build
+    }
+  }
+  return entries;
+}
+
+std::size_t KernelCache::remove_stale() {
+  std::vector<CacheEntry> stale = list();
+  std::erase_if(stale, [](const CacheEntry& entry) { return entry.current; });
+  return impl_->store.disk().remove(stale);
+}
+
+std::size_t KernelCache::clear(std::optional<std::string> arch) {
+  return impl_->store.disk().remove(impl_->store.disk().list(arch));
+}
+
+std::size_t KernelCache::prune(std::uint64_t max_bytes) {
+  return impl_->store.disk().prune(max_bytes);
+}
+
+}  // namespace flashjit

@@ -1,0 +1,45 @@
+#include "api/launch_plans.hpp"
+
+#include <xxhash.h>
+
+#include <mutex>
+
+namespace flashjit::detail {
+
+PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
+                    const KernelFamily* forced_family, const std::optional<TileConfig>& tiles) {
+  const FmhaParams& p = problem.params;
+  PlanKey key;
+  key.context = context;
+  key.forced_family = forced_family;
+  key.strides = {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b, p.k_stride_s, p.k_stride_h,
+                 p.v_stride_b, p.v_stride_s, p.v_stride_h, p.o_stride_b, p.o_stride_s, p.o_stride_h};
+  key.sizes = {problem.batch,    problem.heads_q,  problem.heads_kv,
+               problem.seqlen_q, problem.seqlen_k, problem.head_dim};
+  key.dtype = static_cast<std::int32_t>(problem.dtype);
+  key.causal = problem.causal;
+  if (tiles) {
+    key.tile_m = tiles->tile_m;
+    key.tile_n = tiles->tile_n;
+    key.stages = tiles->stages;
+  }
+  return key;
+}
+
+std::size_t LaunchPlans::Hash::operator()(const PlanKey& key) const {
+  return XXH3_64bits(&key, sizeof(key));
+}
+
+std::shared_ptr<const ReadyLaunch> LaunchPlans::find(const PlanKey& key) const {
+  std::shared_lock lock(mutex_);
+  const auto it = plans_.find(key);
+  return it == plans_.end() ? nullptr : it->second;
+}
+
+void LaunchPlans::insert(const PlanKey& key, std::shared_ptr<const ReadyLaunch> ready) {
+  std::unique_lock lock(mutex_);
+  if (plans_.size() >= kMaxPlans) plans_.clear();
+  plans_.insert_or_assign(key, std::move(ready));
+}
+
+}  // namespace flashjit::detail

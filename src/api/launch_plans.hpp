@@ -1,0 +1,60 @@
+// The hot path's memory: for each (context, sizes, strides, options) a forward has seen, the
+// kernel to launch and its launch plan (tensor maps encoded once). A warm forward validates,
+// looks up one key of plain values (no strings formatted, no driver queried) and launches.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <shared_mutex>
+#include <type_traits>
+#include <unordered_map>
+
+#include "core/problem.hpp"
+#include "cuda/launch.hpp"
+#include "families/family.hpp"
+#include "jit/compiled_kernel.hpp"
+
+namespace flashjit::detail {
+
+struct PlanKey {
+  CUcontext context = nullptr;
+  const KernelFamily* forced_family = nullptr;
+  std::array<std::int64_t, 12> strides{};  // q, k, v, o: batch, seqlen, heads
+  std::array<std::int32_t, 6> sizes{};     // batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim
+  std::int32_t dtype = 0, causal = 0;
+  std::int32_t tile_m = 0, tile_n = 0, stages = 0;  // forced tiles; 0: the family's table
+  std::int32_t unused = 0;                           // keeps the struct free of padding
+
+  static PlanKey of(CUcontext context, const ForwardProblem& problem,
+                    const KernelFamily* forced_family, const std::optional<TileConfig>& tiles);
+  bool operator==(const PlanKey&) const = default;
+};
+static_assert(std::has_unique_object_representations_v<PlanKey>, "hashed as bytes");
+
+struct ReadyLaunch {
+  Variant variant;
+  std::shared_ptr<const CompiledKernel> kernel;  // owns what `function` was loaded from
+  CUfunction function = nullptr;
+  LaunchPlan plan;
+};
+
+class LaunchPlans {
+ public:
+  std::shared_ptr<const ReadyLaunch> find(const PlanKey& key) const;
+  // Keeps at most kMaxPlans; past that the map starts over (shapes that vary call by call).
+  void insert(const PlanKey& key, std::shared_ptr<const ReadyLaunch> ready);
+
+  static constexpr std::size_t kMaxPlans = 4096;
+
+ private:
+  struct Hash {
+    std::size_t operator()(const PlanKey& key) const;
+  };
+  mutable std::shared_mutex mutex_;
+  std::unordered_map<PlanKey, std::shared_ptr<const ReadyLaunch>, Hash> plans_;
+};
+
+}  // namespace flashjit::detail

@@ -1,0 +1,155 @@
+#include "api/validate.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+
+namespace flashjit::detail {
+namespace {
+
+constexpr const char* kDims[4] = {"batch", "seqlen", "heads", "head_dim"};
+constexpr std::int64_t kAlignBytes = 16;
+constexpr std::int64_t kElementBytes = 2;  // bf16 and fp16
+constexpr float kLog2e = 1.4426950408889634f;
+
+[[noreturn]] void reject(const std::string& message) {
+  throw Error(ErrorCode::invalid_argument, message);
+}
+
+void check_view(const char* name, const TensorView& t, DType dtype) {
+  if (t.data == nullptr) reject(fmt::format("{}.data is null: expected a device pointer", name));
+  if (t.dtype != dtype)
+    reject(fmt::format("{}.dtype is {}, expected {} (the dtype of q)", name, to_string(t.dtype),
+                       to_string(dtype)));
+  for (int i = 0; i < 4; ++i) {
+    if (t.shape[i] < 0 || t.shape[i] > std::numeric_limits<std::int32_t>::max())
+      reject(fmt::format("{}.shape[{}] ({}) is {}: expected 0 <= size < 2^31", name, i, kDims[i],
+                         t.shape[i]));
+  }
+  if (t.stride[3] != 1)
+    reject(fmt::format("{}.stride[3] (head_dim) is {}: expected 1 (head_dim must be contiguous)",
+                       name, t.stride[3]));
+  if (reinterpret_cast<std::uintptr_t>(t.data) % kAlignBytes != 0)
+    reject(fmt::format("{}.data ({}) is not 16-byte aligned", name, t.data));
+  for (int i = 0; i < 3; ++i) {
+    if (t.shape[i] <= 1) continue;  // a size-1 dimension is never stepped along
+    if (t.stride[i] <= 0)
+      reject(fmt::format("{}.stride[{}] ({}) is {}: expected a positive stride", name, i, kDims[i],
+                         t.stride[i]));
+    if (t.stride[i] % (kAlignBytes / kElementBytes) != 0)
+      reject(fmt::format("{}.stride[{}] ({}) is {} elements: expected a multiple of 8 (16 bytes)",
+                         name, i, kDims[i], t.stride[i]));
+  }
+  // Kernels address elements as sum(index * stride) in int64, then bytes: the last element's byte
+  // offset must fit, or an absurd stride would wrap around to some other memory.
+  if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) return;  // no element
+  std::int64_t last_element = 0, last_byte = 0;
+  bool overflows = false;
+  for (int i = 0; i < 3 && !overflows; ++i) {
+    std::int64_t step = 0;
+    overflows = __builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &step) ||
+                __builtin_add_overflow(last_element, step, &last_element);
+  }
+  overflows = overflows || __builtin_add_overflow(last_element, t.shape[3] - 1, &last_element) ||
+              __builtin_mul_overflow(last_element, kElementBytes, &last_byte);
+  if (overflows)
+    reject(fmt::format("{}: shape {} with strides {} reaches past 2^63 bytes: expected the strides "
+                       "of one tensor in memory",
+                       name, fmt::join(t.shape, " x "), fmt::join(t.stride, ", ")));
+}
+
+void expect_dim(const char* name, const TensorView& t, int dim, std::int64_t expected,
+                const char* source) {
+  if (t.shape[dim] != expected)
+    reject(fmt::format("{}.shape[{}] ({}) is {}: expected {} ({})", name, dim, kDims[dim],
+                       t.shape[dim], expected, source));
+}
+
+}  // namespace
+
+ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const ForwardOptions& options) {
+  check_view("q", q, q.dtype);
+  check_view("k", k, q.dtype);
+  check_view("v", v, q.dtype);
+  check_view("out", out, q.dtype);
+  for (int dim = 0; dim < 4; ++dim) expect_dim("out", out, dim, q.shape[dim], "the same as q");
+  expect_dim("k", k, 0, q.shape[0], "q's batch");
+  expect_dim("k", k, 3, q.shape[3], "q's head_dim");
+  for (int dim = 0; dim < 4; ++dim) expect_dim("v", v, dim, k.shape[dim], "the same as k");
+
+  const auto dims = supported_head_dims();
+  if (std::find(dims.begin(), dims.end(), q.shape[3]) == dims.end())
+    reject(fmt::format("head_dim (q.shape[3]) is {}: expected one of {}", q.shape[3],
+                       fmt::join(dims, ", ")));
+  ForwardProblem problem;
+  problem.dtype = q.dtype;
+  problem.batch = static_cast<int>(q.shape[0]);
+  problem.seqlen_q = static_cast<int>(q.shape[1]);
+  problem.heads_q = static_cast<int>(q.shape[2]);
+  problem.head_dim = static_cast<int>(q.shape[3]);
+  problem.seqlen_k = static_cast<int>(k.shape[1]);
+  problem.heads_kv = static_cast<int>(k.shape[2]);
+  problem.causal = options.causal;
+  if (problem.heads_q > 0 && problem.heads_kv == 0)
+    reject("k.shape[2] (heads) is 0: expected at least 1 key/value head");
+  if (problem.heads_kv > 0 && problem.heads_q % problem.heads_kv != 0)
+    reject(fmt::format("q heads ({}) is not a multiple of k/v heads ({}): expected heads_q = n * "
+                       "heads_kv (GQA/MQA)",
+                       problem.heads_q, problem.heads_kv));
+  constexpr int kMaxGridDim = 65535;  // heads and batch index the grid's y and z
+  if (problem.heads_q > kMaxGridDim || problem.batch > kMaxGridDim)
+    reject(fmt::format("batch ({}) and heads ({}) must each be at most {}", problem.batch,
+                       problem.heads_q, kMaxGridDim));
+  if (problem.seqlen_k == 0 && !problem.empty())
+    reject("k.shape[1] (seqlen_k) is 0: expected at least 1 key when seqlen_q > 0");
+
+  problem.softmax_scale = options.softmax_scale.value_or(1.0f / std::sqrt(float(problem.head_dim)));
+  // Kernels exponentiate in base 2 with the scale times log2(e), which must be finite too.
+  if (!std::isfinite(problem.softmax_scale) || problem.softmax_scale <= 0.f ||
+      !std::isfinite(problem.softmax_scale * kLog2e))
+    reject(fmt::format("softmax_scale is {}: expected a finite value > 0 and below {:.3g}",
+                       problem.softmax_scale, std::numeric_limits<float>::max() / kLog2e));
+  if (options.lse != nullptr && reinterpret_cast<std::uintptr_t>(options.lse) % 4 != 0)
+    reject("lse is not 4-byte aligned: expected a float* device buffer");
+
+  FmhaParams& p = problem.params;
+  p.q = q.data;
+  p.k = k.data;
+  p.v = v.data;
+  p.o = out.data;
+  p.lse = options.lse;
+  p.q_stride_b = q.stride[0], p.q_stride_s = q.stride[1], p.q_stride_h = q.stride[2];
+  p.k_stride_b = k.stride[0], p.k_stride_s = k.stride[1], p.k_stride_h = k.stride[2];
+  p.v_stride_b = v.stride[0], p.v_stride_s = v.stride[1], p.v_stride_h = v.stride[2];
+  p.o_stride_b = out.stride[0], p.o_stride_s = out.stride[1], p.o_stride_h = out.stride[2];
+  p.batch = problem.batch;
+  p.heads_q = problem.heads_q;
+  p.heads_kv = problem.heads_kv;
+  p.seqlen_q = problem.seqlen_q;
+  p.seqlen_k = problem.seqlen_k;
+  p.heads_per_kv = problem.heads_kv > 0 ? problem.heads_q / problem.heads_kv : 1;
+  p.softmax_scale = problem.softmax_scale;
+  p.scale_log2 = problem.softmax_scale * kLog2e;
+  return problem;
+}
+
+}  // namespace flashjit::detail
+
+namespace flashjit {
+
+TensorView TensorView::bshd(void* data, DType dtype, std::int64_t b, std::int64_t s, std::int64_t h,
+                            std::int64_t d) {
+  return {data, dtype, {b, s, h, d}, {s * h * d, h * d, d, 1}};
+}
+
+TensorView TensorView::bhsd(void* data, DType dtype, std::int64_t b, std::int64_t s, std::int64_t h,
+                            std::int64_t d) {
+  return {data, dtype, {b, s, h, d}, {h * s * d, d, s * d, 1}};
+}
+
+}  // namespace flashjit

@@ -1,0 +1,49 @@
+#include "cuda/launch.hpp"
+
+#include "cuda/driver.hpp"
+
+namespace flashjit::detail {
+namespace {
+
+void* operand_address(const FmhaParams& params, MapOperand operand) {
+  switch (operand) {
+    case MapOperand::q: return const_cast<void*>(params.q);
+    case MapOperand::k: return const_cast<void*>(params.k);
+    case MapOperand::v: return const_cast<void*>(params.v);
+    case MapOperand::o: return params.o;
+    case MapOperand::none: break;
+  }
+  return nullptr;
+}
+
+}  // namespace
+
+void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& params,
+            CUstream stream) {
+  const DriverApi& cu = driver();
+  CUtensorMap maps[LaunchPlan::kMaxMaps];
+  void* args[1 + LaunchPlan::kMaxMaps + LaunchPlan::kMaxValues];
+  std::size_t count = 0;
+  args[count++] = const_cast<FmhaParams*>(&params);
+  for (std::size_t i = 0; i < plan.maps.size(); ++i) {
+    maps[i] = plan.maps[i].map;
+    if (plan.maps[i].operand != MapOperand::none)
+      check(cu.cuTensorMapReplaceAddress(&maps[i], operand_address(params, plan.maps[i].operand)),
+            "cuTensorMapReplaceAddress");
+    args[count++] = &maps[i];
+  }
+  for (const auto& value : plan.values) args[count++] = const_cast<std::byte*>(value.data());
+
+  CUlaunchConfig config{};
+  config.gridDimX = plan.grid[0];
+  config.gridDimY = plan.grid[1];
+  config.gridDimZ = plan.grid[2];
+  config.blockDimX = plan.block[0];
+  config.blockDimY = plan.block[1];
+  config.blockDimZ = plan.block[2];
+  config.sharedMemBytes = plan.shared_bytes;
+  config.hStream = stream;
+  check(cu.cuLaunchKernelEx(&config, function, args, nullptr), "cuLaunchKernelEx");
+}
+
+}  // namespace flashjit::detail

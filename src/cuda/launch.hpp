@@ -1,0 +1,40 @@
+// A kernel launch prepared once per (kernel, shape, strides) and issued per call with only the
+// base pointers of that call patched in: the hot path computes nothing else.
+#pragma once
+
+#include <cuda.h>
+
+#include <array>
+#include <cstddef>
+#include <vector>
+
+#include "common/params.cuh"
+
+namespace flashjit::detail {
+
+// The tensor of FmhaParams a tensor map addresses; none: the kernel never reads the map (zeros).
+enum class MapOperand { none, q, k, v, o };
+
+struct TensorMapArg {
+  CUtensorMap map{};  // encoded for the shape and strides, at some call's addresses
+  MapOperand operand = MapOperand::none;
+};
+
+struct LaunchPlan {
+  static constexpr std::size_t kMaxMaps = 4;
+  static constexpr std::size_t kMaxValues = 4;
+
+  std::array<unsigned, 3> grid{1, 1, 1};
+  std::array<unsigned, 3> block{1, 1, 1};
+  unsigned shared_bytes = 0;
+  // Kernel arguments after FmhaParams, in order: the tensor maps, then plain values.
+  std::vector<TensorMapArg> maps;
+  std::vector<std::vector<std::byte>> values;
+};
+
+// Launches `function` on `stream` with `params`; the plan's maps are given this call's base
+// addresses (cuTensorMapReplaceAddress on a copy). Throws Error(cuda_error).
+void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& params,
+            CUstream stream);
+
+}  // namespace flashjit::detail

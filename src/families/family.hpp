@@ -1,0 +1,58 @@
+// What a kernel family registers (once, in registry.cpp): its name and head dims, where it runs,
+// which variants it can build, the tiles the dispatcher picks, and how a launch is shaped. A
+// family's geometry comes from its kernels_src/<family>/shape.cuh, shared with the kernel.
+#pragma once
+
+#include <array>
+#include <climits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/problem.hpp"
+#include "cuda/launch.hpp"
+#include "flashjit/flashjit.hpp"
+
+namespace flashjit::detail {
+
+// A family's tile choice for one (arch, head_dim, causal): the first rule whose max_seqlen_k covers
+// the problem's key length wins; the last rule covers any length. Short sequences may want smaller
+// key tiles (less padding in the last one), long ones the shape with the best steady state.
+struct TileTable {
+  struct Rule {
+    int max_seqlen_k;
+    TileConfig tiles;
+  };
+  static constexpr int kMaxRules = 4;
+  std::array<Rule, kMaxRules> rules{};
+  int count = 0;
+
+  // One shape for every length.
+  static TileTable single(TileConfig tiles) { return {{Rule{INT_MAX, tiles}}, 1}; }
+  TileConfig pick(int seqlen_k) const;
+};
+
+// Registrations are constant-initialized (constinit, see each family's file): a Variant parsed
+// during another file's static initialization already finds every family.
+struct KernelFamily {
+  std::string_view name;             // the first field of its variant names
+  std::string_view summary;          // one line for families() and `flashjit info`
+  std::string_view source_file;      // its kernel under kernels_src/
+  std::string_view kernel_template;  // C++ name of the __global__ template
+  std::span<const int> head_dims;    // head dims it has kernels (and a tile table) for
+  bool (*runs_on)(std::string_view arch);
+  // Empty when the tile fields (tile_m, tile_n, stages) fit this family, else what is wrong.
+  // Arch and head dim are checked by the registry before this is called.
+  std::string (*check_tiles)(const Variant& variant);
+  int (*shared_bytes)(const Variant& variant);
+  TileTable (*tile_table)(std::string_view arch, int head_dim, bool causal);
+  // Empty when the family can run this problem, else why not (logged when falling back).
+  std::string (*unsupported_reason)(const ForwardProblem& problem);
+  // The launch for a problem; its tensor maps are encoded at the problem's addresses and later
+  // calls patch only those (src/cuda/launch.hpp).
+  LaunchPlan (*plan)(const Variant& variant, const ForwardProblem& problem,
+                     const DeviceInfo& device);
+};
+
+}  // namespace flashjit::detail

@@ -1,0 +1,114 @@
+#include "families/registry.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <set>
+
+#include "core/arch.hpp"
+
+// The one list of families, fastest first. Adding a family: its folder under src/families/, its
+// kernel under kernels_src/<family>/, and its entry here.
+#define FLASHJIT_FAMILIES(X) X(kWgmmaFamily) X(kMmaFamily) X(kSimtFamily)
+
+namespace flashjit::detail {
+
+#define FLASHJIT_DECLARE_FAMILY(family) extern const KernelFamily family;
+FLASHJIT_FAMILIES(FLASHJIT_DECLARE_FAMILY)
+#undef FLASHJIT_DECLARE_FAMILY
+
+const std::vector<const KernelFamily*>& registered_families() {
+#define FLASHJIT_LIST_FAMILY(family) &family,
+  static const std::vector<const KernelFamily*> families = {FLASHJIT_FAMILIES(FLASHJIT_LIST_FAMILY)};
+#undef FLASHJIT_LIST_FAMILY
+  return families;
+}
+
+const KernelFamily* find_family(std::string_view name) {
+  for (const KernelFamily* family : registered_families())
+    if (family->name == name) return family;
+  return nullptr;
+}
+
+std::string unknown_family(std::string_view name) {
+  std::vector<std::string_view> names;
+  for (const KernelFamily* family : registered_families()) names.push_back(family->name);
+  return fmt::format("'{}' is unknown: expected one of {}", name, fmt::join(names, ", "));
+}
+
+const KernelFamily& family_named(std::string_view name, std::string_view what) {
+  if (const KernelFamily* family = find_family(name)) return *family;
+  throw Error(ErrorCode::invalid_argument, fmt::format("{} {}", what, unknown_family(name)));
+}
+
+TileConfig TileTable::pick(int seqlen_k) const {
+  for (int i = 0; i + 1 < count; ++i)
+    if (seqlen_k <= rules[i].max_seqlen_k) return rules[i].tiles;
+  return rules[count - 1].tiles;
+}
+
+void check_variant(const Variant& v) {
+  auto fail = [&](const std::string& what) {
+    throw Error(ErrorCode::invalid_argument, fmt::format("variant {}: {}", v.name(), what));
+  };
+  const KernelFamily* family = find_family(v.family);
+  if (family == nullptr) fail(fmt::format("family {}", unknown_family(v.family)));
+  if (!family->runs_on(v.arch))
+    fail(fmt::format("family {} does not run on {}", v.family, v.arch));
+  if (std::find(family->head_dims.begin(), family->head_dims.end(), v.head_dim) ==
+      family->head_dims.end())
+    fail(fmt::format("family {} has no head_dim {}: expected one of {}", v.family, v.head_dim,
+                     fmt::join(family->head_dims, ", ")));
+  if (std::string problem = family->check_tiles(v); !problem.empty()) fail(problem);
+}
+
+KernelSpec kernel_spec(const Variant& v) {
+  const KernelFamily& family = family_named(v.family, "family");
+  KernelSpec spec;
+  spec.source_file = std::string(family.source_file);
+  spec.name_expression =
+      fmt::format("{}<flashjit::{}, {}, {}, {}, {}, {}>", family.kernel_template,
+                  to_string(v.dtype), v.head_dim, v.tile_m, v.tile_n, v.stages,
+                  v.causal ? "true" : "false");
+  spec.options = {"--gpu-architecture=" + v.arch, "-std=c++17", "--ptxas-options=-v", "-lineinfo",
+                  "-default-device"};
+  spec.dynamic_shared_bytes = family.shared_bytes(v);
+  return spec;
+}
+
+Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
+                   bool causal, TileConfig tiles) {
+  return Variant{std::string(family.name), std::string(arch), dtype,        head_dim,
+                 tiles.tile_m,             tiles.tile_n,      tiles.stages, causal};
+}
+
+}  // namespace flashjit::detail
+
+namespace flashjit {
+
+const std::vector<FamilyInfo>& families() {
+  static const std::vector<FamilyInfo> infos = [] {
+    std::vector<FamilyInfo> list;
+    for (const detail::KernelFamily* family : detail::registered_families()) {
+      FamilyInfo info{std::string(family->name),
+                      std::string(family->summary),
+                      {family->head_dims.begin(), family->head_dims.end()},
+                      {}};
+      for (const std::string& arch : detail::known_archs())
+        if (family->runs_on(arch)) info.archs.push_back(arch);
+      list.push_back(std::move(info));
+    }
+    return list;
+  }();
+  return infos;
+}
+
+std::vector<int> supported_head_dims() {
+  std::set<int> dims;
+  for (const detail::KernelFamily* family : detail::registered_families())
+    dims.insert(family->head_dims.begin(), family->head_dims.end());
+  return {dims.begin(), dims.end()};
+}
+
+}  // namespace flashjit

@@ -1,0 +1,31 @@
+// The kernel families built into flashjit, and the checks and specs every caller shares: the
+// CLI, the C API, precompile and forward all go through these, so they accept the same variants.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "families/family.hpp"
+#include "jit/kernel_spec.hpp"
+
+namespace flashjit::detail {
+
+// Fastest first: the dispatcher takes the first family that can run a problem.
+const std::vector<const KernelFamily*>& registered_families();
+// nullptr when no family has this name.
+const KernelFamily* find_family(std::string_view name);
+// "'<name>' is unknown: expected one of wgmma, mma, simt".
+std::string unknown_family(std::string_view name);
+// The family, else Error(invalid_argument) "<what> '<name>' is unknown: expected one of ...".
+const KernelFamily& family_named(std::string_view name, std::string_view what);
+
+// Throws Error(invalid_argument) naming what is wrong when the variant cannot be built.
+void check_variant(const Variant& variant);
+// What the JIT compiles for a checked variant.
+KernelSpec kernel_spec(const Variant& variant);
+
+Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
+                   bool causal, TileConfig tiles);
+
+}  // namespace flashjit::detail

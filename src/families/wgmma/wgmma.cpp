@@ -1,0 +1,175 @@
+// Host side of kernels_src/wgmma/kernel.cu (Hopper, sm_90a only): one producer warpgroup plus
+// tile_m/64 consumer warpgroups (wgmma/shape.cuh), TMA tensor maps over q, k, v and o, and a
+// persistent grid of one CTA per SM walking a schedule of query tiles.
+#include <cuda.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstdint>
+#include <cstring>
+
+#include "cuda/driver.hpp"
+#include "families/family.hpp"
+#include "wgmma/shape.cuh"
+
+namespace flashjit::detail {
+namespace {
+
+using Geometry = WgmmaGeometry;
+constexpr std::int64_t kMaxTmaStride = std::int64_t{1} << 40;
+
+Geometry geometry_of(const Variant& v) { return {v.head_dim, v.tile_m, v.tile_n, v.stages}; }
+
+int wgmma_shared_bytes(const Variant& v) { return geometry_of(v).shared_bytes(); }
+
+std::string wgmma_check(const Variant& v) {
+  if (v.tile_m % Geometry::kRowsPerConsumer != 0 || v.tile_m < 64 || v.tile_m > 192)
+    return fmt::format("tile_m {} must be 64, 128 or 192 (one to three consumer warpgroups)",
+                       v.tile_m);
+  if (v.tile_n % 16 != 0 || v.tile_n < 16 || v.tile_n > Geometry::kMaxBoxRows)
+    return fmt::format("tile_n {} must be a multiple of 16 in [16, {}] (a wgmma N and a TMA box)",
+                       v.tile_n, Geometry::kMaxBoxRows);
+  if (v.stages < 1 || v.stages > 8)
+    return fmt::format("stages {} must be in [1, 8] (K/V ring depth)", v.stages);
+  if (const int bytes = wgmma_shared_bytes(v); bytes > Geometry::kMaxSharedBytes)
+    return fmt::format("needs {} B of shared memory: expected at most {} (what an sm_90 block "
+                       "may use)",
+                       bytes, Geometry::kMaxSharedBytes);
+  return {};
+}
+
+// Tile sizes measured on an H200 (bf16, 16k tokens; docs/perf-log.md, wgmma section), starting
+// from FlashAttention-3's (d64 192 x 128, d128 128 x 176 or 128 x 128 causal, d256 128 x 80).
+// Short sequences take 128-key (and for causal d64 128-query) tiles: the last key tile of a
+// 512-key row is 20-30 % padding with 160-176 keys, and under the causal diagonal a 192-row tile
+// visits keys only its bottom rows need.
+TileTable wgmma_tiles(std::string_view, int head_dim, bool causal) {
+  if (head_dim <= 64)
+    return causal ? TileTable{{{{4096, {128, 128, 3}}, {INT_MAX, {192, 128, 2}}}}, 2}
+                  : TileTable::single({192, 128, 3});
+  if (head_dim <= 128)
+    return causal ? TileTable{{{{4096, {128, 128, 2}}, {INT_MAX, {128, 176, 2}}}}, 2}
+                  : TileTable{{{{1024, {128, 128, 3}}, {INT_MAX, {128, 160, 2}}}}, 2};
+  // d256 causal stays at 64 keys: with 80, the causal kernel spills (180 bytes).
+  return TileTable::single({128, causal ? 64 : 80, 2});
+}
+
+std::string wgmma_unsupported(const ForwardProblem& problem) {
+  const FmhaParams& p = problem.params;
+  const std::int64_t most_tiles =
+      (std::int64_t{problem.seqlen_q} + Geometry::kRowsPerConsumer - 1) /
+      Geometry::kRowsPerConsumer * problem.batch * problem.heads_q;
+  if (most_tiles > INT32_MAX)
+    return fmt::format("{} query tiles do not fit the tile schedule's 32-bit index", most_tiles);
+  for (std::int64_t stride : {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b, p.k_stride_s,
+                              p.k_stride_h, p.v_stride_b, p.v_stride_s, p.v_stride_h, p.o_stride_b,
+                              p.o_stride_s, p.o_stride_h})
+    if (stride * 2 >= kMaxTmaStride)
+      return fmt::format("a stride of {} elements is past TMA's 2^40-byte limit", stride);
+  return {};
+}
+
+// A rank-4 TMA map [head_dim, seqlen, heads, batch] over a tensor's real strides, moving boxes of
+// 64 x box_rows to or from 128-byte-swizzled shared memory. Every dimension is bounded: loads
+// read rows past seqlen as zeros, stores skip them.
+TensorMapArg tensor_map(MapOperand operand, const void* data, DType dtype, int head_dim,
+                        int seqlen, int heads, int batch, std::int64_t stride_s,
+                        std::int64_t stride_h, std::int64_t stride_b, int box_rows) {
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seqlen),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
+  const std::int64_t element_strides[3] = {stride_s, stride_h, stride_b};
+  cuuint64_t strides[3];
+  std::uint64_t packed = static_cast<std::uint64_t>(head_dim) * 2;  // bytes of a packed row
+  for (int i = 0; i < 3; ++i) {
+    // A size-1 dimension is never stepped along, and its stride may be anything (validate lets
+    // it through); TMA still wants a multiple of 16, so give it the packed one.
+    strides[i] = dims[i + 1] > 1 ? static_cast<cuuint64_t>(element_strides[i]) * 2
+                                 : (packed + 15) / 16 * 16;
+    packed = strides[i] * dims[i + 1];
+  }
+  const cuuint32_t box[4] = {static_cast<cuuint32_t>(Geometry::kBoxWidth),
+                             static_cast<cuuint32_t>(box_rows), 1, 1};
+  const cuuint32_t steps[4] = {1, 1, 1, 1};
+  TensorMapArg arg;
+  arg.operand = operand;
+  check(driver().cuTensorMapEncodeTiled(
+            &arg.map,
+            dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+            4, const_cast<void*>(data), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+        "cuTensorMapEncodeTiled");
+  return arg;
+}
+
+template <typename T>
+std::vector<std::byte> as_bytes(const T& value) {
+  std::vector<std::byte> bytes(sizeof(T));
+  std::memcpy(bytes.data(), &value, sizeof(T));
+  return bytes;
+}
+
+LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const DeviceInfo& device) {
+  const FmhaParams& p = problem.params;
+  WgmmaSchedule schedule{};
+  schedule.m_tiles = (problem.seqlen_q + v.tile_m - 1) / v.tile_m;
+  const std::int64_t pairs = std::int64_t{problem.batch} * problem.heads_q;
+  // Causal work units pair the tile k with tile m_tiles - 1 - k of the same head (equal cost).
+  schedule.units_per_pair = problem.causal ? (schedule.m_tiles + 1) / 2 : schedule.m_tiles;
+  schedule.total_units = static_cast<std::int32_t>(schedule.units_per_pair * pairs);
+  // Half of L2 for the K and V of the heads being worked on at once; the rest for Q, O and others.
+  const std::int64_t kv_bytes_per_pair = std::int64_t{problem.seqlen_k} * problem.head_dim * 2 * 2;
+  schedule.heads_per_group = static_cast<std::int32_t>(
+      std::clamp<std::int64_t>(static_cast<std::int64_t>(device.l2_cache_bytes) / 2 /
+                                   std::max<std::int64_t>(kv_bytes_per_pair, 1),
+                               1, pairs));
+
+  const Geometry geometry = geometry_of(v);
+  LaunchPlan plan;
+  plan.grid = {static_cast<unsigned>(
+                   std::min<std::int64_t>(schedule.total_units, device.multiprocessors)),
+               1, 1};
+  plan.block = {static_cast<unsigned>(geometry.threads()), 1, 1};
+  plan.shared_bytes = static_cast<unsigned>(geometry.shared_bytes());
+  plan.maps.push_back(tensor_map(MapOperand::q, p.q, problem.dtype, problem.head_dim,
+                                 problem.seqlen_q, problem.heads_q, problem.batch, p.q_stride_s,
+                                 p.q_stride_h, p.q_stride_b, v.tile_m));
+  plan.maps.push_back(tensor_map(MapOperand::k, p.k, problem.dtype, problem.head_dim,
+                                 problem.seqlen_k, problem.heads_kv, problem.batch, p.k_stride_s,
+                                 p.k_stride_h, p.k_stride_b, v.tile_n));
+  plan.maps.push_back(tensor_map(MapOperand::v, p.v, problem.dtype, problem.head_dim,
+                                 problem.seqlen_k, problem.heads_kv, problem.batch, p.v_stride_s,
+                                 p.v_stride_h, p.v_stride_b, v.tile_n));
+  // Each consumer warpgroup stores its own 64 rows. Variants that store O from registers never
+  // read this parameter (the kernel signature is the same for all): zeros, never encoded.
+  plan.maps.push_back(geometry.stages_output()
+                          ? tensor_map(MapOperand::o, p.o, problem.dtype, problem.head_dim,
+                                       problem.seqlen_q, problem.heads_q, problem.batch,
+                                       p.o_stride_s, p.o_stride_h, p.o_stride_b,
+                                       Geometry::kRowsPerConsumer)
+                          : TensorMapArg{});
+  plan.values.push_back(as_bytes(schedule));
+  return plan;
+}
+
+// Multiples of 64: whole 128-byte swizzle rows.
+constexpr int kWgmmaHeadDims[] = {64, 128, 256};
+
+}  // namespace
+
+constinit extern const KernelFamily kWgmmaFamily = {
+    .name = "wgmma",
+    .summary = "TMA + wgmma, warp-specialized and persistent, FlashAttention-3 class",
+    .source_file = "wgmma/kernel.cu",
+    .kernel_template = "flashjit::fmha_wgmma_kernel",
+    .head_dims = kWgmmaHeadDims,
+    .runs_on = [](std::string_view arch) { return arch == "sm_90a"; },
+    .check_tiles = wgmma_check,
+    .shared_bytes = wgmma_shared_bytes,
+    .tile_table = wgmma_tiles,
+    .unsupported_reason = wgmma_unsupported,
+    .plan = wgmma_plan,
+};
+
+}  // namespace flashjit::detail
