@@ -25,9 +25,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import compare_sdpa as cs  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the package and the binding
 import flashjit_ctypes as fj  # noqa: E402
+from compare import gpu  # noqa: E402
+from compare.backends import FlashjitRunner, SdpaRunner, fake_view, make_inputs  # noqa: E402
+from compare.cases import GRIDS, build_cases  # noqa: E402
+from compare.checks import DEFAULT_CHECK_BUDGET, reference_check  # noqa: E402
+from compare.report import geomean  # noqa: E402
+from compare.timing import CudaTimer, round_robin  # noqa: E402
 
 
 @dataclass
@@ -60,18 +65,23 @@ def parse_impl(text, libs):
     return Impl(name, lib, head_dim, causal, shape)
 
 
-class Runner(cs.FlashjitRunner):
+def tiles_family(engine, tiles):
+    """The family forced tiles go to: the library's fastest (None: no tiles, its own choice)."""
+    return engine.owner.families()[0] if tiles else None
+
+
+class Runner(FlashjitRunner):
     """compare_sdpa's runner with the tile shape forced (None: the library's choice)."""
 
     def __init__(self, engine, case, q, k, v, scale, tiles):
-        super().__init__(engine, case, q, k, v, "wgmma" if tiles else "auto", scale)
-        self.options = engine.options(case.causal, scale, self.lse.data_ptr(),
-                                      "wgmma" if tiles else None, tiles)
+        family = tiles_family(engine, tiles)
+        super().__init__(engine, case, q, k, v, family or "auto", scale)
+        self.options = engine.options(case.causal, scale, self.lse.data_ptr(), family, tiles)
 
 
 def run_case(index, case, impls, engines, timer, args):
     scale = 1.0 / math.sqrt(case.head_dim)
-    q, k, v = cs.make_inputs(case, args.seed + index)
+    q, k, v = make_inputs(case, args.seed + index)
     row = {"case": case.key(), "label": case.label(), "flops": case.flops(), "impls": {}}
     runners, outputs = {}, {}
     for impl in impls:
@@ -81,17 +91,17 @@ def run_case(index, case, impls, engines, timer, args):
         runner.poison()
         try:
             runner()
-            cs.sync()
+            gpu.sync()
         except fj.FlashjitError as e:
             row["impls"][impl.name] = {"status": "error", "reason": e.message}
             continue
         row["impls"][impl.name] = {"status": "ok"}
         runners[impl.name] = runner
         outputs[impl.name] = (runner.out, runner.lse)
-    cudnn = cs.SdpaRunner("cudnn", case, q, k, v, scale, "same")
+    cudnn = SdpaRunner("cudnn", case, q, k, v, scale, "same")
     if cudnn.error is None:
         runners["cudnn"] = cudnn
-    errors, _, _ = cs.reference_check(case, q, k, v, scale, outputs, args.check_budget)
+    errors, _, _ = reference_check(case, q, k, v, scale, outputs, args.check_budget)
     for name in outputs:
         row["impls"][name]["check"] = errors[name]
         if not errors[name]["pass"]:
@@ -100,8 +110,8 @@ def run_case(index, case, impls, engines, timer, args):
     for fn in runners.values():  # warm-up
         for _ in range(args.warmup):
             fn()
-    cs.sync()
-    samples = cs.round_robin(runners, {n: args.reps for n in runners}, timer)
+    gpu.sync()
+    samples = round_robin(runners, {n: args.reps for n in runners}, timer)
     medians = {n: statistics.median(t) for n, t in samples.items()}
     for name, ms in medians.items():
         cell = row["impls"].setdefault(name, {"status": "ok"})
@@ -117,13 +127,14 @@ def precompile(impls, cases, libs, engines):
     t0 = time.monotonic()
     wanted = {name: set() for name in libs}
     for case in cases:
-        q = cs.fake_view(case, case.seqlen_q, case.heads_q)
-        k = cs.fake_view(case, case.seqlen_k, case.heads_kv)
+        q = fake_view(case, case.seqlen_q, case.heads_q)
+        k = fake_view(case, case.seqlen_k, case.heads_kv)
         for impl in impls:
             if impl.applies(case):
                 try:
-                    wanted[impl.lib].add(engines[impl.lib].select_variant(
-                        q, k, k, q, causal=case.causal, family="wgmma" if impl.tiles else None,
+                    engine = engines[impl.lib]
+                    wanted[impl.lib].add(engine.select_variant(
+                        q, k, k, q, causal=case.causal, family=tiles_family(engine, impl.tiles),
                         tiles=impl.tiles))
                 except fj.FlashjitError as e:
                     print(f"{impl.name} {case.label()}: {e.message}")
@@ -139,12 +150,12 @@ def main():
     ap.add_argument("--lib", action="append", required=True, help="NAME=PATH (repeatable)")
     ap.add_argument("--impl", action="append", default=[], help="NAME=LIB:D[n|c]:MxNxS")
     ap.add_argument("--only-impls", action="store_true", help="run only the --impl entries")
-    ap.add_argument("--grid", action="append", default=[], choices=sorted(cs.GRIDS))
+    ap.add_argument("--grid", action="append", default=[], choices=sorted(GRIDS))
     ap.add_argument("--case", action="append", default=[], help="b,hq,hkv,sq,sk,d,causal")
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--check-budget", type=int, default=cs.DEFAULT_CHECK_BUDGET)
+    ap.add_argument("--check-budget", type=int, default=DEFAULT_CHECK_BUDGET)
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -157,9 +168,9 @@ def main():
     impls = ([] if args.only_impls else [Impl(name, name) for name in libs]) + \
         [parse_impl(t, libs) for t in args.impl]
     engines = {name: lib.create_engine(0) for name, lib in libs.items()}
-    cases = cs.build_cases(args.grid, args.case)
+    cases = build_cases(args.grid, args.case)
     precompile(impls, cases, libs, engines)
-    timer = cs.CudaTimer()
+    timer = CudaTimer()
     args.out.mkdir(parents=True, exist_ok=True)
 
     rows, failed = [], False
@@ -187,7 +198,7 @@ def main():
         ratios = [r["impls"][impl.name]["ratio_cudnn"] for r in rows
                   if "ratio_cudnn" in r["impls"].get(impl.name, {})]
         if ratios:
-            summary[impl.name] = {"geomean_ratio_cudnn": cs.geomean(ratios), "cases": len(ratios),
+            summary[impl.name] = {"geomean_ratio_cudnn": geomean(ratios), "cases": len(ratios),
                                   "min_ratio_cudnn": min(ratios)}
             print(f"{impl.name}: geomean {summary[impl.name]['geomean_ratio_cudnn']:.3f}x cuDNN "
                   f"over {len(ratios)} cases, lowest {min(ratios):.3f}")

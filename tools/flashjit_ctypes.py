@@ -5,6 +5,7 @@ Tensors are passed as raw device pointers plus element strides; `tensor_from_tor
 one from a torch tensor viewed as [batch, seqlen, heads, head_dim].
 
     lib = Flashjit(find_library())
+    lib.families()  # ('wgmma', 'mma', 'simt'): the kernel families built in, fastest first
     with lib.create_engine(device=0) as engine:
         engine.forward(q, k, v, out, causal=True, lse=lse_ptr, stream=stream_handle)
 """
@@ -40,8 +41,6 @@ BF16 = 0
 FP16 = 1
 DTYPES = {"bf16": BF16, "fp16": FP16}
 
-FAMILIES = ("simt", "mma", "wgmma")
-
 
 class FlashjitTensor(ctypes.Structure):
     """flashjit_tensor: a [batch, seqlen, heads, head_dim] view, strides in elements."""
@@ -59,12 +58,12 @@ class FlashjitTensor(ctypes.Structure):
 
 
 class FlashjitForwardOptions(ctypes.Structure):
-    """flashjit_forward_options. `lse` is a float* (c_void_p has the same ABI)."""
+    """flashjit_forward_options, field for field as the header declares it."""
 
     _fields_ = [
         ("softmax_scale", ctypes.c_float),
         ("causal", ctypes.c_int32),
-        ("lse", ctypes.c_void_p),
+        ("lse", ctypes.POINTER(ctypes.c_float)),
         ("family", ctypes.c_char_p),
         ("tile_m", ctypes.c_int32),
         ("tile_n", ctypes.c_int32),
@@ -133,6 +132,7 @@ class Flashjit:
                 f"cannot load {self.path}: {e}. If a dependency (libnvrtc, libfmt, libspdlog, "
                 "libxxhash) is missing, point LD_LIBRARY_PATH at the folder holding them "
                 "(e.g. LD_LIBRARY_PATH=.devpack)") from e
+        self._families = None
         lib = self.lib
         P = ctypes.POINTER
         lib.flashjit_version.restype = ctypes.c_char_p
@@ -178,6 +178,34 @@ class Flashjit:
             return None
         return f"{version.value // 1000}.{version.value % 1000 // 10}"
 
+    def families(self):
+        """The kernel families built into this library, fastest first, e.g. ('wgmma', 'mma',
+        'simt'): read once through flashjit_family_count and flashjit_family_name. Raises
+        FlashjitLoadError for a build older than those functions (it still loads, so the
+        dispatcher's own choice stays usable, e.g. as the base of an A/B run)."""
+        if self._families is None:
+            count = getattr(self.lib, "flashjit_family_count", None)
+            name = getattr(self.lib, "flashjit_family_name", None)
+            if count is None or name is None:
+                raise FlashjitLoadError(
+                    f"{self.path} predates flashjit_family_count (it exports no "
+                    "flashjit_family_count / flashjit_family_name, so its kernel families are "
+                    "unknown): rebuild libflashjit from this checkout")
+            count.restype, count.argtypes = ctypes.c_int32, []
+            name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_int32]
+            names = [name(i) for i in range(count())]
+            if None in names:
+                raise FlashjitLoadError(f"{self.path}: flashjit_family_name({names.index(None)}) "
+                                        f"is NULL, below flashjit_family_count() = {len(names)}")
+            self._families = tuple(n.decode() for n in names)
+        return self._families
+
+    def check_family(self, family):
+        """Raises ValueError unless `family` is one of families()."""
+        if family not in self.families():
+            raise ValueError(f"family {family!r}: {self.path} has {', '.join(self.families())} "
+                             "(or None for the dispatcher's choice)")
+
     def create_engine(self, device=0, cache_dir=None):
         handle = ctypes.c_void_p()
         self.check("flashjit_engine_create",
@@ -222,15 +250,16 @@ class Engine:
         except Exception:
             pass
 
-    @staticmethod
-    def options(causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None):
+    def options(self, causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None):
         """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
-        the dispatcher's choice, else 'simt', 'mma' or 'wgmma'; tiles: None for the family's
-        table, else (tile_m, tile_n, stages)."""
+        the dispatcher's choice, else one of the library's families() (checked here); tiles:
+        None for the family's table, else (tile_m, tile_n, stages)."""
+        if family:
+            self.owner.check_family(family)
         o = FlashjitForwardOptions()
         o.softmax_scale = float(softmax_scale)
         o.causal = 1 if causal else 0
-        o.lse = int(lse) if lse else None
+        o.lse = ctypes.cast(int(lse), ctypes.POINTER(ctypes.c_float)) if lse else None
         o.family = _encode(family) if family else None
         if tiles is not None:
             o.tile_m, o.tile_n, o.stages = (int(x) for x in tiles)

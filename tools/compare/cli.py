@@ -1,0 +1,324 @@
+"""The command line of tools/compare_sdpa.py: its arguments, and main() in named steps."""
+
+import argparse
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import flashjit_ctypes as fj
+
+from . import gpu, selftest
+from .backends import select_variant
+from .cases import GRIDS, build_cases, parse_families
+from .checks import DEFAULT_CHECK_BUDGET, LSE_TOLERANCE, TOLERANCES
+from .environment import environment
+from .plots import plot_results
+from .report import (SCHEMA, Output, case_rows, format_row, short, summarize, summary_lines,
+                     table_header, write_json)
+from .run_case import case_entry, run_case
+from .timing import CudaTimer
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        description="flashjit vs PyTorch SDPA (cuDNN, flash): correctness and speed, one command.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="Example: LD_LIBRARY_PATH=.devpack python3 tools/compare_sdpa.py "
+               "--lib .devpack/libflashjit.so.0 --grid standard --out out/compare")
+    p.add_argument("--grid", action="append", choices=sorted(GRIDS), default=[],
+                   help="case set (repeatable); standard when neither --grid nor --case is given")
+    p.add_argument("--case", action="append", default=[], metavar="B,HQ,HKV,SQ,SK,D,CAUSAL,DTYPE,LAYOUT",
+                   help="one explicit case (repeatable), e.g. 2,32,8,4096,4096,128,1,bf16,bshd")
+    p.add_argument("--family", default="auto",
+                   help="auto (dispatcher's pick, default), all (every family in the library, "
+                        "each forced), or a comma list")
+    p.add_argument("--lib", help="libflashjit path (default $FLASHJIT_LIB, else build/libflashjit.so)")
+    p.add_argument("--cache-dir", help="flashjit kernel cache directory (default: flashjit's own)")
+    p.add_argument("--out", help="directory for results.json, table.txt and the PNG plots")
+    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
+    p.add_argument("--reps", type=int, default=20, help="timed repetitions per implementation "
+                   "(default 20, the contract's minimum)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed calls before timing (default 3)")
+    p.add_argument("--min-reps", type=int, default=5,
+                   help="fewest repetitions when a call is too slow for --reps (default 5)")
+    p.add_argument("--impl-budget", type=float, default=15.0,
+                   help="seconds of timed calls one implementation may take per case before its "
+                        "repetitions are cut (default 15; only very slow kernels hit it)")
+    p.add_argument("--deadline", type=float, default=500.0,
+                   help="seconds after start when no new case begins (default 500: results of a "
+                        "10-minute device call survive); the rest are listed as skipped")
+    p.add_argument("--sdpa-layout", choices=("same", "bhsd"), default="same",
+                   help="same: SDPA reads flashjit's memory through .transpose(1,2) views "
+                        "(default); bhsd: contiguous [b,h,s,d] copies made before timing")
+    p.add_argument("--check-budget", type=int, default=DEFAULT_CHECK_BUDGET,
+                   help="score elements (heads x rows x keys) the fp32 reference may compute per "
+                        f"case before it samples heads/rows (default 2^33 = {DEFAULT_CHECK_BUDGET})")
+    p.add_argument("--seed", type=int, default=1234, help="base seed; case i uses seed + i")
+    p.add_argument("--spin-ms", type=float, default=0.5,
+                   help="GPU spin before each timed call, hiding launch overhead (0: none)")
+    p.add_argument("--limit", type=int, help="only the first N cases (smoke runs)")
+    p.add_argument("--no-check", action="store_true", help="skip the reference check")
+    p.add_argument("--no-time", action="store_true", help="skip timing (check only)")
+    p.add_argument("--list-cases", action="store_true",
+                   help="print the cases and exit (no GPU, no torch, no library needed)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="list the cases, load the library, print versions and, when a GPU is "
+                        "reachable, each case's variants; run nothing")
+    p.add_argument("--selftest-report", metavar="DIR", help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(parser, argv=None):
+    """The arguments, with args.cases built; --family is read once a ladder is known
+    (choose_families)."""
+    args = parser.parse_args(argv)
+    try:
+        args.cases = build_cases(args.grid, args.case, args.limit)
+    except ValueError as e:
+        parser.error(str(e))
+    if args.reps < 1 or args.min_reps < 1 or args.warmup < 0:
+        parser.error("--reps and --min-reps must be >= 1, --warmup >= 0")
+    args.min_reps = min(args.min_reps, args.reps)
+    return args
+
+
+def choose_families(parser, args, ladder):
+    """args.families from --family; ladder: the families of the library (or the self-test's
+    made-up one), slowest first."""
+    try:
+        args.families = parse_families(args.family, ladder)
+    except ValueError as e:
+        parser.error(str(e))
+
+
+def main(argv=None):
+    start = time.monotonic()
+    parser = build_parser()
+    args = parse_args(parser, argv)
+    if args.selftest_report:
+        choose_families(parser, args, selftest.LADDER)
+        return selftest.selftest_report(Path(args.selftest_report), args)
+    if args.list_cases:
+        print_cases(args.cases)
+        return 0
+
+    # Import torch before loading flashjit: torch preloads its own libnvrtc, and when the sonames
+    # match that copy is the one flashjit binds to; results.json records which one it was.
+    try:
+        import torch
+    except ImportError as e:
+        if not args.dry_run:
+            print(f"error: torch is needed to run cases ({e})", file=sys.stderr)
+            return 2
+        torch = None
+    try:
+        lib = fj.Flashjit(fj.find_library(args.lib))
+        ladder = tuple(reversed(lib.families()))  # the optimization ladder, first kernel first
+    except fj.FlashjitLoadError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    choose_families(parser, args, ladder)
+    if args.dry_run:
+        return dry_run(args, lib, torch)
+    return measure(args, lib, ladder, torch, start)
+
+
+def print_cases(cases, out=print):
+    out(f"{len(cases)} cases  (TFLOP per call: 4*b*h*s_q*s_k*d, halved for causal)")
+    out(f"{'#':>3}  {'case':42}  {'--case spelling':40}  {'group':8}  {'TFLOP':>7}")
+    for i, c in enumerate(cases):
+        out(f"{i:>3}  {c.label():42}  {c.key():40}  {c.group:8}  {c.flops() / 1e12:7.3f}")
+
+
+def dry_run(args, lib, torch):
+    """Cases, versions and, when an engine can be created, each case's variants; runs nothing."""
+    out = Output()
+    print_cases(args.cases, out)
+    nvrtc = fj.loaded_nvrtc(lib.path)
+    out(f"flashjit {lib.version()} from {os.path.realpath(lib.path)}; NVRTC "
+        f"{lib.nvrtc_version() or 'unknown'} ({nvrtc['path'] if nvrtc else 'not loaded'}); "
+        f"CUDA driver {lib.driver_version() or 'none'}; torch "
+        f"{torch.__version__ if torch else 'not installed'}")
+    try:
+        engine = lib.create_engine(args.device, args.cache_dir)
+    except fj.FlashjitError as e:
+        out(f"engine: not created ({e.status_name}: {e.message}); nothing would run here")
+        return 0
+    with engine:
+        for i, case in enumerate(args.cases):
+            picks = []
+            for family in args.families:
+                v, e = select_variant(engine, case, family)
+                picks.append(f"{family}={v or 'n/a (' + short(e.message, 60) + ')'}")
+            out(f"{i:>3}  {case.label():42}  " + "  ".join(picks))
+    return 0
+
+
+def measure(args, lib, ladder, torch, start):
+    """The run itself: every case checked and timed, the report written as cases finish."""
+    engine = start_engine(args, lib, torch)
+    if engine is None:
+        return 2
+    out = Output()
+    out_dir = Path(args.out) if args.out else None
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    env = environment(lib, args.device)
+    print_preamble(out, env, args)
+    ctx = {"args": args, "engine": engine, "families": args.families, "ladder": ladder,
+           "deadline": start + args.deadline, **pick_variants(engine, args)}
+    compile_info = precompile_variants(lib, ctx, out)
+    ctx["timer"] = CudaTimer(args.spin_ms)
+
+    document = {"schema": SCHEMA, "environment": env, "settings": run_settings(args),
+                "compile": compile_info, "cases": [], "summary": None}
+    out()
+    for line in table_header():
+        out(line)
+    results = run_cases(ctx, out, out_dir, document)
+    summary = finish_report(ctx, results, document, out, out_dir, start)
+    engine.close()
+    return 1 if summary["failed_checks_total"] else 0
+
+
+def start_engine(args, lib, torch):
+    """torch's CUDA context on --device, then flashjit's engine there; None (said why) if not."""
+    if not torch.cuda.is_available():
+        print("error: torch sees no CUDA device (torch.cuda.is_available() is False)",
+              file=sys.stderr)
+        return None
+    torch.cuda.set_device(args.device)
+    torch.cuda.init()
+    try:
+        return lib.create_engine(args.device, args.cache_dir)
+    except fj.FlashjitError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
+
+
+def run_settings(args):
+    """results.json's settings: what the run was asked to do and the bounds it checks with."""
+    return {"grids": args.grid or (["standard"] if not args.case else []),
+            "explicit_cases": args.case, "families": args.families, "reps": args.reps,
+            "warmup": args.warmup, "min_reps": args.min_reps, "impl_budget_s": args.impl_budget,
+            "sdpa_layout": args.sdpa_layout, "check_budget": args.check_budget,
+            "seed": args.seed, "spin_ms": args.spin_ms, "tolerances": TOLERANCES,
+            "lse_tolerance": LSE_TOLERANCE, "cache_dir": args.cache_dir,
+            "deadline_s": args.deadline,
+            "reference": "float32 torch ops (matmul without TF32, logsumexp, softmax), "
+                         "bottom-right causal mask, on the same bf16/fp16 inputs; first chunk "
+                         "cross-checked against SDPA's math backend in fp32"}
+
+
+def print_preamble(out, env, args):
+    """What runs against what, how it is timed and what passes, above the table."""
+    out(f"flashjit {env['flashjit']} (NVRTC {env['nvrtc']}) vs torch {env['torch']} SDPA "
+        f"(cuDNN {env['cudnn']}, CUDA {env['torch_cuda']}) on {env['gpu']} "
+        f"(cc {env['compute_capability']}, driver {env['cuda_driver']})")
+    out(f"timing: CUDA events, median of {args.reps} repetitions interleaved round-robin across "
+        f"implementations, after {args.warmup} warm-up calls; SDPA reads "
+        + ("the same memory via .transpose(1,2) views" if args.sdpa_layout == "same"
+           else "contiguous [b,h,s,d] copies"))
+    out(f"check: vs float32 reference; pass: rel_err <= {TOLERANCES['bf16']['rel']:g} (bf16) / "
+        f"{TOLERANCES['fp16']['rel']:g} (fp16), max_err <= {TOLERANCES['bf16']['abs']:g} / "
+        f"{TOLERANCES['fp16']['abs']:g} x max(1, max|ref|), lse_err <= {LSE_TOLERANCE:g}")
+    out("ratios: flashjit TFLOPS / SDPA TFLOPS (> 1: flashjit faster); † SDPA timed with "
+        "is_causal=True (top-left mask) where s_q != s_k, not comparable, left out of geomeans")
+
+
+def pick_variants(engine, args):
+    """The variant of every case and family (or the refusal), and the dispatcher's family."""
+    variants, auto_family = {}, {}
+    for case in args.cases:
+        variants[case.key()] = {f: select_variant(engine, case, f) for f in args.families}
+        auto_variant, _ = select_variant(engine, case, "auto")
+        auto_family[case.key()] = auto_variant.split(".")[0] if auto_variant else None
+    return {"variants": variants, "auto_family": auto_family}
+
+
+def precompile_variants(lib, ctx, out):
+    """Compiles every distinct variant the run needs, in parallel, before anything is timed."""
+    names = sorted({v for picks in ctx["variants"].values() for v, _ in picks.values() if v})
+    info = {"variants": names, "seconds": None, "error": None}
+    if not names:
+        return info
+    t0 = time.perf_counter()
+    try:
+        lib.precompile(names, ctx["args"].cache_dir)
+    except fj.FlashjitError as e:
+        info["error"] = e.message
+        out(f"precompile: some variants failed (their cases will show the error): "
+            f"{short(e.message, 300)}")
+    info["seconds"] = time.perf_counter() - t0
+    out(f"compile: {len(names)} variants precompiled in {info['seconds']:.1f} s (NVRTC, in "
+        "parallel; variants already in the disk cache cost ~0)")
+    return info
+
+
+def run_cases(ctx, out, out_dir, document):
+    """Every case in turn, its rows printed and results.json rewritten as it finishes; a case
+    after the deadline, or after the CUDA context died, is listed as skipped."""
+    args = ctx["args"]
+    results = []
+    aborted = None
+    for index, case in enumerate(args.cases):
+        if aborted or time.monotonic() > ctx["deadline"]:
+            why = aborted or f"deadline ({args.deadline:g} s) reached"
+            results.append(case_entry(index, case, flashjit={}, sdpa={}, skipped=why,
+                                      notes=[f"skipped: {why}"]))
+            out(format_row([str(index), case.label(), "", "skip"]))
+            continue
+        r, aborted = run_guarded(index, case, ctx)
+        results.append(r)
+        for line in case_rows(r):
+            out(line)
+        if out_dir:
+            document["cases"] = results
+            write_json(out_dir / "results.json", document)
+    return results
+
+
+def run_guarded(index, case, ctx):
+    """run_case with a crash kept as the case's error: (entry, None), or (entry, why no further
+    case can run) when the CUDA context is unusable after it."""
+    try:
+        return run_case(index, case, ctx), None
+    except Exception as e:  # keep the run going; a dead CUDA context stops it
+        traceback.print_exc()
+        r = case_entry(index, case, flashjit={}, sdpa={}, notes=[],
+                       error=f"{type(e).__name__}: {short(e, 300)}")
+        try:
+            gpu.sync()
+        except Exception as e2:
+            return r, f"CUDA context unusable after case {index} ({short(e2, 120)})"
+        return r, None
+
+
+def finish_report(ctx, results, document, out, out_dir, start):
+    """Summary, the final results.json, the plots and table.txt; returns the summary."""
+    families = ctx["families"]
+    summary = summarize(results, families)
+    compile_info = document["compile"]
+    first_calls = sum(c.get("first_call_ms", 0) for r in results for c in r["flashjit"].values())
+    compile_info["first_calls_ms"] = first_calls
+    document["cases"] = results
+    document["summary"] = summary
+    wall = time.monotonic() - start
+    document["wall_s"] = wall
+    out()
+    out(f"first flashjit calls (module load; NVRTC only where precompile missed): "
+        f"{first_calls / 1e3:.2f} s in total")
+    if out_dir:
+        write_json(out_dir / "results.json", document)
+        env = document["environment"]
+        subtitle = (f"{env.get('gpu', '?')}, torch {env['torch']}, cuDNN {env['cudnn']}, "
+                    f"flashjit {env['flashjit']}")
+        written = plot_results(results, families, ctx["ladder"], out_dir, subtitle)
+        out(f"wrote {out_dir / 'results.json'}" + "".join(f", {w}" for w in written))
+    for line in summary_lines(summary, families, compile_info, wall):
+        out(line)
+    if out_dir:
+        (out_dir / "table.txt").write_text("\n".join(out.lines) + "\n")
+    return summary

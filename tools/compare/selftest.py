@@ -1,0 +1,94 @@
+"""Self-test of the report path with synthetic numbers (no GPU, no torch, no library):
+--selftest-report DIR feeds them through the table, the summary, results.json and the plots."""
+
+import math
+import random
+
+from .backends import SDPA_BACKENDS
+from .report import SCHEMA, Output, case_rows, summarize, summary_lines, table_header, write_json
+from .plots import plot_results
+from .run_case import case_entry, impl_cell
+
+# A made-up library: its kernel families fastest first, as flashjit_family_name lists them,
+# each with its synthetic speed as a fraction of cuDNN's.
+SPEEDS = {"wgmma": 0.95, "mma": 0.55, "simt": 0.02}
+LADDER = tuple(reversed(SPEEDS))  # slowest first, as a real run derives it from the library
+FASTEST = LADDER[-1]
+
+
+def synthetic_results(cases, families, seed=0):
+    rng = random.Random(seed)
+    results = []
+    for index, case in enumerate(cases):
+        r = case_entry(index, case, flops_exact=case.flops_exact(), flashjit={}, sdpa={},
+                       notes=[], auto_family=FASTEST,
+                       check={"checked": "all heads, all rows" if case.seqlen_q < 16384 else
+                              "8 of 16 (batch, head) pairs, all rows"})
+        for b, base in {"cudnn": 480.0, "flash": 380.0}.items():
+            r["sdpa"][b] = synthetic_sdpa_cell(case, b, base, rng)
+        for family in families:
+            r["flashjit"][family] = synthetic_flashjit_cell(r, index, case, family, families,
+                                                            rng)
+        results.append(r)
+    return results
+
+
+def synthetic_sdpa_cell(case, backend, base, rng):
+    if backend == "flash" and case.head_dim == 256 and case.causal:
+        return impl_cell("n/a", reason="synthetic: flash refuses d=256 here")
+    tf = base * (0.5 + 0.5 * math.log2(case.seqlen_q) / 14) * rng.uniform(0.95, 1.05)
+    ms = case.flops() / (tf * 1e12) * 1e3
+    return impl_cell("ok", median_ms=ms, tflops=tf, reps=20, gqa=None,
+                     mask="is_causal" if case.causal else None,
+                     mask_alignment="bottom-right" if case.causal else None,
+                     notes=[], reference_error={"rel_err": 3e-3, "max_abs_err": 8e-3,
+                                                "max_abs_ref": 2.0, "within_bounds": True})
+
+
+def synthetic_flashjit_cell(r, index, case, family, families, rng):
+    """The fastest family refuses every other d=256 case; case 3 fails the last family's check."""
+    if family == FASTEST and case.head_dim == 256 and index % 2:
+        return impl_cell("n/a", variant=None, status_name="FLASHJIT_UNSUPPORTED",
+                         reason=f"no kernel family can run this problem on sm_90a: {FASTEST} "
+                                "needs ...")
+    fam = FASTEST if family == "auto" else family
+    tf = r["sdpa"]["cudnn"]["tflops"] * SPEEDS[fam] * rng.uniform(0.9, 1.1)
+    ms = case.flops() / (tf * 1e12) * 1e3
+    rel = rng.uniform(2e-3, 4e-3)
+    failing = index == 3 and family == families[-1]
+    chk = {"rel_err": rel * (10 if failing else 1), "max_abs_err": 1e-2,
+           "max_abs_ref": 2.5, "rel_bound": 1.2e-2, "abs_bound": 6.25e-2,
+           "nonfinite": 0, "elements": 1, "lse_max_abs_err": 2e-6, "lse_bound": 1e-3,
+           "lse_mismatch": 0}
+    chk["pass"] = not failing
+    cell = impl_cell("ok", variant=f"{fam}.sm90a.{case.dtype}.d{case.head_dim}.m128n64s2"
+                     + (".causal" if case.causal else ""), first_call_ms=850.0,
+                     median_ms=ms, tflops=tf, reps=20, check=chk)
+    for b in SDPA_BACKENDS:
+        if r["sdpa"][b].get("median_ms"):
+            cell[f"ratio_{b}"] = r["sdpa"][b]["median_ms"] / ms
+            cell[f"ratio_{b}_comparable"] = True
+    return cell
+
+
+def selftest_report(out_dir, args):
+    """Feeds synthetic numbers through the table, summary, results.json and plot code."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = Output()
+    results = synthetic_results(args.cases, args.families)
+    for line in table_header():
+        out(line)
+    for r in results:
+        for line in case_rows(r):
+            out(line)
+    summary = summarize(results, args.families)
+    document = {"schema": SCHEMA, "environment": {"synthetic": True}, "settings": {},
+                "compile": {"seconds": 3.2}, "cases": results, "summary": summary}
+    write_json(out_dir / "results.json", document)
+    written = plot_results(results, args.families, LADDER, out_dir,
+                           "synthetic numbers (self-test)")
+    out(f"wrote {out_dir / 'results.json'}" + "".join(f", {w}" for w in written))
+    for line in summary_lines(summary, args.families, {"seconds": 3.2}, 1.0):
+        out(line)
+    (out_dir / "table.txt").write_text("\n".join(out.lines) + "\n")
+    return 0

@@ -1,0 +1,80 @@
+"""Timing: CUDA events around each call, repetitions interleaved round-robin, a repetition plan
+that keeps a run inside its deadline."""
+
+from . import gpu
+
+
+class CudaTimer:
+    """Times callables with CUDA events on the current stream.
+
+    A short GPU spin (torch.cuda._sleep) goes before each timed call so the CPU can enqueue the
+    start event, the launch and the end event while the GPU is still busy: the events then bracket
+    GPU work only, not Python and launch overhead (which matters for the small cases)."""
+
+    def __init__(self, spin_ms=0.5):
+        import torch
+        self.torch = torch
+        self.spin_cycles = 0
+        if spin_ms > 0 and hasattr(torch.cuda, "_sleep"):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            torch.cuda._sleep(1000)  # first call loads the kernel
+            start.record()
+            torch.cuda._sleep(1_000_000)
+            end.record()
+            end.synchronize()
+            ms = start.elapsed_time(end)
+            if ms > 0:
+                self.spin_cycles = int(spin_ms * 1_000_000 / ms)
+
+    def launch(self, fn):
+        torch = self.torch
+        if self.spin_cycles:
+            torch.cuda._sleep(self.spin_cycles)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        return start, end
+
+    @staticmethod
+    def elapsed_ms(handle):
+        start, end = handle
+        return start.elapsed_time(end)
+
+
+def round_robin(impls, targets, timer):
+    """Interleaves repetitions: round r runs every impl that still needs samples once, in turn.
+
+    cuDNN's speed moves 5-10% from call to call; interleaving spreads those drifts over all
+    implementations alike instead of handing one a good or bad stretch."""
+    samples = {name: [] for name in impls}
+    names = list(impls)
+    for r in range(max(targets.values(), default=0)):
+        handles = []
+        # the order rotates too, so no implementation always runs right after the same one
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            if len(samples[name]) < targets[name]:
+                handles.append((name, timer.launch(impls[name])))
+        gpu.sync()  # bounded number of live events; reading them needs completion anyway
+        for name, handle in handles:
+            samples[name].append(timer.elapsed_ms(handle))
+    return samples
+
+
+def plan_reps(per_call_s, reps, min_reps, budget_s, time_left_s):
+    """Repetitions per impl: `reps`, fewer (down to min_reps) only for calls so slow that reps of
+    them would take over budget_s (the slowest kernels at 64k); then, when the deadline is near,
+    all scaled down to fit the time left (down to 1), so the device call ends with its report."""
+    if time_left_s <= 0:
+        return {name: 1 for name in per_call_s}
+    targets = {}
+    for name, t in per_call_s.items():
+        n = reps
+        if t * reps > budget_s:
+            n = max(min_reps, int(budget_s / max(t, 1e-9)))
+        targets[name] = n
+    total = sum(targets[n] * per_call_s[n] for n in targets)
+    if total > time_left_s:
+        factor = time_left_s / total
+        targets = {n: max(1, int(c * factor)) for n, c in targets.items()}
+    return targets
