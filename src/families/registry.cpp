@@ -105,10 +105,13 @@ const std::vector<FamilyInfo>& families() {
 }
 
 std::vector<int> supported_head_dims() {
-  std::set<int> dims;
-  for (const detail::KernelFamily* family : detail::registered_families())
-    dims.insert(family->head_dims.begin(), family->head_dims.end());
-  return {dims.begin(), dims.end()};
+  static const std::vector<int> union_of_families = [] {
+    std::set<int> dims;
+    for (const detail::KernelFamily* family : detail::registered_families())
+      dims.insert(family->head_dims.begin(), family->head_dims.end());
+    return std::vector<int>(dims.begin(), dims.end());
+  }();
+  return union_of_families;
 }
 
 }  // namespace flashjit

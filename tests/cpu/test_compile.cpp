@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <fstream>
+#include <iterator>
+#include <string>
 
 #include "flashjit/flashjit.hpp"
 #include "temp_dir.hpp"
@@ -44,4 +46,28 @@ TEST_CASE("a broken kernel source fails with the NVRTC log and caches nothing") 
   CHECK(outcome.error.find("NVRTC could not compile") != std::string::npos);
   CHECK(outcome.error.find("simt/kernel.cu") != std::string::npos);
   CHECK(cache.list().empty());
+}
+
+TEST_CASE("a kernel whose layout drifts from its shape.cuh does not compile") {
+  // The kernel static_asserts its barrier block against WgmmaShape's bytes, which the host's
+  // shared-memory size also comes from: one more barrier in the kernel alone must fail.
+  test::TempDir sources, cache_dir;
+  std::filesystem::copy(FLASHJIT_SOURCE_DIR "/kernels_src", sources.path(),
+                        std::filesystem::copy_options::recursive);
+  const auto kernel = sources.path() / "wgmma/kernel.cu";
+  std::string text;
+  {
+    std::ifstream in(kernel);
+    text.assign(std::istreambuf_iterator<char>(in), {});
+  }
+  const std::string barriers = "unsigned long long q_full, q_empty;";
+  REQUIRE(text.find(barriers) != std::string::npos);
+  text.replace(text.find(barriers), barriers.size(), "unsigned long long q_full, q_empty, extra;");
+  std::ofstream(kernel) << text;
+  ::setenv("FLASHJIT_KERNELS_DIR", sources.path().c_str(), 1);
+  KernelCache cache(CacheOptions{cache_dir.path()});
+  const auto outcome = cache.compile(Variant::parse("wgmma.sm90a.bf16.d64.m128n128s2"));
+  ::unsetenv("FLASHJIT_KERNELS_DIR");
+  CHECK_FALSE(outcome.ok);
+  CHECK(outcome.error.find("barrier bytes") != std::string::npos);
 }

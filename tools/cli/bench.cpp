@@ -122,6 +122,7 @@ struct HostOverhead {
   std::string variant;
   std::string error;
   std::string problem;
+  std::string stream;  // "default" (the legacy stream) or "created" (a stream of the engine's)
   int calls = 0;
   double p50_us = 0, p90_us = 0, p99_us = 0, mean_us = 0;
 };
@@ -274,6 +275,7 @@ HostOverhead measure_host_overhead(Engine& engine, BenchInputs& in, const BenchC
                                    CUstream_st* stream) {
   HostOverhead result;
   result.problem = c.describe();
+  result.stream = stream == nullptr ? "default" : "created";
   result.calls = calls;
   in.fill(c.dtype);
   const ForwardOptions options = forward_options(c);
@@ -311,6 +313,7 @@ void print_host_overheads(const std::vector<HostOverhead>& rows) {
   using Align = Table::Align;
   Table table({{"HOST TIME PER FORWARD (us)"},
                {"PROBLEM"},
+               {"STREAM"},
                {"CALLS", Align::right},
                {"P50", Align::right},
                {"P90", Align::right},
@@ -318,10 +321,10 @@ void print_host_overheads(const std::vector<HostOverhead>& rows) {
                {"MEAN", Align::right}});
   for (const HostOverhead& row : rows) {
     if (!row.error.empty()) {
-      table.add_row({row.variant, row.problem, "failed", "", "", "", ""});
+      table.add_row({row.variant, row.problem, row.stream, "failed", "", "", "", ""});
       continue;
     }
-    table.add_row({row.variant, row.problem, fmt::format("{}", row.calls),
+    table.add_row({row.variant, row.problem, row.stream, fmt::format("{}", row.calls),
                    fmt::format("{:.2f}", row.p50_us), fmt::format("{:.2f}", row.p90_us),
                    fmt::format("{:.2f}", row.p99_us), fmt::format("{:.2f}", row.mean_us)});
   }
@@ -401,6 +404,7 @@ nlohmann::ordered_json report_json(const BenchOptions& o, const DeviceInfo& devi
   for (const HostOverhead& row : host_overheads)
     overhead.push_back({{"variant", row.variant},
                         {"problem", row.problem},
+                        {"stream", row.stream},
                         {"calls", row.calls},
                         {"p50_us", row.p50_us},
                         {"p90_us", row.p90_us},
@@ -478,17 +482,20 @@ int run_bench(const BenchOptions& o, const GlobalOptions& globals) {
 
   std::vector<HostOverhead> host_overheads;
   if (o.host_calls > 0 && compile_failures == 0) {
-    for (int head_dim : o.head_dims) {
-      const BenchCase c = overhead_case(head_dim);
-      try {
-        host_overheads.push_back(measure_host_overhead(*engine, inputs, c, o.host_calls, nullptr));
-      } catch (const Error& e) {
-        HostOverhead failed;
-        failed.problem = c.describe();
-        failed.error = e.what();
-        host_overheads.push_back(failed);
+    const Stream created(*engine);
+    for (CUstream_st* stream : {static_cast<CUstream_st*>(nullptr), created.get()})
+      for (int head_dim : o.head_dims) {
+        const BenchCase c = overhead_case(head_dim);
+        try {
+          host_overheads.push_back(measure_host_overhead(*engine, inputs, c, o.host_calls, stream));
+        } catch (const Error& e) {
+          HostOverhead failed;
+          failed.problem = c.describe();
+          failed.stream = stream == nullptr ? "default" : "created";
+          failed.error = e.what();
+          host_overheads.push_back(failed);
+        }
       }
-    }
     print_host_overheads(host_overheads);
   }
 
