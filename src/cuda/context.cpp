@@ -12,45 +12,41 @@ PrimaryContext::PrimaryContext(int ordinal) {
 
 PrimaryContext::~PrimaryContext() { driver().cuDevicePrimaryCtxRelease(device_); }
 
-ScopedContext::ScopedContext(CUcontext context) {
-  const DriverApi& cu = driver();
+namespace {
+
+CUcontext current_context() {
   CUcontext current = nullptr;
-  check(cu.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-  if (current != context) {
-    check(cu.cuCtxPushCurrent(context), "cuCtxPushCurrent");
-    pushed_ = true;
-  }
+  check(driver().cuCtxGetCurrent(&current), "cuCtxGetCurrent");
+  return current;
 }
 
-ScopedContext::~ScopedContext() {
-  if (pushed_) {
-    CUcontext popped = nullptr;
-    driver().cuCtxPopCurrent(&popped);
-  }
+// Pushes `context` unless it is `current`; true when it pushed (the scope must pop).
+bool push_unless_current(CUcontext context, CUcontext current) {
+  if (context == current) return false;
+  check(driver().cuCtxPushCurrent(context), "cuCtxPushCurrent");
+  return true;
 }
 
-}  // namespace flashjit::detail
+void pop_if(bool pushed) {
+  CUcontext popped = nullptr;
+  if (pushed) driver().cuCtxPopCurrent(&popped);
+}
 
-namespace flashjit::detail {
+}  // namespace
+
+ScopedContext::ScopedContext(CUcontext context)
+    : pushed_(push_unless_current(context, current_context())) {}
+
+ScopedContext::~ScopedContext() { pop_if(pushed_); }
 
 LaunchContext::LaunchContext(CUstream stream, CUcontext fallback) {
-  const DriverApi& cu = driver();
-  CUcontext current = nullptr;
-  check(cu.cuCtxGetCurrent(&current), "cuCtxGetCurrent");
-  if (stream != nullptr) check(cu.cuStreamGetCtx(stream, &context_), "cuStreamGetCtx");
+  const CUcontext current = current_context();
+  if (stream != nullptr) check(driver().cuStreamGetCtx(stream, &context_), "cuStreamGetCtx");
   else context_ = current;
   if (context_ == nullptr) context_ = fallback;
-  if (context_ != current) {
-    check(cu.cuCtxPushCurrent(context_), "cuCtxPushCurrent");
-    pushed_ = true;
-  }
+  pushed_ = push_unless_current(context_, current);
 }
 
-LaunchContext::~LaunchContext() {
-  if (pushed_) {
-    CUcontext popped = nullptr;
-    driver().cuCtxPopCurrent(&popped);
-  }
-}
+LaunchContext::~LaunchContext() { pop_if(pushed_); }
 
 }  // namespace flashjit::detail

@@ -34,10 +34,6 @@ class ScopedContext {
   bool pushed_ = false;
 };
 
-}  // namespace flashjit::detail
-
-namespace flashjit::detail {
-
 // The context a launch on `stream` runs in: the stream's; for the legacy default stream the
 // current one, else `fallback` (the engine's primary context). Current for the scope.
 class LaunchContext {

@@ -18,6 +18,19 @@ void* operand_address(const FmhaParams& params, MapOperand operand) {
 
 }  // namespace
 
+CUlaunchConfig launch_config(const LaunchPlan& plan, CUstream stream) {
+  CUlaunchConfig config{};
+  config.gridDimX = plan.grid[0];
+  config.gridDimY = plan.grid[1];
+  config.gridDimZ = plan.grid[2];
+  config.blockDimX = plan.block[0];
+  config.blockDimY = plan.block[1];
+  config.blockDimZ = plan.block[2];
+  config.sharedMemBytes = plan.shared_bytes;
+  config.hStream = stream;
+  return config;
+}
+
 void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& params,
             CUstream stream) {
   const DriverApi& cu = driver();
@@ -34,15 +47,7 @@ void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& param
   }
   for (const auto& value : plan.values) args[count++] = const_cast<std::byte*>(value.data());
 
-  CUlaunchConfig config{};
-  config.gridDimX = plan.grid[0];
-  config.gridDimY = plan.grid[1];
-  config.gridDimZ = plan.grid[2];
-  config.blockDimX = plan.block[0];
-  config.blockDimY = plan.block[1];
-  config.blockDimZ = plan.block[2];
-  config.sharedMemBytes = plan.shared_bytes;
-  config.hStream = stream;
+  const CUlaunchConfig config = launch_config(plan, stream);
   check(cu.cuLaunchKernelEx(&config, function, args, nullptr), "cuLaunchKernelEx");
 }
 

@@ -32,6 +32,9 @@ struct LaunchPlan {
   std::vector<std::vector<std::byte>> values;
 };
 
+// The plan's grid, block and shared memory as the driver's launch configuration on `stream`.
+CUlaunchConfig launch_config(const LaunchPlan& plan, CUstream stream);
+
 // Launches `function` on `stream` with `params`; the plan's maps are given this call's base
 // addresses (cuTensorMapReplaceAddress on a copy). Throws Error(cuda_error).
 void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& params,

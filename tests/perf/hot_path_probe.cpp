@@ -100,14 +100,7 @@ int main(int argc, char** argv) {
   for (const auto& m : plan.maps) maps.push_back(m.map);
   for (auto& m : maps) fixed_args.push_back(&m);
   for (const auto& value : plan.values) fixed_args.push_back(const_cast<std::byte*>(value.data()));
-  CUlaunchConfig config{};
-  config.gridDimX = plan.grid[0];
-  config.gridDimY = plan.grid[1];
-  config.gridDimZ = plan.grid[2];
-  config.blockDimX = plan.block[0];
-  config.blockDimY = plan.block[1];
-  config.blockDimZ = plan.block[2];
-  config.sharedMemBytes = plan.shared_bytes;
+  CUlaunchConfig config = detail::launch_config(plan, nullptr);
   const auto& cu = detail::driver();
 
   fmt::print("{} on {}: {} calls in bursts of {}, microseconds per call\n", variant.name(),
@@ -182,15 +175,28 @@ int main(int argc, char** argv) {
           .function;
   const detail::LaunchPlan simt_plan =
       detail::family_named("simt", "family").plan(simt, problem, engine.device());
-  CUlaunchConfig simt_config = config;
-  simt_config.gridDimX = simt_plan.grid[0];
-  simt_config.gridDimY = simt_plan.grid[1];
-  simt_config.gridDimZ = simt_plan.grid[2];
-  simt_config.blockDimX = simt_plan.block[0];
-  simt_config.sharedMemBytes = simt_plan.shared_bytes;
+  const CUlaunchConfig simt_config = detail::launch_config(simt_plan, created);
   void* simt_args[] = {const_cast<FmhaParams*>(&problem.params)};
   row("cuLaunchKernelEx alone, simt kernel (params only)", [&] {
     last = cu.cuLaunchKernelEx(&simt_config, simt_function, simt_args, nullptr);
+  });
+  fmt::print("  (result {})\n", static_cast<int>(last));
+  row("cuLaunchKernel alone, simt kernel (params only)", [&] {
+    last = cu.cuLaunchKernel(simt_function, simt_config.gridDimX, simt_config.gridDimY,
+                             simt_config.gridDimZ, simt_config.blockDimX, 1, 1,
+                             simt_config.sharedMemBytes, created, simt_args, nullptr);
+  });
+  fmt::print("  (result {})\n", static_cast<int>(last));
+  row("cuLaunchKernel alone, wgmma kernel, fixed arguments", [&] {
+    last = cu.cuLaunchKernel(function, config.gridDimX, config.gridDimY, config.gridDimZ,
+                             config.blockDimX, 1, 1, config.sharedMemBytes, created,
+                             fixed_args.data(), nullptr);
+  });
+  fmt::print("  (result {})\n", static_cast<int>(last));
+  // One CTA of the simt kernel: the GPU finishes each launch at once, so no queue builds up.
+  row("cuLaunchKernel alone, simt kernel, one CTA", [&] {
+    last = cu.cuLaunchKernel(simt_function, 1, 1, 1, simt_config.blockDimX, 1, 1,
+                             simt_config.sharedMemBytes, created, simt_args, nullptr);
   });
   fmt::print("  (result {})\n", static_cast<int>(last));
   return 0;
