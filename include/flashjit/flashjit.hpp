@@ -97,11 +97,23 @@ FLASHJIT_API std::string normalize_arch(std::string_view arch);
 FLASHJIT_API std::vector<std::string> nvrtc_archs();
 FLASHJIT_API std::string nvrtc_version();
 
+// Whether a cache entry is what this library would build now.
+enum class EntryState {
+  current,  // its key matches this library's sources, options and versions: it is served
+  stale,    // built from other sources, options or versions (or a family not built in): never
+            // served, and `remove_stale` deletes it
+  unknown,  // the key cannot be computed (kernel sources missing, e.g. FLASHJIT_KERNELS_DIR
+            // names no directory): neither served by this process nor deleted as stale
+};
+FLASHJIT_API std::string_view to_string(EntryState state);  // "current", "stale", "unknown"
+
 // One binary in the disk cache (what `flashjit list` prints).
 struct CacheEntry {
   Variant variant;
   std::string key;  // 16 hex digits of the content key
   std::filesystem::path cubin_path;
+  std::filesystem::path layer;  // the cache directory it is in
+  bool read_only = false;       // in a read-only layer: served, never written or pruned
   std::size_t cubin_bytes = 0;
   int registers = 0;
   int spill_bytes = 0;
@@ -112,9 +124,7 @@ struct CacheEntry {
   std::string flashjit_version;
   std::string created;    // ISO 8601 UTC
   std::string last_used;  // ISO 8601 UTC, what prune orders by
-  // False for an entry built from other kernel sources, options or versions than this library's:
-  // it is never served (its key cannot match) and `remove_stale` deletes it.
-  bool current = true;
+  EntryState state = EntryState::current;
 };
 
 struct CompileOutcome {
@@ -126,9 +136,21 @@ struct CompileOutcome {
   std::optional<CacheEntry> entry;
 };
 
+// Where compiled kernels are kept (docs/cache.md): one writable directory, then read-only layers.
 struct CacheOptions {
-  // Empty: $FLASHJIT_CACHE_DIR, then $XDG_CACHE_HOME/flashjit, then ~/.cache/flashjit.
+  // The writable directory. Empty: the first entry of $FLASHJIT_CACHE_PATH, else
+  // $FLASHJIT_CACHE_DIR, $XDG_CACHE_HOME/flashjit, ~/.cache/flashjit (home from the password
+  // database when HOME is unset); never a shared temp directory.
   std::optional<std::filesystem::path> dir;
+  // Read-only layers searched after it (e.g. a `flashjit precompile --out` bundle in an image),
+  // before the other entries of $FLASHJIT_CACHE_PATH. Served (hash-verified), never written.
+  std::vector<std::filesystem::path> read_only_dirs{};
+};
+
+// One directory of the cache, in search order.
+struct CacheLayer {
+  std::filesystem::path dir;
+  bool writable = false;
 };
 
 // The compiled-kernel store: NVRTC plus the on-disk cache. Thread-safe; shareable by Engines.
@@ -139,8 +161,13 @@ class FLASHJIT_API KernelCache {
   KernelCache(const KernelCache&) = delete;
   KernelCache& operator=(const KernelCache&) = delete;
 
-  // The directory in use, or empty when the cache fell back to memory-only.
+  // The writable directory in use, or empty when there is none (new kernels are then kept in
+  // memory only; read-only layers are still served).
   std::optional<std::filesystem::path> directory() const;
+  // Why there is no writable directory (naming it and where it came from); empty when there is.
+  std::string why_not_persistent() const;
+  // Every layer in use, in search order (the writable one first when there is one).
+  std::vector<CacheLayer> layers() const;
   // Compiles (or finds) each variant, `jobs` at a time (0: hardware threads). Never throws for a
   // failing variant; its outcome carries the error. `on_done` (optional) is called once per
   // variant as it finishes, from the worker threads, one call at a time.
@@ -149,11 +176,12 @@ class FLASHJIT_API KernelCache {
       const std::function<void(const CompileOutcome&)>& on_done = {});
   CompileOutcome compile(const Variant& variant);
   std::vector<CacheEntry> list(std::optional<std::string> arch = {}) const;
-  // Removes entries (of one arch, or all). Returns the number removed.
+  // Removes entries of the writable layer (of one arch, or all). Returns the number removed.
   std::size_t clear(std::optional<std::string> arch = {});
-  // Removes least recently used entries until the total size is at most max_bytes.
+  // Removes the writable layer's least recently used entries until its size is at most max_bytes.
   std::size_t prune(std::uint64_t max_bytes);
-  // Removes the entries that are not current (see CacheEntry::current). Returns the number.
+  // Removes the writable layer's stale entries (EntryState::stale; never unknown ones). Returns
+  // the number.
   std::size_t remove_stale();
 
  private:

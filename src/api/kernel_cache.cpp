@@ -16,12 +16,31 @@ std::shared_ptr<const detail::CompiledKernel> KernelCache::Impl::get(const Varia
   return store.get(variant, detail::kernel_spec(variant), was_cached);
 }
 
-KernelCache::KernelCache(CacheOptions options) : impl_(std::make_unique<Impl>(options.dir)) {}
+std::string_view to_string(EntryState state) {
+  switch (state) {
+    case EntryState::current: return "current";
+    case EntryState::stale: return "stale";
+    case EntryState::unknown: return "unknown";
+  }
+  return "unknown";
+}
+
+KernelCache::KernelCache(CacheOptions options) : impl_(std::make_unique<Impl>(options)) {}
 KernelCache::~KernelCache() = default;
 
 std::optional<std::filesystem::path> KernelCache::directory() const {
   if (!impl_->store.disk().persistent()) return std::nullopt;
   return impl_->store.disk().directory();
+}
+
+std::string KernelCache::why_not_persistent() const {
+  return impl_->store.disk().why_not_persistent();
+}
+
+std::vector<CacheLayer> KernelCache::layers() const {
+  std::vector<CacheLayer> layers;
+  for (const auto& layer : impl_->store.disk().layers()) layers.push_back({layer.dir, layer.writable});
+  return layers;
 }
 
 CompileOutcome KernelCache::compile(const Variant& variant) {
@@ -73,10 +92,17 @@ std::vector<CacheEntry> KernelCache::list(std::optional<std::string> arch) const
   for (CacheEntry& entry : entries) {
     try {
       detail::check_variant(entry.variant);
-      const detail::KernelSpec spec = detail::kernel_spec(entry.variant);
-      entry.current = impl_->store.key_for(entry.variant, spec).substr(0, 16) == entry.key;
     } catch (const Error&) {
-      entry.current = false;  // its family or sources are not in this build
+      entry.state = EntryState::stale;  // a family or variant this build does not have
+      continue;
+    }
+    try {
+      const detail::KernelSpec spec = detail::kernel_spec(entry.variant);
+      entry.state = impl_->store.key_for(entry.variant, spec).substr(0, 16) == entry.key
+                        ? EntryState::current
+                        : EntryState::stale;
+    } catch (const Error&) {
+      entry.state = EntryState::unknown;  // its sources cannot be read: judge nothing
     }
   }
   return entries;
@@ -84,7 +110,9 @@ std::vector<CacheEntry> KernelCache::list(std::optional<std::string> arch) const
 
 std::size_t KernelCache::remove_stale() {
   std::vector<CacheEntry> stale = list();
-  std::erase_if(stale, [](const CacheEntry& entry) { return entry.current; });
+  std::erase_if(stale, [](const CacheEntry& entry) {
+    return entry.state != EntryState::stale || entry.read_only;
+  });
   return impl_->store.disk().remove(stale);
 }
 

@@ -11,7 +11,7 @@ namespace flashjit {
 
 // Hidden like everything internal (a nested class takes its enclosing class's visibility).
 struct __attribute__((visibility("hidden"))) KernelCache::Impl {
-  explicit Impl(std::optional<std::filesystem::path> dir) : store(std::move(dir)) {}
+  explicit Impl(const CacheOptions& options) : store(options) {}
 
   // The checked variant's kernel: memory, disk, then NVRTC. Throws Error(invalid_argument /
   // compile_failed).

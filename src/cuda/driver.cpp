@@ -65,13 +65,16 @@ const DriverApi& driver() {
 bool driver_available() { return loaded().error.empty(); }
 
 std::string describe(CUresult result, const char* call) {
-  const char* name = "unknown error";
-  const char* text = "";
+  // The driver has no name for a code it does not know (it leaves the pointer null): the number.
+  const char* name = nullptr;
+  const char* text = nullptr;
   if (driver_available()) {
-    loaded().api.cuGetErrorName(result, &name);
-    loaded().api.cuGetErrorString(result, &text);
+    if (loaded().api.cuGetErrorName(result, &name) != CUDA_SUCCESS) name = nullptr;
+    if (loaded().api.cuGetErrorString(result, &text) != CUDA_SUCCESS) text = nullptr;
   }
-  return fmt::format("{} failed: {} ({})", call, name, text);
+  const std::string code = fmt::format("CUresult {}", static_cast<int>(result));
+  return fmt::format("{} failed: {} ({})", call, name ? name : code.c_str(),
+                     text ? text : "no description from the driver");
 }
 
 void check(CUresult result, const char* call) {

@@ -1,62 +1,28 @@
 #include "jit/disk_cache.hpp"
 
-#include <fcntl.h>
 #include <fmt/chrono.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <random>
-#include <sstream>
 #include <utility>
 
 #include "core/log.hpp"
+#include "jit/cache_location.hpp"
+#include "jit/cubin_check.hpp"
 
 namespace flashjit::detail {
 namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kTempPrefix = ".tmp.";
+constexpr int kPublishAttempts = 4;  // a concurrent prune may remove what we were about to adopt
 
-std::optional<std::string> read_file(const fs::path& path) {
-  std::ifstream file(path, std::ios::binary);
-  if (!file) return std::nullopt;
-  std::ostringstream text;
-  text << file.rdbuf();
-  if (file.bad()) return std::nullopt;
-  return text.str();
-}
-
-// A unique temp file in `dir` holding `bytes`, fsynced. Returns an error message, empty on
-// success; a failure leaves no temp file behind.
-std::string write_temp(const fs::path& target, const std::string& bytes, fs::path& temp) {
-  static std::atomic<unsigned> counter{0};
-  static const unsigned long long salt = std::random_device{}();
-  temp = target.parent_path() / fmt::format("{}{}.{}.{:x}.{}", kTempPrefix,
-                                            target.filename().string(), getpid(), salt, counter++);
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return fmt::format("cannot create {}: {}", temp.string(), std::strerror(errno));
-  const char* data = bytes.data();
-  size_t left = bytes.size();
-  std::string error;
-  while (left > 0 && error.empty()) {
-    ssize_t written = ::write(fd, data, left);
-    if (written < 0 && errno == EINTR) continue;
-    if (written <= 0) error = fmt::format("cannot write {}: {}", temp.string(), std::strerror(errno));
-    else { data += written; left -= static_cast<size_t>(written); }
-  }
-  if (error.empty() && ::fsync(fd) != 0)
-    error = fmt::format("cannot fsync {}: {}", temp.string(), std::strerror(errno));
-  if (::close(fd) != 0 && error.empty())
-    error = fmt::format("cannot close {}: {}", temp.string(), std::strerror(errno));
-  if (!error.empty()) ::unlink(temp.c_str());
-  return error;
+fs::path with_extension(const fs::path& stem, const char* extension) {
+  return fs::path(stem.string() + extension);
 }
 
 // Replaces `target` atomically with `bytes` (temp file + rename).
@@ -72,24 +38,32 @@ std::string replace_atomically(const fs::path& target, const std::string& bytes)
 
 // Publishes `bytes` at `target` unless a complete file is already there; either way `published`
 // ends up holding the bytes that `target` holds. NVRTC output can differ between processes, so
-// the first writer's cubin wins and is never replaced: metadata written for it stays true.
-std::string publish_once(const fs::path& target, const std::string& bytes, std::string& published) {
-  fs::path temp;
-  std::string error = write_temp(target, bytes, temp);
-  if (!error.empty()) return error;
-  const int linked = ::link(temp.c_str(), target.c_str());
-  const int link_errno = errno;
-  ::unlink(temp.c_str());
-  if (linked == 0) {
-    published = bytes;
+// the first writer's cubin wins and is never replaced: metadata written for it stays true. An
+// existing cubin is adopted only when it passes the trust rule and is a cubin for `arch`.
+std::string publish_once(const fs::path& target, const std::string& bytes, const TrustRule& rule,
+                         std::string_view arch, std::string& published) {
+  for (int attempt = 0; attempt < kPublishAttempts; ++attempt) {
+    fs::path temp;
+    if (std::string error = write_temp(target, bytes, temp); !error.empty()) return error;
+    const int linked = ::link(temp.c_str(), target.c_str());
+    const int link_errno = errno;
+    ::unlink(temp.c_str());
+    if (linked == 0) {
+      published = bytes;
+      return {};
+    }
+    if (link_errno != EEXIST)
+      return fmt::format("cannot link into {}: {}", target.string(), std::strerror(link_errno));
+    ReadResult existing = read_trusted(target, rule, kMaxCubinBytes);
+    if (existing.absent) continue;  // removed between our link and our read: try again
+    if (!existing.bytes) return fmt::format("refusing to adopt {}: {}", target.string(), existing.why);
+    if (std::string wrong = cubin_mismatch(*existing.bytes, arch); !wrong.empty())
+      return fmt::format("refusing to adopt {}: {}", target.string(), wrong);
+    published = std::move(*existing.bytes);
     return {};
   }
-  if (link_errno != EEXIST)
-    return fmt::format("cannot link into {}: {}", target.string(), std::strerror(link_errno));
-  auto existing = read_file(target);
-  if (!existing) return fmt::format("cannot read {}", target.string());
-  published = std::move(*existing);
-  return {};
+  return fmt::format("cannot publish {}: removed by another process {} times in a row",
+                     target.string(), kPublishAttempts);
 }
 
 std::string iso_time(fs::file_time_type time) {
@@ -99,154 +73,206 @@ std::string iso_time(fs::file_time_type time) {
                          std::chrono::time_point_cast<std::chrono::system_clock::duration>(system))));
 }
 
-bool dir_is_usable(const fs::path& dir, std::string& why) {
+// Metadata first, so no reader finds an entry whose cubin is gone. True if the entry was there.
+bool remove_entry(const fs::path& cubin_path) {
   std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) {
-    why = ec.message();
-    return false;
-  }
-  const fs::path probe = dir / fmt::format("{}probe.{}", kTempPrefix, getpid());
-  int fd = ::open(probe.c_str(), O_WRONLY | O_CREAT | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    why = std::strerror(errno);
-    return false;
-  }
-  ::close(fd);
-  ::unlink(probe.c_str());
-  return true;
+  const bool removed = fs::remove(fs::path(cubin_path).replace_extension(".json"), ec);
+  fs::remove(cubin_path, ec);
+  return removed;
 }
 
 }  // namespace
 
-fs::path default_cache_dir() {
-  if (const char* dir = std::getenv("FLASHJIT_CACHE_DIR"); dir && *dir) return dir;
-  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg && *xdg) return fs::path(xdg) / "flashjit";
-  if (const char* home = std::getenv("HOME"); home && *home)
-    return fs::path(home) / ".cache" / "flashjit";
-  return fs::temp_directory_path() / "flashjit";
-}
-
-DiskCache::DiskCache(std::optional<fs::path> dir) : dir_(dir ? *dir : default_cache_dir()) {
-  std::string why;
-  persistent_ = dir_is_usable(dir_, why);
-  if (!persistent_) {
-    log().warn("cache directory {} is not usable ({}); compiled kernels are kept in memory only",
-               dir_.string(), why);
-    return;
+DiskCache::DiskCache(const CacheOptions& options) {
+  const CacheLocation location = resolve_cache_location(options);
+  if (location.writable) {
+    const fs::path& dir = *location.writable;
+    const DirectoryState state = check_directory(dir, trust_kind_for(false), /*create=*/true);
+    if (state.usable && state.writable) {
+      layers_.push_back({dir, true, state.rule});
+    } else {
+      // A directory that is ours (or root's) but cannot be written, such as a cache baked into a
+      // read-only image, is still served.
+      const DirectoryState read_only = check_directory(dir, trust_kind_for(true), false);
+      const std::string source = fmt::format("cache directory {} (from {})", dir.string(),
+                                             location.writable_source);
+      if (read_only.usable) {
+        layers_.push_back({dir, false, read_only.rule});
+        why_not_persistent_ = fmt::format("{} is not writable by this user: its entries are served "
+                                          "read-only",
+                                          source);
+      } else {
+        why_not_persistent_ = fmt::format("{} cannot be used: {}", source, state.why);
+      }
+    }
+  } else {
+    why_not_persistent_ = location.why_none;
   }
-  remove_stale_temps(std::chrono::minutes(10));
+  for (const fs::path& dir : location.read_only) {
+    const DirectoryState state = check_directory(dir, trust_kind_for(true), false);
+    if (state.usable) layers_.push_back({dir, false, state.rule});
+    else log().warn("read-only cache layer {} is not used: {}", dir.string(), state.why);
+  }
+  if (!layers_.empty() && layers_.front().writable) writable_ = &layers_.front();
+  if (!writable_)
+    log().warn("{}; new kernels are kept in memory only", why_not_persistent_);
 }
 
-fs::path DiskCache::entry_stem(const Variant& variant, const std::string& key) const {
-  return dir_ / fmt::format("{}.{}", variant.name(), key.substr(0, 16));
+const fs::path& DiskCache::directory() const {
+  static const fs::path none;
+  return writable_ ? writable_->dir : none;
 }
 
 fs::path DiskCache::cubin_path(const Variant& variant, const std::string& key) const {
-  return fs::path(entry_stem(variant, key).string() + ".cubin");
+  return directory() / fmt::format("{}.{}.cubin", variant.name(), key.substr(0, 16));
 }
 
 std::optional<CompiledKernel> DiskCache::load(const Variant& variant, const std::string& key) const {
-  if (!persistent_) return std::nullopt;
-  const fs::path stem = entry_stem(variant, key);
-  const fs::path meta_path = fs::path(stem.string() + ".json");
-  const fs::path cubin_path = fs::path(stem.string() + ".cubin");
-  auto meta_text = read_file(meta_path);
-  if (!meta_text) return std::nullopt;  // absent: a miss, not an error
-
-  auto discard = [&](const std::string& why) -> std::optional<CompiledKernel> {
-    log().warn("cache entry {} is invalid ({}); discarding and recompiling", stem.string(), why);
-    // The cubin goes first: a cubin left without metadata (if we die here) must be a good one,
-    // because the next writer adopts an existing cubin rather than replacing it.
-    std::error_code ec;
-    fs::remove(cubin_path, ec);
-    fs::remove(meta_path, ec);
-    return std::nullopt;
-  };
-  std::string why;
-  auto kernel = parse_metadata(*meta_text, &why);
-  if (!kernel) return discard(fmt::format("unreadable metadata: {}", why));
-  if (kernel->key != key || !(kernel->entry.variant == variant))
-    return discard("metadata names another key");
-  auto cubin = read_file(cubin_path);
-  if (!cubin) return discard("cubin missing");
-  if (!kernel->describes(*cubin)) return discard("cubin fails its hash");
-  kernel->cubin = std::move(*cubin);
-  kernel->entry.cubin_path = cubin_path;
-  // Last use, for prune's LRU order; a reader never takes a lock, so this is best effort.
-  std::error_code ec;
-  fs::last_write_time(cubin_path, fs::file_time_type::clock::now(), ec);
-  return kernel;
+  const std::string stem_name = fmt::format("{}.{}", variant.name(), key.substr(0, 16));
+  for (const Layer& layer : layers_) {
+    const fs::path stem = layer.dir / stem_name;
+    const fs::path meta_path = with_extension(stem, ".json");
+    const fs::path cubin_path = with_extension(stem, ".cubin");
+    ReadResult meta_text = read_trusted(meta_path, layer.rule, kMaxMetadataBytes);
+    if (meta_text.absent) continue;  // a miss in this layer
+    auto reject = [&](const std::string& why) {
+      if (!layer.writable) {
+        log().warn("cache entry {} is not used ({}); looking further", stem.string(), why);
+        return;
+      }
+      log().warn("cache entry {} is invalid ({}); discarding and recompiling", stem.string(), why);
+      // The cubin goes first: a cubin left without metadata (if we die here) must be a good
+      // one, because the next writer adopts an existing cubin rather than replacing it.
+      std::error_code ec;
+      fs::remove(cubin_path, ec);
+      fs::remove(meta_path, ec);
+    };
+    if (!meta_text.bytes) {
+      // Refused by the trust rule or unreadable: never delete what may not be ours.
+      log().warn("cache entry {} is not used: {}", stem.string(), meta_text.why);
+      continue;
+    }
+    std::string why;
+    auto kernel = parse_metadata(*meta_text.bytes, &why);
+    if (!kernel) {
+      reject(fmt::format("unreadable metadata: {}", why));
+      continue;
+    }
+    if (kernel->key != key || !(kernel->entry.variant == variant)) {
+      reject("metadata names another key");
+      continue;
+    }
+    ReadResult cubin = read_trusted(cubin_path, layer.rule, kMaxCubinBytes);
+    if (!cubin.bytes) {
+      if (cubin.absent) reject("cubin missing");
+      else log().warn("cache entry {} is not used: {}", stem.string(), cubin.why);
+      continue;
+    }
+    if (!kernel->describes(*cubin.bytes)) {
+      reject("cubin fails its hash");
+      continue;
+    }
+    if (std::string wrong = cubin_mismatch(*cubin.bytes, variant.arch); !wrong.empty()) {
+      reject(wrong);
+      continue;
+    }
+    kernel->cubin = std::move(*cubin.bytes);
+    kernel->entry.cubin_path = cubin_path;
+    kernel->entry.layer = layer.dir;
+    kernel->entry.read_only = !layer.writable;
+    // Last use, for prune's LRU order; a reader never takes a lock, so this is best effort.
+    if (layer.writable) {
+      std::error_code ec;
+      fs::last_write_time(cubin_path, fs::file_time_type::clock::now(), ec);
+    }
+    return kernel;
+  }
+  return std::nullopt;
 }
 
 std::string DiskCache::store(const CompiledKernel& kernel) const {
-  if (!persistent_) return {};
-  const fs::path stem = entry_stem(kernel.entry.variant, kernel.key);
+  if (!writable_) return {};
+  std::call_once(temps_cleaned_, [this] { remove_stale_temps(std::chrono::minutes(10)); });
+  const fs::path stem = writable_->dir / fmt::format("{}.{}", kernel.entry.variant.name(),
+                                                     kernel.key.substr(0, 16));
   // The cubin first and the metadata last: a reader finds an entry only through its metadata,
   // and the metadata describes the cubin that is actually published.
   std::string published;
-  std::string error = publish_once(fs::path(stem.string() + ".cubin"), kernel.cubin, published);
+  std::string error = publish_once(with_extension(stem, ".cubin"), kernel.cubin, writable_->rule,
+                                   kernel.entry.variant.arch, published);
   if (error.empty())
-    error = replace_atomically(fs::path(stem.string() + ".json"), metadata_json(kernel, published));
+    error = replace_atomically(with_extension(stem, ".json"), metadata_json(kernel, published));
   if (!error.empty())
     log().warn("could not store {} in the cache: {}", kernel.entry.variant.name(), error);
   return error;
 }
 
-std::vector<CacheEntry> DiskCache::list(const std::optional<std::string>& arch) const {
+std::vector<CacheEntry> DiskCache::list_layer(const Layer& layer,
+                                              const std::optional<std::string>& arch) const {
   std::vector<CacheEntry> entries;
-  if (!persistent_) return entries;
   std::error_code ec;
-  for (const auto& item : fs::directory_iterator(dir_, ec)) {
+  for (const auto& item : fs::directory_iterator(layer.dir, ec)) {
     const fs::path& path = item.path();
-    if (path.extension() != ".json" || path.filename().string().starts_with(kTempPrefix)) continue;
-    auto text = read_file(path);
-    if (!text) continue;
+    const std::string name = path.filename().string();
+    if (path.extension() != ".json" || name.starts_with(".tmp.")) continue;
+    ReadResult text = read_trusted(path, layer.rule, kMaxMetadataBytes);
+    if (!text.bytes) {
+      if (!text.absent) log().debug("skipping cache metadata {}: {}", path.string(), text.why);
+      continue;
+    }
     std::string why;
-    auto kernel = parse_metadata(*text, &why);
+    auto kernel = parse_metadata(*text.bytes, &why);
     if (!kernel) {
       log().debug("skipping unreadable cache metadata {}: {}", path.string(), why);
       continue;
     }
     CacheEntry entry = std::move(kernel->entry);
     if (arch && entry.variant.arch != *arch) continue;
-    entry.cubin_path = path;
-    entry.cubin_path.replace_extension(".cubin");
+    entry.cubin_path = fs::path(path).replace_extension(".cubin");
+    entry.layer = layer.dir;
+    entry.read_only = !layer.writable;
+    struct stat st {};
+    // Metadata without a (regular, trusted) cubin beside it is not an entry; nor is one removed
+    // since by clear or prune in another process.
+    if (::lstat(entry.cubin_path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) ||
+        !layer.rule.violation(st, entry.cubin_path).empty())
+      continue;
+    entry.cubin_bytes = static_cast<std::size_t>(st.st_size);
     std::error_code stat_error;
-    entry.cubin_bytes = fs::file_size(entry.cubin_path, stat_error);
-    if (stat_error) continue;  // metadata without its cubin: not an entry
     const auto last_used = fs::last_write_time(entry.cubin_path, stat_error);
-    if (stat_error) continue;  // removed since (clear or prune in another process)
+    if (stat_error) continue;
     entry.last_used = iso_time(last_used);
     entries.push_back(std::move(entry));
   }
-  std::sort(entries.begin(), entries.end(),
-            [](const CacheEntry& a, const CacheEntry& b) { return a.variant.name() < b.variant.name(); });
   return entries;
 }
 
-namespace {
-
-// Metadata first, so no reader finds an entry whose cubin is gone. True if the entry was there.
-bool remove_entry(const CacheEntry& entry) {
-  std::error_code ec;
-  fs::path meta = entry.cubin_path;
-  meta.replace_extension(".json");
-  const bool removed = fs::remove(meta, ec);
-  fs::remove(entry.cubin_path, ec);
-  return removed;
+std::vector<CacheEntry> DiskCache::list(const std::optional<std::string>& arch) const {
+  std::vector<CacheEntry> entries;
+  for (const Layer& layer : layers_) {
+    std::vector<CacheEntry> found = list_layer(layer, arch);
+    entries.insert(entries.end(), std::make_move_iterator(found.begin()),
+                   std::make_move_iterator(found.end()));
+  }
+  std::stable_sort(entries.begin(), entries.end(), [](const CacheEntry& a, const CacheEntry& b) {
+    return a.variant.name() < b.variant.name();
+  });
+  return entries;
 }
 
-}  // namespace
-
 std::size_t DiskCache::remove(const std::vector<CacheEntry>& entries) const {
+  if (!writable_) return 0;
   std::size_t removed = 0;
-  for (const CacheEntry& entry : entries) removed += remove_entry(entry);
+  for (const CacheEntry& entry : entries)
+    if (!entry.read_only && entry.cubin_path.parent_path() == writable_->dir)
+      removed += remove_entry(entry.cubin_path);
   return removed;
 }
 
 std::size_t DiskCache::prune(std::uint64_t max_bytes) const {
-  auto entries = list(std::nullopt);
+  if (!writable_) return 0;
+  std::call_once(temps_cleaned_, [this] { remove_stale_temps(std::chrono::minutes(10)); });
+  auto entries = list_layer(*writable_, std::nullopt);
   std::uint64_t total = 0;
   for (const auto& e : entries) total += e.cubin_bytes;
   std::sort(entries.begin(), entries.end(),
@@ -254,20 +280,25 @@ std::size_t DiskCache::prune(std::uint64_t max_bytes) const {
   std::size_t removed = 0;
   for (const CacheEntry& entry : entries) {
     if (total <= max_bytes) break;
-    removed += remove_entry(entry);
+    removed += remove_entry(entry.cubin_path);
     total -= entry.cubin_bytes;
   }
   return removed;
 }
 
 void DiskCache::remove_stale_temps(std::chrono::seconds age) const {
+  if (!writable_) return;
   std::error_code ec;
   const auto now = fs::file_time_type::clock::now();
-  for (const auto& item : fs::directory_iterator(dir_, ec)) {
-    if (!item.path().filename().string().starts_with(kTempPrefix)) continue;
+  for (const auto& item : fs::directory_iterator(writable_->dir, ec)) {
+    const fs::path& path = item.path();
+    if (!is_cache_temp_name(path.filename().string())) continue;
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid())
+      continue;
     std::error_code stat_error;
-    auto written = fs::last_write_time(item.path(), stat_error);
-    if (!stat_error && now - written > age) fs::remove(item.path(), stat_error);
+    const auto written = fs::last_write_time(path, stat_error);
+    if (!stat_error && now - written > age) ::unlink(path.c_str());
   }
 }
 

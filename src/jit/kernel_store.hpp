@@ -21,7 +21,7 @@ namespace flashjit::detail {
 
 class KernelStore {
  public:
-  explicit KernelStore(std::optional<std::filesystem::path> dir) : disk_(std::move(dir)) {}
+  explicit KernelStore(const CacheOptions& options) : disk_(options) {}
 
   // The kernel `spec` describes, named `variant`. `*was_cached` (optional): served from memory or
   // disk, no NVRTC run. Throws Error(compile_failed).

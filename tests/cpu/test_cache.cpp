@@ -25,7 +25,8 @@ const Variant kVariant = Variant::parse("simt.sm80.bf16.d64.m64n64s1");
 
 // The content key the library computes for a variant now (sources as found at this moment).
 std::string current_key(const Variant& variant) {
-  return detail::KernelStore(std::nullopt).key_for(variant, detail::kernel_spec(variant));
+  const test::TempDir dir;
+  return detail::KernelStore(CacheOptions{dir.path()}).key_for(variant, detail::kernel_spec(variant));
 }
 
 std::string read_all(const fs::path& path) {
@@ -261,13 +262,13 @@ TEST_CASE("entries from other kernel sources are listed as stale and removed by 
   CHECK_FALSE(edited.compile(kVariant).was_cached);  // the old binary is not served
   auto entries = edited.list();
   REQUIRE(entries.size() == 2);
-  CHECK(entries[0].current != entries[1].current);
+  CHECK((entries[0].state == EntryState::current) != (entries[1].state == EntryState::current));
   CHECK(edited.remove_stale() == 1);
   entries = edited.list();
   ::unsetenv("FLASHJIT_KERNELS_DIR");
   REQUIRE(entries.size() == 1);
-  CHECK(entries[0].current);
-  CHECK(KernelCache(CacheOptions{dir.path()}).list()[0].current == false);  // embedded sources
+  CHECK(entries[0].state == EntryState::current);
+  CHECK(KernelCache(CacheOptions{dir.path()}).list()[0].state == EntryState::stale);  // embedded
 }
 
 TEST_CASE("the log level is set by name; an unknown name is an error") {

@@ -17,6 +17,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <limits>
 #include <random>
 #include <set>
 #include <sstream>
@@ -198,7 +199,7 @@ TEST_CASE("writers SIGKILLed at random points leave every entry valid or absent"
   const auto compile_start = std::chrono::steady_clock::now();
   const Variant first = small_variants()[0];
   const auto compiled =
-      detail::KernelStore(elsewhere.path()).get(first, detail::kernel_spec(first));
+      detail::KernelStore(CacheOptions{elsewhere.path()}).get(first, detail::kernel_spec(first));
   const auto compile_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                               std::chrono::steady_clock::now() - compile_start)
                               .count();
@@ -237,7 +238,7 @@ TEST_CASE("writers SIGKILLed at random points leave every entry valid or absent"
     std::vector<pid_t> children;
     for (int i = 0; i < kStorers; ++i)
       children.push_back(spawn([&, i, round] {
-        const detail::DiskCache disk(dir.path());
+        const detail::DiskCache disk(CacheOptions{dir.path()});
         detail::CompiledKernel kernel = *compiled;
         kernel.cubin = cubins[i];
         for (int n = round;; ++n) {
@@ -270,7 +271,11 @@ TEST_CASE("writers SIGKILLed at random points leave every entry valid or absent"
     fs::last_write_time(temp, now - std::chrono::minutes(11));
   const fs::path live_writer_temp = dir.path() / ".tmp.simt.sm80.bf16.d32.m64n64s1.0.cubin.1.0.0";
   std::ofstream(live_writer_temp) << "being written";
+  // Writers clean up (a read-only command such as `list` deletes nothing): the first write of a
+  // process, here a prune that removes no entry.
   KernelCache reopened(CacheOptions{dir.path()});
+  CHECK(audit(dir.path()).temps.size() == after_kills.temps.size() + 1);
+  reopened.prune(std::numeric_limits<std::uint64_t>::max());
   const CacheAudit cleaned = audit(dir.path());
   CHECK(cleaned.temps == std::vector<fs::path>{live_writer_temp});
   CHECK(cleaned.entries == after_kills.entries);
@@ -343,7 +348,8 @@ class SmallDisk {
  public:
   SmallDisk(const fs::path& where, std::size_t bytes) : path_(where) {
     fs::create_directories(path_);
-    const std::string options = fmt::format("size={}", bytes);
+    // mode=0700: a cache directory must be writable by this user alone (docs/cache.md).
+    const std::string options = fmt::format("size={},mode=0700", bytes);
     if (::mount("tmpfs", path_.c_str(), "tmpfs", 0, options.c_str()) == 0)
       mounted_ = true;
     else

@@ -15,6 +15,7 @@
 
 #include "core/variant_name.hpp"
 #include "invariant.hpp"
+#include "jit/cubin_check.hpp"
 #include "jit/disk_cache.hpp"
 
 namespace fs = std::filesystem;
@@ -32,7 +33,7 @@ struct ScratchCache {
   ScratchCache() {
     std::string pattern = (fs::temp_directory_path() / "flashjit-fuzz-XXXXXX").string();
     dir = ::mkdtemp(pattern.data());
-    cache.emplace(dir);
+    cache.emplace(flashjit::CacheOptions{dir});
   }
   ~ScratchCache() {
     std::error_code ec;
@@ -71,7 +72,8 @@ void check_load(const CompiledKernel& meta, std::string_view json_text, std::str
 
   const auto loaded = s.cache->load(meta.entry.variant, meta.key);
   const auto listed = s.cache->list(std::nullopt);
-  if (meta.describes(cubin)) {
+  // Served exactly when the cubin is the one described and a cubin for the variant's arch.
+  if (meta.describes(cubin) && flashjit::detail::cubin_mismatch(cubin, meta.entry.variant.arch).empty()) {
     invariant(loaded.has_value(), "a matching entry was not served");
     invariant(loaded->cubin == cubin, "served cubin differs from the one on disk");
     invariant(loaded->key == meta.key && loaded->entry.variant == meta.entry.variant,
@@ -79,7 +81,7 @@ void check_load(const CompiledKernel& meta, std::string_view json_text, std::str
     invariant(listed.size() == 1 && listed[0].cubin_bytes == cubin.size(),
               "list() does not show the one valid entry");
   } else {
-    invariant(!loaded.has_value(), "an entry whose cubin fails its hash was served");
+    invariant(!loaded.has_value(), "an entry whose cubin fails its hash or arch was served");
     invariant(!fs::exists(stem + ".json") && !fs::exists(stem + ".cubin"),
               "a bad entry was left on disk");
     invariant(listed.empty(), "list() shows a discarded entry");

@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
   // The pieces forward is made of, built as forward builds them.
   const auto problem = detail::validate_forward(view(q), view(k), view(v), view(o), options);
   const Variant variant = detail::select_variant(problem, engine.device(), nullptr);
-  detail::KernelStore store(engine.cache().directory());
+  detail::KernelStore store(CacheOptions{engine.cache().directory()});
   const auto kernel = store.get(variant, detail::kernel_spec(variant));
   detail::ModuleCache modules;
   const detail::ScopedContext scope(engine.context());

@@ -527,7 +527,7 @@ int run_bench(const BenchOptions& o, const GlobalOptions& globals) {
   progress.finish();
   if (!o.json_path.empty()) {
     std::ofstream file(o.json_path);
-    file << report_json(o, device, cases, timings, first_calls, host_overheads).dump(2) << '\n';
+    file << report_json(o, device, cases, timings, first_calls, host_overheads).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     if (!file)
       throw Error(ErrorCode::invalid_argument, fmt::format("--json: cannot write {}", o.json_path));
     if (!globals.quiet) fmt::print("results written to {}\n", o.json_path);

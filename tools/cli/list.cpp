@@ -44,12 +44,23 @@ nlohmann::ordered_json entry_json(const CacheEntry& entry) {
           {"flashjit_version", entry.flashjit_version},
           {"created", entry.created},
           {"last_used", entry.last_used},
-          {"current", entry.current},
+          {"current", entry.state == EntryState::current},
+          {"state", to_string(entry.state)},
+          {"layer", entry.layer.string()},
+          {"read_only", entry.read_only},
           {"key", entry.key},
           {"path", entry.cubin_path.string()}};
 }
 
-void print_table(const std::vector<CacheEntry>& entries) {
+// Layers are numbered in search order (1: the writable directory when there is one).
+std::size_t layer_number(const KernelCache& cache, const CacheEntry& entry) {
+  const auto layers = cache.layers();
+  for (std::size_t i = 0; i < layers.size(); ++i)
+    if (layers[i].dir == entry.layer) return i + 1;
+  return 0;
+}
+
+void print_table(const KernelCache& cache, const std::vector<CacheEntry>& entries) {
   using Align = Table::Align;
   Table table({{"NAME"},
                {"REGS", Align::right},
@@ -59,13 +70,14 @@ void print_table(const std::vector<CacheEntry>& entries) {
                {"COMPILE", Align::right},
                {"NVRTC", Align::right},
                {"LAST USED"},
-               {"STATE"}});
+               {"STATE"},
+               {"LAYER", Align::right}});
   for (const CacheEntry& e : entries)
     table.add_row(
         {e.variant.name(), fmt::format("{}", e.registers), fmt::format("{} B", e.spill_bytes),
          human_bytes(static_cast<std::uint64_t>(shared_bytes(e))), human_bytes(e.cubin_bytes),
          fmt::format("{:.2f} s", e.compile_ms / 1000), e.nvrtc_version, e.last_used,
-         e.current ? "current" : "stale"});
+         std::string(to_string(e.state)), fmt::format("{}", layer_number(cache, e))});
   table.print();
 }
 
@@ -98,7 +110,7 @@ int run_list(const ListOptions& options, const GlobalOptions& globals) {
   if (options.json) {
     nlohmann::ordered_json array = nlohmann::ordered_json::array();
     for (const CacheEntry& entry : entries) array.push_back(entry_json(entry));
-    fmt::print("{}\n", array.dump(2));
+    fmt::print("{}\n", array.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     return 0;
   }
   const std::string where = describe_cache_location(*cache);
@@ -108,11 +120,16 @@ int run_list(const ListOptions& options, const GlobalOptions& globals) {
                  options.arch.empty() ? "" : fmt::format(" for {}", options.arch), where);
     return 0;
   }
-  print_table(entries);
+  print_table(*cache, entries);
   if (!globals.quiet) {
     std::uint64_t bytes = 0;
     for (const CacheEntry& e : entries) bytes += e.cubin_bytes;
     fmt::print("{} entries, {}, in {}\n", entries.size(), human_bytes(bytes), where);
+    const auto layers = cache->layers();
+    if (layers.size() > 1)
+      for (std::size_t i = 0; i < layers.size(); ++i)
+        fmt::print("layer {}: {} ({})\n", i + 1, layers[i].dir.string(),
+                   layers[i].writable ? "writable" : "read-only");
   }
   return 0;
 }
@@ -127,7 +144,7 @@ void add_list_command(CLI::App& app, const GlobalOptions& globals, int& status) 
   command->add_flag("--json", options->json,
                     "Print a JSON array, one object per entry (name, family, arch, dtype, "
                     "head_dim, causal, tiles, registers, spills, shared memory, sizes, times, "
-                    "path)");
+                    "state, layer, path)");
   command->callback([&globals, &status, options] { status = run_list(*options, globals); });
 }
 

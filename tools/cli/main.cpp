@@ -3,6 +3,10 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+
 #include <CLI/CLI.hpp>
 
 #include "cli.hpp"
@@ -80,6 +84,12 @@ int main(int argc, char** argv) {
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "flashjit: error: {}\n", e.what());
+    return 1;
+  }
+  // Output that never reached its destination (a full disk, /dev/full, a closed pipe) is a
+  // failure, not a success with lost results.
+  if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+    fmt::print(stderr, "flashjit: error: cannot write the output: {}\n", std::strerror(errno));
     return 1;
   }
   return status;

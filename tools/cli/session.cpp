@@ -1,5 +1,6 @@
 // The resources a command works on: the library's log level, the kernel cache and the GPU engine.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstdlib>
 
@@ -19,24 +20,24 @@ void apply_log_level(const GlobalOptions& globals) {
 }
 
 std::shared_ptr<KernelCache> open_cache(const GlobalOptions& globals, bool need_disk) {
-  auto cache = std::make_shared<KernelCache>(CacheOptions{globals.cache_dir});
-  if (need_disk && !cache->directory()) {
-    const std::string which =
-        globals.cache_dir ? fmt::format("the cache directory {}", globals.cache_dir->string())
-                          : std::string(
-                                "the default cache directory ($FLASHJIT_CACHE_DIR, "
-                                "$XDG_CACHE_HOME/flashjit or ~/.cache/flashjit)");
+  auto cache = std::make_shared<KernelCache>(CacheOptions{globals.cache_dir, {}});
+  if (need_disk && !cache->directory())
     throw Error(ErrorCode::cache_error,
-                fmt::format("{} cannot be created or written: pass --cache-dir DIR with a "
-                            "writable directory",
-                            which));
-  }
+                fmt::format("{}: pass --cache-dir DIR with a directory of yours that only you "
+                            "can write",
+                            cache->why_not_persistent()));
   return cache;
 }
 
 std::string describe_cache_location(const KernelCache& cache) {
-  if (auto dir = cache.directory()) return dir->string();
-  return "(none: the cache directory is not usable, kernels are kept in memory only)";
+  std::vector<std::string> layers;
+  for (const CacheLayer& layer : cache.layers())
+    layers.push_back(
+        fmt::format("{} ({})", layer.dir.string(), layer.writable ? "writable" : "read-only"));
+  if (cache.directory()) return fmt::format("{}", fmt::join(layers, " + "));
+  return fmt::format("(no writable directory: {}; new kernels are kept in memory only){}",
+                     cache.why_not_persistent(),
+                     layers.empty() ? "" : fmt::format(" + {}", fmt::join(layers, " + ")));
 }
 
 std::unique_ptr<Engine> open_engine(std::string_view command, int device,

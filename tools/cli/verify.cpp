@@ -238,7 +238,7 @@ int run_verify(const VerifyOptions& options, const GlobalOptions& globals) {
   progress.finish();
   if (!options.json_path.empty()) {
     std::ofstream file(options.json_path);
-    file << report.dump(2) << '\n';
+    file << report.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     if (!file)
       throw Error(ErrorCode::invalid_argument,
                   fmt::format("--json: cannot write {}", options.json_path));
