@@ -158,10 +158,20 @@ flashjit_status flashjit_precompile(const char* cache_dir, const char* const* va
     require(count >= 0 && (count == 0 || variant_names != nullptr),
             "variant_names is null or count < 0");
     std::vector<flashjit::Variant> variants;
-    for (int32_t i = 0; i < count; ++i) variants.push_back(flashjit::Variant::parse(variant_names[i]));
+    for (int32_t i = 0; i < count; ++i) {
+      if (variant_names[i] == nullptr)
+        throw flashjit::Error(flashjit::ErrorCode::invalid_argument,
+                              "variant_names[" + std::to_string(i) +
+                                  "] is null: expected a variant name");
+      variants.push_back(flashjit::Variant::parse(variant_names[i]));
+    }
     flashjit::CacheOptions options;
     if (cache_dir != nullptr && *cache_dir != '\0') options.dir = cache_dir;
     flashjit::KernelCache cache(options);
+    // Compiling into memory only would report success for nothing kept.
+    if (!cache.directory())
+      throw flashjit::Error(flashjit::ErrorCode::cache_error,
+                            "nothing can be cached: " + cache.why_not_persistent());
     std::string failures;
     for (const auto& outcome : cache.precompile(variants))
       if (!outcome.ok) failures += outcome.variant.name() + ": " + outcome.error + "\n";

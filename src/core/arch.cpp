@@ -34,6 +34,13 @@ int arch_number(std::string_view arch) {
   return number;
 }
 
+int max_shared_bytes_per_block(std::string_view arch) {
+  const int number = arch_number(arch);
+  if (number == 80 || number == 87) return 163 * 1024;
+  if (number >= 90 && number < 120) return 227 * 1024;
+  return 99 * 1024;  // sm_86, sm_89, sm_120, sm_121
+}
+
 bool arch_has_accelerated_features(std::string_view arch) {
   return !arch.empty() && arch.back() == 'a';
 }

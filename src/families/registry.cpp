@@ -61,6 +61,12 @@ void check_variant(const Variant& v) {
     fail(fmt::format("family {} has no head_dim {}: expected one of {}", v.family, v.head_dim,
                      fmt::join(family->head_dims, ", ")));
   if (std::string problem = family->check_tiles(v); !problem.empty()) fail(problem);
+  // A kernel no GPU of the arch could launch is refused here, not cached.
+  if (const int bytes = family->shared_bytes(v), most = max_shared_bytes_per_block(v.arch);
+      bytes > most)
+    fail(fmt::format("needs {} B of shared memory per block: expected at most {} (what {} GPUs "
+                     "allow)",
+                     bytes, most, v.arch));
 }
 
 KernelSpec kernel_spec(const Variant& v) {

@@ -399,3 +399,58 @@ TEST_CASE("verify and bench run on the GPU, or fail saying there is none") {
     }
   }
 }
+
+TEST_CASE("operator edges: log level names, non-UTF-8 paths, lost output, sizes, which directory") {
+  TempCache scratch;
+  const std::string dir = "--cache-dir " + scratch.dir.string();
+  // An unknown FLASHJIT_LOG_LEVEL is reported, not silently taken as "off".
+  Run run = run_cli(scratch, dir + " info", "FLASHJIT_LOG_LEVEL=garbage");
+  CHECK(run.status == 0);
+  CHECK(contains(run.err, "FLASHJIT_LOG_LEVEL='garbage' is unknown"));
+  // JSON stays JSON when a path is not UTF-8.
+  const fs::path odd = scratch.dir / "cache-\xff\xfe";
+  run = run_cli(scratch, fmt::format("--cache-dir '{}' info --json", odd.string()));
+  CHECK(run.status == 0);
+  CHECK_NOTHROW(json::parse(run.out));
+  // Output that cannot be written is an error, not a silent success.
+  run = run_cli(scratch, dir + " info >/dev/full");
+  CHECK(run.status != 0);
+  CHECK(contains(run.err, "cannot write the output"));
+  // Sizes: no negative, no overflow.
+  run = run_cli(scratch, dir + " prune --max-size -1");
+  CHECK(run.status == 2);
+  CHECK(contains(run.err, "'-1' is not a size"));
+  run = run_cli(scratch, dir + " prune --max-size 20000000000000G");
+  CHECK(run.status == 2);
+  CHECK(contains(run.err, "more bytes than 64 bits"));
+  // The error names the directory actually used and where it came from.
+  const fs::path shared = scratch.dir / "shared";
+  fs::create_directory(shared);
+  fs::permissions(shared, fs::perms::all);
+  run = run_cli(scratch, "clear", "FLASHJIT_CACHE_DIR=" + shared.string());
+  CHECK(run.status != 0);
+  CHECK(contains(run.err, shared.string()));
+  CHECK(contains(run.err, "FLASHJIT_CACHE_DIR"));
+  CHECK(contains(run.err, "writable by group or others"));
+}
+
+TEST_CASE("list shows every layer and which one each entry comes from") {
+  TempCache scratch;
+  const fs::path bundle = scratch.dir / "bundle", local = scratch.dir / "local";
+  REQUIRE(run_cli(scratch, fmt::format("--cache-dir {} precompile --variant "
+                                       "simt.sm80.bf16.d64.m64n64s1",
+                                       bundle.string()))
+              .status == 0);
+  const std::string env =
+      fmt::format("FLASHJIT_CACHE_PATH={}:{}", local.string(), bundle.string());
+  Run run = run_cli(scratch, "list", env);
+  REQUIRE(run.status == 0);
+  CHECK(contains(run.out, fmt::format("layer 2: {} (read-only)", bundle.string())));
+  CHECK(contains(run.out, fmt::format("layer 1: {} (writable)", local.string())));
+  run = run_cli(scratch, "list --json", env);
+  const json entries = json::parse(run.out);
+  REQUIRE(entries.size() == 1);
+  CHECK(entries[0].at("read_only") == true);
+  CHECK(entries[0].at("layer") == bundle.string());
+  CHECK(entries[0].at("state") == "current");
+}

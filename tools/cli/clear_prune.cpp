@@ -2,6 +2,11 @@
 // recently used beyond a size limit.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <iterator>
+
 #include "cli.hpp"
 #include "options.hpp"
 #include "table.hpp"
@@ -52,6 +57,42 @@ int run_prune(std::optional<std::uint64_t> max_bytes, bool stale, const GlobalOp
 
 }  // namespace
 
+// "500k" -> "500000": a non-negative count of bytes with an optional unit, rewritten to the plain
+// number; a negative size, an unknown unit or one that overflows 64 bits is refused by name.
+CLI::Validator size_validator() {
+  return CLI::Validator(
+      [](std::string& value) -> std::string {
+        static const std::pair<const char*, std::uint64_t> kUnits[] = {
+            {"", 1},           {"b", 1},           {"k", 1000},        {"kb", 1000},
+            {"m", 1000000},    {"mb", 1000000},    {"g", 1000000000},  {"gb", 1000000000},
+            {"t", 1000000000000}, {"tb", 1000000000000}, {"kib", 1ull << 10}, {"mib", 1ull << 20},
+            {"gib", 1ull << 30}, {"tib", 1ull << 40}};
+        std::size_t digits = 0;
+        while (digits < value.size() && std::isdigit(static_cast<unsigned char>(value[digits])))
+          ++digits;
+        if (digits == 0)
+          return fmt::format("'{}' is not a size: expected a non-negative number of bytes, "
+                             "optionally with a unit (500k, 20M, 1G, 512KiB, 1GiB)",
+                             value);
+        std::string unit = value.substr(digits);
+        for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+        const auto found = std::find_if(std::begin(kUnits), std::end(kUnits),
+                                        [&](const auto& u) { return unit == u.first; });
+        if (found == std::end(kUnits))
+          return fmt::format("'{}' has an unknown unit '{}': expected k, M, G, T (powers of 1000) "
+                             "or KiB, MiB, GiB, TiB",
+                             value, value.substr(digits));
+        std::uint64_t number = 0, bytes = 0;
+        const auto [end, error] = std::from_chars(value.data(), value.data() + digits, number);
+        if (error != std::errc() || end != value.data() + digits ||
+            __builtin_mul_overflow(number, found->second, &bytes))
+          return fmt::format("'{}' is more bytes than 64 bits can count", value);
+        value = std::to_string(bytes);
+        return {};
+      },
+      "");
+}
+
 void add_clear_command(CLI::App& app, const GlobalOptions& globals, int& status) {
   auto arch = std::make_shared<std::string>();
   CLI::App* command = app.add_subcommand("clear", "Remove cached kernels (all, or one arch's)");
@@ -72,7 +113,7 @@ void add_prune_command(CLI::App& app, const GlobalOptions& globals, int& status)
       ->add_option("--max-size", *max_bytes,
                    "Size to fit in: bytes, or with a unit: 500k, 20M, 1G (powers of 1000), "
                    "512KiB, 1GiB (powers of 1024)")
-      ->transform(CLI::AsSizeValue(/*kb_is_1000=*/true).description(""))
+      ->transform(size_validator())
       ->type_name("SIZE");
   command->require_option(1, 2);  // --stale, --max-size, or both
   command->callback([&globals, &status, max_bytes, stale] {
