@@ -62,6 +62,10 @@ FLASHJIT_API const char* flashjit_family_name(int32_t index);
 /* cache_dir: NULL for the default location order. */
 FLASHJIT_API flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashjit_engine** engine);
 FLASHJIT_API void flashjit_engine_destroy(flashjit_engine* engine);
+/* From now on, appends each variant the engine runs for the first time to the manifest file
+ * (what FLASHJIT_RECORD=file does); `flashjit precompile --manifest file` builds them. */
+FLASHJIT_API flashjit_status flashjit_engine_record(flashjit_engine* engine,
+                                                   const char* manifest_path);
 /* stream: a CUstream / cudaStream_t, or NULL for the legacy default stream. */
 FLASHJIT_API flashjit_status flashjit_forward(flashjit_engine* engine, const flashjit_tensor* q,
                                  const flashjit_tensor* k, const flashjit_tensor* v,

@@ -88,6 +88,14 @@ struct FLASHJIT_API Variant {
 // The variants `precompile` builds for an arch when none are named: every family that runs on it,
 // bf16 and fp16, every supported head dim, causal and not, with the dispatcher's tile choice.
 FLASHJIT_API std::vector<Variant> default_variants(std::string_view arch);
+// Variant manifests (docs/cache.md): one canonical variant name per line, '#' comments. What a
+// process recorded (FLASHJIT_RECORD, Engine::record_variants) is what `flashjit precompile
+// --manifest` builds for a fleet. read_variant_manifest throws Error(invalid_argument) naming the
+// file and line of a bad name; write_variant_manifest replaces the file atomically.
+FLASHJIT_API std::vector<Variant> read_variant_manifest(const std::filesystem::path& file);
+FLASHJIT_API void write_variant_manifest(const std::filesystem::path& file,
+                                         const std::vector<Variant>& variants);
+
 // Head dims the engine accepts: those of every family, ascending.
 FLASHJIT_API std::vector<int> supported_head_dims();
 // Canonical arch from user spellings: "sm_90a", "sm_90", "90", "9.0", "h100", "h200", "a100", ...
@@ -258,6 +266,11 @@ class FLASHJIT_API Engine {
   void forward(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const ForwardOptions& options = {},
                CUstream_st* stream = nullptr);
+  // From now on, appends each variant this engine runs for the first time to `file` (a variant
+  // manifest), as FLASHJIT_RECORD=file does from the engine's creation; an empty path stops.
+  // Errors writing it are logged, never thrown from forward.
+  void record_variants(const std::filesystem::path& file);
+
   // The variant forward would run for these arguments (validates them the same way).
   Variant select_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const ForwardOptions& options = {}) const;

@@ -123,6 +123,15 @@ flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashj
 
 void flashjit_engine_destroy(flashjit_engine* engine) { delete engine; }
 
+flashjit_status flashjit_engine_record(flashjit_engine* engine, const char* manifest_path) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
+    require(manifest_path != nullptr && *manifest_path != '\0',
+            "manifest_path is null or empty: expected a file to append variant names to");
+    engine->engine->record_variants(manifest_path);
+  });
+}
+
 flashjit_status flashjit_forward(flashjit_engine* engine, const flashjit_tensor* q,
                                  const flashjit_tensor* k, const flashjit_tensor* v,
                                  const flashjit_tensor* out, const flashjit_forward_options* options,

@@ -2,9 +2,14 @@
 // -> launch on the caller's stream.
 #include <fmt/format.h>
 
+#include <cstdlib>
+#include <mutex>
+#include <set>
+
 #include "api/dispatch.hpp"
 #include "api/kernel_cache_impl.hpp"
 #include "api/launch_plans.hpp"
+#include "api/manifest.hpp"
 #include "api/validate.hpp"
 #include "core/log.hpp"
 #include "cuda/context.hpp"
@@ -28,12 +33,26 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
                                                      const detail::ForwardProblem& problem,
                                                      const std::optional<TileConfig>& tiles);
 
+  // Appends the variant to the usage manifest, once per engine (the slow path only).
+  void record(const Variant& variant);
+
   DeviceInfo device;
   detail::PrimaryContext primary;  // declared before modules: they unload while it is retained
   std::shared_ptr<KernelCache> cache;
   detail::ModuleCache modules;
   detail::LaunchPlans plans;
+  std::mutex record_mutex;
+  std::optional<std::filesystem::path> record_file;
+  std::set<std::string> recorded;
 };
+
+void Engine::Impl::record(const Variant& variant) {
+  std::lock_guard lock(record_mutex);
+  if (!record_file || !recorded.insert(variant.name()).second) return;
+  if (std::string error = detail::append_manifest_line(*record_file, variant.name());
+      !error.empty())
+    detail::log().warn("cannot record {} in the usage manifest: {}", variant.name(), error);
+}
 
 std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
     const detail::PlanKey& key, const detail::ForwardProblem& problem,
@@ -63,6 +82,7 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
                             ready->variant.family, ready->plan.maps.size(),
                             ready->plan.values.size(), detail::LaunchPlan::kMaxMaps,
                             detail::LaunchPlan::kMaxValues));
+  record(ready->variant);
   plans.insert(key, ready);
   return ready;
 }
@@ -71,6 +91,14 @@ Engine::Engine(int device, std::shared_ptr<KernelCache> cache)
     : impl_(std::make_unique<Impl>(device, std::move(cache))) {
   detail::log().debug("engine on device {} ({}, {})", device, impl_->device.name,
                       impl_->device.arch);
+  if (const char* file = std::getenv("FLASHJIT_RECORD"); file != nullptr && *file != '\0')
+    record_variants(file);
+}
+
+void Engine::record_variants(const std::filesystem::path& file) {
+  std::lock_guard lock(impl_->record_mutex);
+  impl_->record_file = file.empty() ? std::nullopt : std::optional(file);
+  impl_->recorded.clear();
 }
 
 Engine::~Engine() = default;

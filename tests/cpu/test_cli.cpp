@@ -454,3 +454,35 @@ TEST_CASE("list shows every layer and which one each entry comes from") {
   CHECK(entries[0].at("layer") == bundle.string());
   CHECK(entries[0].at("state") == "current");
 }
+
+TEST_CASE("precompile --out writes a bundle that a read-only layer serves; --manifest rebuilds it") {
+  TempCache scratch;
+  const fs::path bundle = scratch.dir / "bundle", fleet = scratch.dir / "fleet";
+  Run run = run_cli(scratch, fmt::format("precompile --out {} --variant simt.sm80.bf16.d64.m64n64s1 "
+                                         "--variant mma.sm80.bf16.d64.m64n64s1",
+                                         bundle.string()));
+  REQUIRE(run.status == 0);
+  const fs::path manifest = bundle / "flashjit-manifest.txt";
+  REQUIRE(fs::exists(manifest));
+  const auto names = flashjit::read_variant_manifest(manifest);
+  REQUIRE(names.size() == 2);
+  CHECK(names[0].name() == "simt.sm80.bf16.d64.m64n64s1");
+  // Served from the bundle as a read-only layer: nothing compiled, nothing written beside it.
+  flashjit::KernelCache cache(flashjit::CacheOptions{scratch.dir / "local", {bundle}});
+  const auto outcome = cache.compile(names[1]);
+  CHECK(outcome.was_cached);
+  CHECK(outcome.entry->read_only);
+  // The manifest, retargeted to another arch, compiles exactly its variants there.
+  run = run_cli(scratch, fmt::format("--cache-dir {} precompile --manifest {} --arch sm_86",
+                                     fleet.string(), manifest.string()));
+  REQUIRE(run.status == 0);
+  const auto built = flashjit::KernelCache(flashjit::CacheOptions{fleet}).list();
+  REQUIRE(built.size() == 2);
+  for (const auto& entry : built) CHECK(entry.variant.arch == "sm_86");
+  // A manifest naming something no family can build fails by file and line.
+  std::ofstream(scratch.dir / "bad.txt") << "# recorded\nsimt.sm80.bf16.d64.m64n64s1\nsimt.sm80.bf16.d65.m64n64s1\n";
+  run = run_cli(scratch, fmt::format("--cache-dir {} precompile --manifest {}", fleet.string(),
+                                     (scratch.dir / "bad.txt").string()));
+  CHECK(run.status != 0);
+  CHECK(contains(run.err, "bad.txt line 3"));
+}

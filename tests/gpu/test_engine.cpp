@@ -164,3 +164,26 @@ TEST_CASE("a warm launch plan serves other buffers of the same shape (maps re-ad
     }
   }
 }
+
+TEST_CASE("an engine records each variant it runs once, in a manifest precompile reads") {
+  Engine& engine = shared_engine();
+  TempDir dir;
+  const auto manifest = dir.path() / "used.txt";
+  engine.record_variants(manifest);
+  Problem a(engine, 1, 200, 4, 64), b(engine, 1, 300, 4, 128);
+  ForwardOptions options;
+  for (int repeat = 0; repeat < 3; ++repeat)
+    for (Problem* p : {&a, &b})
+      engine.forward(p->view(p->q_dev), p->view(p->k_dev), p->view(p->v_dev), p->view(p->out_dev),
+                     options);
+  synchronize(engine);
+  const auto recorded = read_variant_manifest(manifest);
+  REQUIRE(recorded.size() == 2);
+  auto chosen = [&](Problem& p) {
+    return engine.select_variant(p.view(p.q_dev), p.view(p.k_dev), p.view(p.v_dev),
+                                 p.view(p.out_dev));
+  };
+  CHECK(recorded[0] == chosen(a));
+  CHECK(recorded[1] == chosen(b));
+  engine.record_variants({});  // stop: later tests must not append to a removed file
+}

@@ -22,9 +22,13 @@ struct PrecompileOptions {
   std::vector<std::string> dtypes;
   std::vector<std::string> families;
   std::vector<std::string> variant_names;
+  std::string manifest;  // a variant manifest to build exactly (retargeted to --arch if given)
+  std::string out;       // a bundle directory to write (entries + its manifest)
   int jobs = 0;
   bool dry_run = false;
 };
+
+constexpr const char* kBundleManifest = "flashjit-manifest.txt";
 
 template <typename Container, typename Value>
 bool contains(const Container& container, const Value& value) {
@@ -72,6 +76,31 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
   };
   if (!options.variant_names.empty()) {
     for (const std::string& name : options.variant_names) add(Variant::parse(name));
+    return chosen;
+  }
+  if (!options.manifest.empty()) {
+    // A manifest recorded on one GPU can warm another arch: each variant retargeted, checked
+    // again for that arch.
+    for (const Variant& recorded : read_variant_manifest(options.manifest)) {
+      if (options.archs.empty()) {
+        add(recorded);
+        continue;
+      }
+      for (const std::string& arch : options.archs) {
+        Variant retargeted = recorded;
+        retargeted.arch = arch;
+        try {
+          add(Variant::parse(retargeted.name()));
+        } catch (const Error& e) {
+          throw Error(ErrorCode::invalid_argument,
+                      fmt::format("--manifest {}: {} cannot be built for {}: {}", options.manifest,
+                                  recorded.name(), arch, e.what()));
+        }
+      }
+    }
+    if (chosen.empty())
+      throw Error(ErrorCode::invalid_argument,
+                  fmt::format("--manifest {} names no variant", options.manifest));
     return chosen;
   }
   const auto archs = options.archs.empty() ? archs_of_local_gpus() : options.archs;
@@ -129,7 +158,9 @@ int run_precompile(const PrecompileOptions& options, const GlobalOptions& global
     for (const Variant& variant : variants) fmt::print("{}\n", variant.name());
     return 0;
   }
-  const auto cache = open_cache(globals, /*need_disk=*/true);
+  GlobalOptions where = globals;
+  if (!options.out.empty()) where.cache_dir = options.out;  // the bundle is the writable layer
+  const auto cache = open_cache(where, /*need_disk=*/true);
 
   std::size_t name_width = 0;
   for (const Variant& variant : variants) name_width = std::max(name_width, variant.name().size());
@@ -179,6 +210,20 @@ int run_precompile(const PrecompileOptions& options, const GlobalOptions& global
         failed);
     fmt::print("cache: {}\n", describe_cache_location(*cache));
   }
+  if (failed == 0 && !options.out.empty()) {
+    const std::filesystem::path manifest = std::filesystem::path(options.out) / kBundleManifest;
+    write_variant_manifest(manifest, variants);
+    // Others read a bundle (it is built to be shipped); a cache directory stays private (0700).
+    std::filesystem::permissions(options.out, std::filesystem::perms::owner_all |
+                                                  std::filesystem::perms::group_read |
+                                                  std::filesystem::perms::group_exec |
+                                                  std::filesystem::perms::others_read |
+                                                  std::filesystem::perms::others_exec);
+    if (!globals.quiet)
+      fmt::print("bundle: {} ({} variants; serve it read-only with FLASHJIT_CACHE_PATH or "
+                 "CacheOptions::read_only_dirs)\n",
+                 manifest.string(), variants.size());
+  }
   if (failed == 0) return 0;
   std::fflush(stdout);
   fmt::print(stderr, "flashjit: error: {} of {} variants failed:\n", failed, outcomes.size());
@@ -213,6 +258,22 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->excludes(dtype)
       ->excludes(family)
       ->type_name("NAME");
+  command
+      ->add_option("--manifest", options->manifest,
+                   "Compile exactly the variants of this manifest (FLASHJIT_RECORD writes one), "
+                   "for each --arch if given")
+      ->check(CLI::ExistingFile)
+      ->excludes(head_dim)
+      ->excludes(causal)
+      ->excludes(dtype)
+      ->excludes(family)
+      ->excludes("--variant")
+      ->type_name("FILE");
+  command
+      ->add_option("--out", options->out,
+                   "Write a relocatable bundle into DIR (its entries and flashjit-manifest.txt), "
+                   "instead of the cache")
+      ->type_name("DIR");
   command->add_option("-j,--jobs", options->jobs, "Parallel compilations (default: all cores)")
       ->check(non_negative())
       ->type_name("N");
