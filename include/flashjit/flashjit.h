@@ -62,6 +62,9 @@ FLASHJIT_API const char* flashjit_family_name(int32_t index);
 /* cache_dir: NULL for the default location order. */
 FLASHJIT_API flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashjit_engine** engine);
 FLASHJIT_API void flashjit_engine_destroy(flashjit_engine* engine);
+/* on != 0: a forward whose kernel is not compiled yet runs a compiled stand-in for the same
+ * problem while the kernel compiles in the background (Engine::set_never_block); 0: waits. */
+FLASHJIT_API flashjit_status flashjit_engine_set_never_block(flashjit_engine* engine, int32_t on);
 /* From now on, appends each variant the engine runs for the first time to the manifest file
  * (what FLASHJIT_RECORD=file does); `flashjit precompile --manifest file` builds them. */
 FLASHJIT_API flashjit_status flashjit_engine_record(flashjit_engine* engine,

@@ -271,6 +271,22 @@ class FLASHJIT_API Engine {
   // Errors writing it are logged, never thrown from forward.
   void record_variants(const std::filesystem::path& file);
 
+  // Never wait for NVRTC in forward: while the variant a problem wants is compiled neither in
+  // memory nor in the disk cache, forward runs one that is (another family, or another tile
+  // shape of the family) for the same problem, compiles the wanted one on a background thread,
+  // and switches to it on the first call after it is ready. With no compiled stand-in it
+  // compiles and waits as usual, and forced tiles are never replaced. Default off;
+  // FLASHJIT_NEVER_BLOCK=1 turns it on for engines created after it is set.
+  void set_never_block(bool on);
+  // Waits until the background compiles started so far are done (tests, orderly shutdown; the
+  // destructor waits too).
+  void wait_for_background_compiles();
+  // The variant a forward with these arguments runs right now: select_variant's, or its
+  // stand-in while that compiles in the background.
+  Variant running_variant(const TensorView& q, const TensorView& k, const TensorView& v,
+                          const TensorView& out, const ForwardOptions& options = {},
+                          CUstream_st* stream = nullptr) const;
+
   // The variant forward would run for these arguments (validates them the same way).
   Variant select_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const ForwardOptions& options = {}) const;

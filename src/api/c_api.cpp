@@ -123,6 +123,13 @@ flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashj
 
 void flashjit_engine_destroy(flashjit_engine* engine) { delete engine; }
 
+flashjit_status flashjit_engine_set_never_block(flashjit_engine* engine, int32_t on) {
+  return guarded([&] {
+    require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
+    engine->engine->set_never_block(on != 0);
+  });
+}
+
 flashjit_status flashjit_engine_record(flashjit_engine* engine, const char* manifest_path) {
   return guarded([&] {
     require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");

@@ -26,20 +26,46 @@ const KernelFamily* forced_family(const std::optional<std::string>& name) {
   return name ? &family_named(*name, "options.family") : nullptr;
 }
 
+namespace {
+
+// Empty when the family can run the problem on this GPU (before its tile shape is chosen).
+std::string why_family_cannot_run(const KernelFamily& family, const ForwardProblem& problem,
+                                  const DeviceInfo& device) {
+  if (!family.runs_on(device.arch)) return fmt::format("does not run on {}", device.arch);
+  if (std::find(family.head_dims.begin(), family.head_dims.end(), problem.head_dim) ==
+      family.head_dims.end())
+    return fmt::format("has no head_dim {}", problem.head_dim);
+  return family.unsupported_reason(problem);
+}
+
+}  // namespace
+
+std::vector<Variant> fallback_variants(const ForwardProblem& problem, const DeviceInfo& device,
+                                       const KernelFamily* forced) {
+  std::vector<Variant> candidates;
+  for (const KernelFamily* family : registered_families()) {
+    if ((forced && family != forced) || !why_family_cannot_run(*family, problem, device).empty())
+      continue;
+    const TileTable table = family->tile_table(device.arch, problem.head_dim, problem.causal);
+    std::vector<TileConfig> shapes = {table.pick(problem.seqlen_k)};
+    for (int i = 0; i < table.count; ++i) shapes.push_back(table.rules[i].tiles);
+    for (const TileConfig& tiles : shapes) {
+      const Variant v =
+          variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal, tiles);
+      if (shared_memory_shortfall(*family, v, device).empty() &&
+          std::find(candidates.begin(), candidates.end(), v) == candidates.end())
+        candidates.push_back(v);
+    }
+  }
+  return candidates;
+}
+
 Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
                        const KernelFamily* forced, std::optional<TileConfig> forced_tiles) {
   std::string reasons;
   for (const KernelFamily* family : registered_families()) {
     if (forced && family != forced) continue;
-    std::string why;
-    if (!family->runs_on(device.arch)) {
-      why = fmt::format("does not run on {}", device.arch);
-    } else if (std::find(family->head_dims.begin(), family->head_dims.end(), problem.head_dim) ==
-               family->head_dims.end()) {
-      why = fmt::format("has no head_dim {}", problem.head_dim);
-    } else {
-      why = family->unsupported_reason(problem);
-    }
+    std::string why = why_family_cannot_run(*family, problem, device);
     Variant variant;
     if (why.empty()) {
       const TileConfig tiles =

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <optional>
+#include <vector>
 
 #include "core/problem.hpp"
 #include "families/family.hpp"
@@ -14,6 +15,11 @@ namespace flashjit::detail {
 // the chosen family or the GPU.
 Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
                        const KernelFamily* forced, std::optional<TileConfig> forced_tiles = {});
+// Every variant that can run the problem on this GPU, in order of preference: each family's
+// table shape for it, then the family's other table shapes (what may already be compiled while
+// the preferred one is not). Only the forced family's when one is forced.
+std::vector<Variant> fallback_variants(const ForwardProblem& problem, const DeviceInfo& device,
+                                       const KernelFamily* forced);
 // The family a caller named in ForwardOptions::family (nullptr: none named). Throws
 // Error(invalid_argument) for a name that is not a family.
 const KernelFamily* forced_family(const std::optional<std::string>& name);

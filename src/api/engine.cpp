@@ -2,9 +2,14 @@
 // -> launch on the caller's stream.
 #include <fmt/format.h>
 
+#include <atomic>
 #include <cstdlib>
+#include <future>
+#include <map>
 #include <mutex>
 #include <set>
+#include <string_view>
+#include <vector>
 
 #include "api/dispatch.hpp"
 #include "api/kernel_cache_impl.hpp"
@@ -35,6 +40,13 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
 
   // Appends the variant to the usage manifest, once per engine (the slow path only).
   void record(const Variant& variant);
+  // The background compile of `variant` (started now unless one was already).
+  std::shared_ptr<const detail::BackgroundCompile> compile_in_background(const Variant& variant);
+  // The kernel for `preferred` if it needs no compile, else (never-block) a compiled stand-in
+  // for the same problem while `preferred` compiles in the background; else compiles and waits.
+  void choose_kernel(detail::ReadyLaunch& ready, const Variant& preferred,
+                     const detail::ForwardProblem& problem, const detail::KernelFamily* forced,
+                     bool tiles_forced);
 
   DeviceInfo device;
   detail::PrimaryContext primary;  // declared before modules: they unload while it is retained
@@ -44,7 +56,57 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
   std::mutex record_mutex;
   std::optional<std::filesystem::path> record_file;
   std::set<std::string> recorded;
+  std::atomic<bool> never_block{false};
+  std::mutex background_mutex;
+  std::map<std::string, std::shared_ptr<detail::BackgroundCompile>> background;  // by variant
+  std::vector<std::future<void>> compiles;  // last: destroyed first, waiting for each compile
 };
+
+std::shared_ptr<const detail::BackgroundCompile> Engine::Impl::compile_in_background(
+    const Variant& variant) {
+  std::lock_guard lock(background_mutex);
+  auto& state = background[variant.name()];
+  if (state) return state;
+  state = std::make_shared<detail::BackgroundCompile>();
+  detail::log().info("compiling {} in the background", variant.name());
+  compiles.push_back(std::async(std::launch::async, [cache = cache, variant, state] {
+    try {
+      cache->impl_->get(variant);
+    } catch (const std::exception& e) {
+      detail::log().warn("background compile of {} failed; its stand-in stays: {}",
+                         variant.name(), e.what());
+      state->failed = true;
+    }
+    state->done.store(true, std::memory_order_release);
+  }));
+  return state;
+}
+
+void Engine::Impl::choose_kernel(detail::ReadyLaunch& ready, const Variant& preferred,
+                                 const detail::ForwardProblem& problem,
+                                 const detail::KernelFamily* forced, bool tiles_forced) {
+  ready.variant = preferred;
+  // Forced tiles are the caller's explicit choice: never replaced by a stand-in.
+  if (!never_block || tiles_forced) {
+    ready.kernel = cache->impl_->get(preferred);
+    return;
+  }
+  if ((ready.kernel = cache->impl_->get_if_built(preferred))) return;
+  auto pending = compile_in_background(preferred);
+  for (const Variant& candidate : detail::fallback_variants(problem, device, forced)) {
+    if (candidate == preferred) continue;
+    if (auto kernel = cache->impl_->get_if_built(candidate)) {
+      ready.variant = candidate;
+      ready.kernel = std::move(kernel);
+      // A failed compile leaves the stand-in for good; else the next call after it is done
+      // plans again and finds the compiled kernel.
+      if (!pending->failed) ready.stand_in_for = pending;
+      detail::log().info("running {} while {} compiles", candidate.name(), preferred.name());
+      return;
+    }
+  }
+  ready.kernel = cache->impl_->get(preferred);  // nothing compiled to stand in: wait for it
+}
 
 void Engine::Impl::record(const Variant& variant) {
   std::lock_guard lock(record_mutex);
@@ -66,8 +128,8 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
                             "engine's)",
                             context_device, device.ordinal));
   auto ready = std::make_shared<detail::ReadyLaunch>();
-  ready->variant = detail::select_variant(problem, device, key.forced_family, tiles);
-  ready->kernel = cache->impl_->get(ready->variant);
+  const Variant preferred = detail::select_variant(problem, device, key.forced_family, tiles);
+  choose_kernel(*ready, preferred, problem, key.forced_family, tiles.has_value());
   const detail::CompiledKernel& kernel = *ready->kernel;
   ready->function = modules
                         .get(key.context, {kernel.key, kernel.cubin, kernel.lowered_name,
@@ -82,7 +144,7 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
                             ready->variant.family, ready->plan.maps.size(),
                             ready->plan.values.size(), detail::LaunchPlan::kMaxMaps,
                             detail::LaunchPlan::kMaxValues));
-  record(ready->variant);
+  record(preferred);  // what the process needs precompiled, not its stand-in
   plans.insert(key, ready);
   return ready;
 }
@@ -93,6 +155,36 @@ Engine::Engine(int device, std::shared_ptr<KernelCache> cache)
                       impl_->device.arch);
   if (const char* file = std::getenv("FLASHJIT_RECORD"); file != nullptr && *file != '\0')
     record_variants(file);
+  if (const char* never = std::getenv("FLASHJIT_NEVER_BLOCK");
+      never != nullptr && std::string_view(never) == "1")
+    set_never_block(true);
+}
+
+void Engine::set_never_block(bool on) { impl_->never_block = on; }
+
+void Engine::wait_for_background_compiles() {
+  std::vector<std::shared_future<void>> pending;
+  {
+    std::lock_guard lock(impl_->background_mutex);
+    for (auto& compile : impl_->compiles)
+      if (compile.valid()) pending.push_back(compile.share());
+    impl_->compiles.clear();
+  }
+  for (auto& compile : pending) compile.wait();
+}
+
+Variant Engine::running_variant(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const ForwardOptions& options,
+                                CUstream_st* stream) const {
+  const auto problem = detail::validate_forward(q, k, v, out, options);
+  const detail::KernelFamily* forced = detail::forced_family(options.family);
+  if (!problem.empty()) {
+    const detail::LaunchContext context(stream, impl_->primary.get());
+    if (auto ready =
+            impl_->plans.find(detail::PlanKey::of(context.get(), problem, forced, options.tiles)))
+      return ready->variant;
+  }
+  return detail::select_variant(problem, impl_->device, forced, options.tiles);
 }
 
 void Engine::record_variants(const std::filesystem::path& file) {
@@ -122,7 +214,9 @@ void Engine::forward(const TensorView& q, const TensorView& k, const TensorView&
   const detail::LaunchContext context(stream, impl_->primary.get());
   const auto key = detail::PlanKey::of(context.get(), problem, forced, options.tiles);
   auto ready = impl_->plans.find(key);
-  if (!ready) ready = impl_->prepare(key, problem, options.tiles);
+  // A stand-in is replanned once the kernel it stands in for is done compiling.
+  if (!ready || (ready->stand_in_for && ready->stand_in_for->done.load(std::memory_order_acquire)))
+    ready = impl_->prepare(key, problem, options.tiles);
   detail::launch(ready->function, ready->plan, problem.params, stream);
 }
 

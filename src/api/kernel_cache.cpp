@@ -16,6 +16,12 @@ std::shared_ptr<const detail::CompiledKernel> KernelCache::Impl::get(const Varia
   return store.get(variant, detail::kernel_spec(variant), was_cached);
 }
 
+std::shared_ptr<const detail::CompiledKernel> KernelCache::Impl::get_if_built(
+    const Variant& variant) {
+  detail::check_variant(variant);
+  return store.get_if_built(variant, detail::kernel_spec(variant));
+}
+
 std::string_view to_string(EntryState state) {
   switch (state) {
     case EntryState::current: return "current";

@@ -18,6 +18,9 @@ struct __attribute__((visibility("hidden"))) KernelCache::Impl {
   std::shared_ptr<const detail::CompiledKernel> get(const Variant& variant,
                                                     bool* was_cached = nullptr);
 
+  // The checked variant's kernel if it needs no NVRTC run (memory or disk), else nullptr.
+  std::shared_ptr<const detail::CompiledKernel> get_if_built(const Variant& variant);
+
   detail::KernelStore store;
 };
 

@@ -6,6 +6,7 @@
 #include <cuda.h>
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <shared_mutex>
@@ -34,8 +35,18 @@ struct PlanKey {
 };
 static_assert(std::has_unique_object_representations_v<PlanKey>, "hashed as bytes");
 
+// A background compile an engine started (never-block mode), as the launches that stand in for
+// its variant see it.
+struct BackgroundCompile {
+  std::atomic<bool> done{false};    // finished, compiled or failed
+  std::atomic<bool> failed{false};  // its stand-in stays for good
+};
+
 struct ReadyLaunch {
   Variant variant;
+  // Set while this launch stands in for a variant that compiles in the background: once that is
+  // done, the next call plans again (and finds the compiled kernel).
+  std::shared_ptr<const BackgroundCompile> stand_in_for;
   std::shared_ptr<const CompiledKernel> kernel;  // owns what `function` was loaded from
   CUfunction function = nullptr;
   LaunchPlan plan;

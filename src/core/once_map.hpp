@@ -7,6 +7,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <utility>
 
 namespace flashjit::detail {
@@ -42,6 +43,20 @@ class OnceMap {
       std::lock_guard lock(mutex_);
       values_.erase(key);
       throw;
+    }
+  }
+
+  // The value for `key` if one is made already; never waits, never makes one.
+  std::optional<Value> find_made(const Key& key) {
+    std::lock_guard lock(mutex_);
+    auto it = values_.find(key);
+    if (it == values_.end() ||
+        it->second.wait_for(std::chrono::seconds(0)) != std::future_status::ready)
+      return std::nullopt;
+    try {
+      return it->second.get();
+    } catch (...) {
+      return std::nullopt;  // its making failed; the next get() tries again
     }
   }
 

@@ -18,6 +18,16 @@ std::string KernelStore::key_for(const Variant& variant, const KernelSpec& spec)
                       spec.name_expression, spec.options, translation_unit(spec.source_file)});
 }
 
+std::shared_ptr<const CompiledKernel> KernelStore::get_if_built(const Variant& variant,
+                                                                const KernelSpec& spec) {
+  if (auto made = compiled_.find_made(variant.name())) return *made;
+  auto loaded = disk_.load(variant, key_for(variant, spec));
+  if (!loaded) return nullptr;
+  auto kernel = std::make_shared<const CompiledKernel>(std::move(*loaded));
+  // Shared with every later get(): the one record of this variant in the process.
+  return compiled_.get(variant.name(), [&] { return kernel; });
+}
+
 std::shared_ptr<const CompiledKernel> KernelStore::get(const Variant& variant,
                                                        const KernelSpec& spec, bool* was_cached) {
   bool from_disk = false;

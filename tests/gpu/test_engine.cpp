@@ -1,6 +1,7 @@
 // Engine behaviour on a GPU beyond numerics: bad input launches nothing, concurrency, determinism.
 #include <doctest/doctest.h>
 
+#include <chrono>
 #include <cmath>
 #include <memory>
 #include <random>
@@ -186,4 +187,77 @@ TEST_CASE("an engine records each variant it runs once, in a manifest precompile
   CHECK(recorded[0] == chosen(a));
   CHECK(recorded[1] == chosen(b));
   engine.record_variants({});  // stop: later tests must not append to a removed file
+}
+
+TEST_CASE("never-block: a kernel not compiled yet runs a compiled stand-in, then switches") {
+  if (shared_engine().device().arch != "sm_90a") {
+    MESSAGE("not an sm_90a GPU: never-block test (wgmma wanted, mma stand-in) not run");
+    return;
+  }
+  TempDir dir;
+  auto cache = std::make_shared<KernelCache>(CacheOptions{dir.path()});
+  Engine engine(0, cache);
+  engine.set_never_block(true);
+  std::mt19937 rng(77);
+  std::vector<std::unique_ptr<DeviceProblem>> problems;  // one per thread below
+  for (int i = 0; i < 3; ++i) {
+    auto q = HostTensor::make(DType::bf16, 1, 300, 4, 128, false);
+    auto k = HostTensor::make(DType::bf16, 1, 300, 2, 128, false);
+    auto v = HostTensor::make(DType::bf16, 1, 300, 2, 128, false);
+    for (HostTensor* t : {&q, &k, &v}) t->fill_random(rng);
+    problems.push_back(
+        std::make_unique<DeviceProblem>(engine, std::move(q), std::move(k), std::move(v)));
+  }
+  DeviceProblem& p = *problems[0];
+  const ForwardOptions options;
+  const Variant wanted = engine.select_variant(p.q(), p.k(), p.v(), p.out(), options);
+  ForwardOptions mma;
+  mma.family = "mma";
+  const Variant stand_in = engine.select_variant(p.q(), p.k(), p.v(), p.out(), mma);
+  REQUIRE(wanted.family == "wgmma");
+  REQUIRE(cache->compile(stand_in).ok);  // the only kernel compiled for this problem
+
+  auto check = [&](DeviceProblem& problem) {
+    const Reference ref = reference_attention(problem.host_q(), problem.host_k(),
+                                              problem.host_v(), 1.0 / std::sqrt(128.0), false);
+    check_within_bounds(compare_forward(problem.output(), nullptr, ref), DType::bf16);
+  };
+  const auto start = std::chrono::steady_clock::now();
+  engine.forward(p.q(), p.k(), p.v(), p.out(), options);
+  const double first_ms = std::chrono::duration<double, std::milli>(
+                              std::chrono::steady_clock::now() - start)
+                              .count();
+  CHECK(engine.running_variant(p.q(), p.k(), p.v(), p.out(), options) == stand_in);
+  MESSAGE("first call ", first_ms, " ms (the wanted variant compiles for ~1 s)");
+  CHECK(first_ms < 500);
+  synchronize(engine);
+  check(p);
+
+  // Threads keep calling while the compile finishes: each call runs the stand-in or the wanted
+  // kernel, never anything half-switched.
+  std::vector<std::thread> threads;
+  for (auto& problem : problems)
+    threads.emplace_back([&, problem = problem.get()] {
+      const Stream stream(engine);
+      for (int i = 0; i < 200; ++i)
+        engine.forward(problem->q(), problem->k(), problem->v(), problem->out(), options,
+                       stream.get());
+      stream.synchronize();
+    });
+  for (auto& thread : threads) thread.join();
+  engine.wait_for_background_compiles();
+  for (auto& problem : problems) check(*problem);
+
+  p.poison();
+  engine.forward(p.q(), p.k(), p.v(), p.out(), options);
+  synchronize(engine);
+  CHECK(engine.running_variant(p.q(), p.k(), p.v(), p.out(), options) == wanted);
+  check(p);
+
+  // Without never-block the same first call compiles and runs the wanted kernel.
+  TempDir other;
+  Engine waiting(0, std::make_shared<KernelCache>(CacheOptions{other.path()}));
+  waiting.forward(p.q(), p.k(), p.v(), p.out(), options);
+  synchronize(waiting);
+  CHECK(waiting.running_variant(p.q(), p.k(), p.v(), p.out(), options) == wanted);
 }
