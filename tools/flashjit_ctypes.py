@@ -184,21 +184,25 @@ class Flashjit:
         FlashjitLoadError for a build older than those functions (it still loads, so the
         dispatcher's own choice stays usable, e.g. as the base of an A/B run)."""
         if self._families is None:
-            count = getattr(self.lib, "flashjit_family_count", None)
-            name = getattr(self.lib, "flashjit_family_name", None)
-            if count is None or name is None:
-                raise FlashjitLoadError(
-                    f"{self.path} predates flashjit_family_count (it exports no "
-                    "flashjit_family_count / flashjit_family_name, so its kernel families are "
-                    "unknown): rebuild libflashjit from this checkout")
-            count.restype, count.argtypes = ctypes.c_int32, []
-            name.restype, name.argtypes = ctypes.c_char_p, [ctypes.c_int32]
+            count = self.optional_function("flashjit_family_count", [], ctypes.c_int32)
+            name = self.optional_function("flashjit_family_name", [ctypes.c_int32],
+                                          ctypes.c_char_p)
             names = [name(i) for i in range(count())]
             if None in names:
                 raise FlashjitLoadError(f"{self.path}: flashjit_family_name({names.index(None)}) "
                                         f"is NULL, below flashjit_family_count() = {len(names)}")
             self._families = tuple(n.decode() for n in names)
         return self._families
+
+    def optional_function(self, name, argtypes, restype=ctypes.c_int):
+        """A C API function that older builds lack (they still load, e.g. for A/B runs):
+        raises FlashjitLoadError naming it when this build has none."""
+        function = getattr(self.lib, name, None)
+        if function is None:
+            raise FlashjitLoadError(f"{self.path} predates {name}: rebuild libflashjit from this "
+                                    "checkout")
+        function.restype, function.argtypes = restype, argtypes
+        return function
 
     def check_family(self, family):
         """Raises ValueError unless `family` is one of families()."""
@@ -288,6 +292,21 @@ class Engine:
                              self.handle, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
                              ctypes.byref(out), ctypes.byref(options), buf, len(buf)))
         return buf.value.decode()
+
+    def record_variants(self, manifest_path):
+        """From now on, append each variant this engine runs for the first time to the manifest
+        file (FLASHJIT_RECORD does it from the start); `flashjit precompile --manifest` builds
+        them."""
+        function = self.owner.optional_function(
+            "flashjit_engine_record", [ctypes.c_void_p, ctypes.c_char_p])
+        self.owner.check("flashjit_engine_record", function(self.handle, _encode(str(manifest_path))))
+
+    def set_never_block(self, on=True):
+        """on: a forward whose kernel is not compiled runs a compiled stand-in while it compiles
+        in the background (FLASHJIT_NEVER_BLOCK=1 for every engine)."""
+        function = self.owner.optional_function(
+            "flashjit_engine_set_never_block", [ctypes.c_void_p, ctypes.c_int32])
+        self.owner.check("flashjit_engine_set_never_block", function(self.handle, 1 if on else 0))
 
 
 def find_library(explicit=None):

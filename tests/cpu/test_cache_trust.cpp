@@ -348,3 +348,27 @@ TEST_CASE("a driver error the driver has no name for is still described") {
   CHECK(text.find("cuSomething failed") != std::string::npos);
   CHECK(text.find("12345") != std::string::npos);
 }
+
+TEST_CASE("a group-shared cache (FLASHJIT_CACHE_SHARED=1) trusts its group and nobody else") {
+  if (!is_root()) {
+    MESSAGE("SKIPPED: group-shared test needs root (chown)");
+    return;
+  }
+  test::TempDir dir;
+  const gid_t group = ::getegid();
+  REQUIRE(::chown(dir.path().c_str(), kStranger, group) == 0);  // another owner, our group
+  ::chmod(dir.path().c_str(), 02770);
+  CHECK_FALSE(KernelCache(CacheOptions{dir.path()}).directory().has_value());  // private rule
+  ScopedEnv shared("FLASHJIT_CACHE_SHARED", "1");
+  KernelCache cache(CacheOptions{dir.path()});
+  REQUIRE(cache.directory().has_value());
+  REQUIRE(cache.compile(kVariant).ok);
+  CHECK(KernelCache(CacheOptions{dir.path()}).compile(kVariant).was_cached);
+  // An entry of another group is not trusted, even here.
+  const fs::path stem = entry_stem(dir.path(), kVariant);
+  REQUIRE(::chown((stem.string() + ".cubin").c_str(), kStranger, group + 1) == 0);
+  CHECK_FALSE(KernelCache(CacheOptions{dir.path()}).compile(kVariant).was_cached);
+  // A world-writable shared directory is not used.
+  ::chmod(dir.path().c_str(), 02777);
+  CHECK_FALSE(KernelCache(CacheOptions{dir.path()}).directory().has_value());
+}
