@@ -60,7 +60,8 @@ FLASHJIT_API int32_t flashjit_family_count(void);
 FLASHJIT_API const char* flashjit_family_name(int32_t index);
 
 /* cache_dir: NULL for the default location order. */
-FLASHJIT_API flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashjit_engine** engine);
+FLASHJIT_API flashjit_status flashjit_engine_create(int device, const char* cache_dir,
+                                                    flashjit_engine** engine);
 FLASHJIT_API void flashjit_engine_destroy(flashjit_engine* engine);
 /* on != 0: a forward whose kernel is not compiled yet runs a compiled stand-in for the same
  * problem while the kernel compiles in the background (Engine::set_never_block); 0: waits. */
@@ -68,22 +69,22 @@ FLASHJIT_API flashjit_status flashjit_engine_set_never_block(flashjit_engine* en
 /* From now on, appends each variant the engine runs for the first time to the manifest file
  * (what FLASHJIT_RECORD=file does); `flashjit precompile --manifest file` builds them. */
 FLASHJIT_API flashjit_status flashjit_engine_record(flashjit_engine* engine,
-                                                   const char* manifest_path);
+                                                    const char* manifest_path);
 /* stream: a CUstream / cudaStream_t, or NULL for the legacy default stream. */
 FLASHJIT_API flashjit_status flashjit_forward(flashjit_engine* engine, const flashjit_tensor* q,
-                                 const flashjit_tensor* k, const flashjit_tensor* v,
-                                 const flashjit_tensor* out, const flashjit_forward_options* options,
-                                 void* stream);
+                                              const flashjit_tensor* k, const flashjit_tensor* v,
+                                              const flashjit_tensor* out,
+                                              const flashjit_forward_options* options,
+                                              void* stream);
 /* Writes the canonical name of the variant forward would run into buf (NUL-terminated). */
-FLASHJIT_API flashjit_status flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q,
-                                        const flashjit_tensor* k, const flashjit_tensor* v,
-                                        const flashjit_tensor* out,
-                                        const flashjit_forward_options* options, char* buf,
-                                        int32_t buf_size);
+FLASHJIT_API flashjit_status
+flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+                        const flashjit_tensor* v, const flashjit_tensor* out,
+                        const flashjit_forward_options* options, char* buf, int32_t buf_size);
 
 /* Compiles the named variants into the cache; no GPU needed. */
-FLASHJIT_API flashjit_status flashjit_precompile(const char* cache_dir, const char* const* variant_names,
-                                    int32_t count);
+FLASHJIT_API flashjit_status flashjit_precompile(const char* cache_dir,
+                                                 const char* const* variant_names, int32_t count);
 
 #ifdef __cplusplus
 }

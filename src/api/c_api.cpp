@@ -108,7 +108,8 @@ const char* flashjit_family_name(int32_t index) {
   return families[static_cast<std::size_t>(index)].name.c_str();
 }
 
-flashjit_status flashjit_engine_create(int device, const char* cache_dir, flashjit_engine** engine) {
+flashjit_status flashjit_engine_create(int device, const char* cache_dir,
+                                       flashjit_engine** engine) {
   return guarded([&] {
     require(engine != nullptr, "engine is null: expected a flashjit_engine** to fill");
     *engine = nullptr;
@@ -141,8 +142,8 @@ flashjit_status flashjit_engine_record(flashjit_engine* engine, const char* mani
 
 flashjit_status flashjit_forward(flashjit_engine* engine, const flashjit_tensor* q,
                                  const flashjit_tensor* k, const flashjit_tensor* v,
-                                 const flashjit_tensor* out, const flashjit_forward_options* options,
-                                 void* stream) {
+                                 const flashjit_tensor* out,
+                                 const flashjit_forward_options* options, void* stream) {
   return guarded([&] {
     require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
     engine->engine->forward(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), view_of(out, "out"),
@@ -158,11 +159,10 @@ flashjit_status flashjit_select_variant(flashjit_engine* engine, const flashjit_
   return guarded([&] {
     require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
     require(buf != nullptr && buf_size > 0, "buf is null or buf_size <= 0");
-    const std::string name =
-        engine->engine
-            ->select_variant(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), view_of(out, "out"),
-                             options_of(options))
-            .name();
+    const std::string name = engine->engine
+                                 ->select_variant(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
+                                                  view_of(out, "out"), options_of(options))
+                                 .name();
     require(static_cast<int32_t>(name.size()) < buf_size, "buf_size is too small for the name");
     std::memcpy(buf, name.c_str(), name.size() + 1);
   });
@@ -176,9 +176,9 @@ flashjit_status flashjit_precompile(const char* cache_dir, const char* const* va
     std::vector<flashjit::Variant> variants;
     for (int32_t i = 0; i < count; ++i) {
       if (variant_names[i] == nullptr)
-        throw flashjit::Error(flashjit::ErrorCode::invalid_argument,
-                              "variant_names[" + std::to_string(i) +
-                                  "] is null: expected a variant name");
+        throw flashjit::Error(
+            flashjit::ErrorCode::invalid_argument,
+            "variant_names[" + std::to_string(i) + "] is null: expected a variant name");
       variants.push_back(flashjit::Variant::parse(variant_names[i]));
     }
     flashjit::CacheOptions options;

@@ -72,8 +72,8 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
           forced_tiles ? *forced_tiles
                        : family->tile_table(device.arch, problem.head_dim, problem.causal)
                              .pick(problem.seqlen_k);
-      variant = variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal,
-                           tiles);
+      variant =
+          variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal, tiles);
       if (forced_tiles) why = family->check_tiles(variant);
       if (why.empty()) why = shared_memory_shortfall(*family, variant, device);
       // A caller's tile shape the family cannot build is the caller's error, not a reason to fall
@@ -87,8 +87,8 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
     log().debug("family {} skipped: {}", family->name, why);
     reasons += fmt::format("{}{} {}", reasons.empty() ? "" : "; ", family->name, why);
   }
-  throw Error(ErrorCode::unsupported, fmt::format("no kernel family can run this problem on {}: {}",
-                                                  device.arch, reasons));
+  throw Error(ErrorCode::unsupported,
+              fmt::format("no kernel family can run this problem on {}: {}", device.arch, reasons));
 }
 
 }  // namespace flashjit::detail
@@ -106,8 +106,8 @@ std::vector<Variant> default_variants(std::string_view arch_spelling) {
           // Every shape the table may pick, once each.
           const detail::TileTable table = family->tile_table(arch, head_dim, causal);
           for (int i = 0; i < table.count; ++i) {
-            const Variant v = detail::variant_of(*family, arch, dtype, head_dim, causal,
-                                                 table.rules[i].tiles);
+            const Variant v =
+                detail::variant_of(*family, arch, dtype, head_dim, causal, table.rules[i].tiles);
             if (std::find(variants.begin(), variants.end(), v) == variants.end())
               variants.push_back(v);
           }

@@ -23,4 +23,4 @@ std::vector<Variant> fallback_variants(const ForwardProblem& problem, const Devi
 // The family a caller named in ForwardOptions::family (nullptr: none named). Throws
 // Error(invalid_argument) for a name that is not a family.
 const KernelFamily* forced_family(const std::optional<std::string>& name);
-}
+}  // namespace flashjit::detail

@@ -73,8 +73,8 @@ std::shared_ptr<const detail::BackgroundCompile> Engine::Impl::compile_in_backgr
     try {
       cache->impl_->get(variant);
     } catch (const std::exception& e) {
-      detail::log().warn("background compile of {} failed; its stand-in stays: {}",
-                         variant.name(), e.what());
+      detail::log().warn("background compile of {} failed; its stand-in stays: {}", variant.name(),
+                         e.what());
       state->failed = true;
     }
     state->done.store(true, std::memory_order_release);
@@ -135,15 +135,15 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
                         .get(key.context, {kernel.key, kernel.cubin, kernel.lowered_name,
                                            kernel.entry.dynamic_shared_bytes})
                         .function;
-  ready->plan = detail::family_named(ready->variant.family, "family").plan(ready->variant, problem,
-                                                                            device);
+  ready->plan =
+      detail::family_named(ready->variant.family, "family").plan(ready->variant, problem, device);
   if (ready->plan.maps.size() > detail::LaunchPlan::kMaxMaps ||
       ready->plan.values.size() > detail::LaunchPlan::kMaxValues)
-    throw Error(ErrorCode::unsupported,
-                fmt::format("family {} plans {} tensor maps and {} values: at most {} and {}",
-                            ready->variant.family, ready->plan.maps.size(),
-                            ready->plan.values.size(), detail::LaunchPlan::kMaxMaps,
-                            detail::LaunchPlan::kMaxValues));
+    throw Error(
+        ErrorCode::unsupported,
+        fmt::format("family {} plans {} tensor maps and {} values: at most {} and {}",
+                    ready->variant.family, ready->plan.maps.size(), ready->plan.values.size(),
+                    detail::LaunchPlan::kMaxMaps, detail::LaunchPlan::kMaxValues));
   record(preferred);  // what the process needs precompiled, not its stand-in
   plans.insert(key, ready);
   return ready;

@@ -45,7 +45,8 @@ std::string KernelCache::why_not_persistent() const {
 
 std::vector<CacheLayer> KernelCache::layers() const {
   std::vector<CacheLayer> layers;
-  for (const auto& layer : impl_->store.disk().layers()) layers.push_back({layer.dir, layer.writable});
+  for (const auto& layer : impl_->store.disk().layers())
+    layers.push_back({layer.dir, layer.writable});
   return layers;
 }
 

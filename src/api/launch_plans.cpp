@@ -12,8 +12,9 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   PlanKey key;
   key.context = context;
   key.forced_family = forced_family;
-  key.strides = {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b, p.k_stride_s, p.k_stride_h,
-                 p.v_stride_b, p.v_stride_s, p.v_stride_h, p.o_stride_b, p.o_stride_s, p.o_stride_h};
+  key.strides = {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b,
+                 p.k_stride_s, p.k_stride_h, p.v_stride_b, p.v_stride_s,
+                 p.v_stride_h, p.o_stride_b, p.o_stride_s, p.o_stride_h};
   key.sizes = {problem.batch,    problem.heads_q,  problem.heads_kv,
                problem.seqlen_q, problem.seqlen_k, problem.head_dim};
   key.dtype = static_cast<std::int32_t>(problem.dtype);

@@ -11,4 +11,4 @@ namespace flashjit::detail {
 // Appends `name` as one line (one write with O_APPEND, so processes recording into the same file
 // never interleave a line); a new file gets a comment line first. Returns an error message.
 std::string append_manifest_line(const std::filesystem::path& file, const std::string& name);
-}
+}  // namespace flashjit::detail

@@ -58,9 +58,10 @@ void check_view(const char* name, const TensorView& t, DType dtype) {
   overflows = overflows || __builtin_add_overflow(last_element, t.shape[3] - 1, &last_element) ||
               __builtin_mul_overflow(last_element, kElementBytes, &last_byte);
   if (overflows)
-    reject(fmt::format("{}: shape {} with strides {} reaches past 2^63 bytes: expected the strides "
-                       "of one tensor in memory",
-                       name, fmt::join(t.shape, " x "), fmt::join(t.stride, ", ")));
+    reject(
+        fmt::format("{}: shape {} with strides {} reaches past 2^63 bytes: expected the strides "
+                    "of one tensor in memory",
+                    name, fmt::join(t.shape, " x "), fmt::join(t.stride, ", ")));
 }
 
 void expect_dim(const char* name, const TensorView& t, int dim, std::int64_t expected,
@@ -99,9 +100,10 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   if (problem.heads_q > 0 && problem.heads_kv == 0)
     reject("k.shape[2] (heads) is 0: expected at least 1 key/value head");
   if (problem.heads_kv > 0 && problem.heads_q % problem.heads_kv != 0)
-    reject(fmt::format("q heads ({}) is not a multiple of k/v heads ({}): expected heads_q = n * "
-                       "heads_kv (GQA/MQA)",
-                       problem.heads_q, problem.heads_kv));
+    reject(
+        fmt::format("q heads ({}) is not a multiple of k/v heads ({}): expected heads_q = n * "
+                    "heads_kv (GQA/MQA)",
+                    problem.heads_q, problem.heads_kv));
   constexpr int kMaxGridDim = 65535;  // heads and batch index the grid's y and z
   if (problem.heads_q > kMaxGridDim || problem.batch > kMaxGridDim)
     reject(fmt::format("batch ({}) and heads ({}) must each be at most {}", problem.batch,

@@ -12,9 +12,9 @@
 namespace flashjit::detail {
 
 const std::vector<std::string>& known_archs() {
-  static const std::vector<std::string> archs = {
-      "sm_80", "sm_86", "sm_87", "sm_89", "sm_90", "sm_90a", "sm_100", "sm_100a",
-      "sm_103", "sm_103a", "sm_110", "sm_120", "sm_120a", "sm_121"};
+  static const std::vector<std::string> archs = {"sm_80",  "sm_86",  "sm_87",   "sm_89",  "sm_90",
+                                                 "sm_90a", "sm_100", "sm_100a", "sm_103", "sm_103a",
+                                                 "sm_110", "sm_120", "sm_120a", "sm_121"};
   return archs;
 }
 
@@ -53,10 +53,10 @@ std::string normalize_arch(std::string_view input) {
   std::string text;
   for (char c : input) text += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   static const std::map<std::string, std::string> product_names = {
-      {"a100", "sm_80"},   {"a800", "sm_80"},    {"a30", "sm_80"},     {"ampere", "sm_80"},
-      {"a10", "sm_86"},    {"a40", "sm_86"},     {"rtx3090", "sm_86"}, {"l4", "sm_89"},
-      {"l40", "sm_89"},    {"l40s", "sm_89"},    {"rtx4090", "sm_89"}, {"ada", "sm_89"},
-      {"h100", "sm_90a"},  {"h200", "sm_90a"},   {"h800", "sm_90a"},   {"gh200", "sm_90a"},
+      {"a100", "sm_80"},    {"a800", "sm_80"},   {"a30", "sm_80"},     {"ampere", "sm_80"},
+      {"a10", "sm_86"},     {"a40", "sm_86"},    {"rtx3090", "sm_86"}, {"l4", "sm_89"},
+      {"l40", "sm_89"},     {"l40s", "sm_89"},   {"rtx4090", "sm_89"}, {"ada", "sm_89"},
+      {"h100", "sm_90a"},   {"h200", "sm_90a"},  {"h800", "sm_90a"},   {"gh200", "sm_90a"},
       {"hopper", "sm_90a"}, {"b200", "sm_100a"}, {"gb200", "sm_100a"}, {"blackwell", "sm_100a"},
       {"rtx5090", "sm_120"}};
   if (auto it = product_names.find(text); it != product_names.end()) return it->second;

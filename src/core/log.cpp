@@ -37,9 +37,11 @@ spdlog::logger& log() {
     made->set_pattern("[flashjit] [%l] %v");
     made->set_level(spdlog::level::warn);
     if (const char* name = std::getenv("FLASHJIT_LOG_LEVEL"); name != nullptr && *name != '\0') {
-      if (auto level = parse_level(name)) made->set_level(*level);
-      else made->warn("FLASHJIT_LOG_LEVEL='{}' is unknown: expected {}; logging at warn", name,
-                      kLevelNames);
+      if (auto level = parse_level(name))
+        made->set_level(*level);
+      else
+        made->warn("FLASHJIT_LOG_LEVEL='{}' is unknown: expected {}; logging at warn", name,
+                   kLevelNames);
     }
     return made;
   }();

@@ -69,8 +69,8 @@ Variant parse_variant_name(std::string_view name) {
                             name));
   Variant v;
   if (!is_family_token(parts[0]))
-    bad_field(name, "family", fmt::format("'{}' is not a family name (lowercase letters, digits)",
-                                          parts[0]));
+    bad_field(name, "family",
+              fmt::format("'{}' is not a family name (lowercase letters, digits)", parts[0]));
   v.family = std::string(parts[0]);
 
   std::string_view arch = parts[1];
@@ -81,9 +81,12 @@ Variant parse_variant_name(std::string_view name) {
     bad_field(name, "arch", fmt::format("'{}' is not a known arch", arch));
   v.arch = canonical;
 
-  if (parts[2] == "bf16") v.dtype = DType::bf16;
-  else if (parts[2] == "fp16") v.dtype = DType::fp16;
-  else bad_field(name, "dtype", fmt::format("'{}' is not bf16 or fp16", parts[2]));
+  if (parts[2] == "bf16")
+    v.dtype = DType::bf16;
+  else if (parts[2] == "fp16")
+    v.dtype = DType::fp16;
+  else
+    bad_field(name, "dtype", fmt::format("'{}' is not bf16 or fp16", parts[2]));
 
   std::string_view dim = parts[3];
   if (dim.empty() || dim[0] != 'd') bad_field(name, "head_dim", "expected d<N>, e.g. d128");

@@ -10,4 +10,4 @@
 namespace flashjit::detail {
 // Throws Error(invalid_argument) naming the field that is malformed.
 Variant parse_variant_name(std::string_view name);
-}
+}  // namespace flashjit::detail

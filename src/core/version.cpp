@@ -2,4 +2,4 @@
 
 namespace flashjit {
 std::string_view version() { return FLASHJIT_VERSION; }
-}
+}  // namespace flashjit

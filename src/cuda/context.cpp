@@ -41,8 +41,10 @@ ScopedContext::~ScopedContext() { pop_if(pushed_); }
 
 LaunchContext::LaunchContext(CUstream stream, CUcontext fallback) {
   const CUcontext current = current_context();
-  if (stream != nullptr) check(driver().cuStreamGetCtx(stream, &context_), "cuStreamGetCtx");
-  else context_ = current;
+  if (stream != nullptr)
+    check(driver().cuStreamGetCtx(stream, &context_), "cuStreamGetCtx");
+  else
+    context_ = current;
   if (context_ == nullptr) context_ = fallback;
   pushed_ = push_unless_current(context_, current);
 }

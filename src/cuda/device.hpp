@@ -1,4 +1,5 @@
-// What a GPU is: name, compute capability, SMs, shared-memory limit, L2 size -> the arch we compile for.
+// What a GPU is: name, compute capability, SMs, shared-memory limit, L2 size -> the arch we compile
+// for.
 #pragma once
 
 #include "flashjit/flashjit.hpp"
@@ -6,4 +7,4 @@
 namespace flashjit::detail {
 // Throws Error(no_driver / no_device / invalid_argument for a bad ordinal).
 DeviceInfo query_device(int ordinal);
-}
+}  // namespace flashjit::detail

@@ -23,8 +23,7 @@ DeviceBuffer::DeviceBuffer(const Engine& engine, std::size_t bytes)
     : context_(engine.context()), bytes_(bytes) {
   detail::ScopedContext scope(context_);
   CUdeviceptr ptr = 0;
-  detail::check(detail::driver().cuMemAlloc(&ptr, bytes == 0 ? 1 : bytes),
-                "cuMemAlloc");
+  detail::check(detail::driver().cuMemAlloc(&ptr, bytes == 0 ? 1 : bytes), "cuMemAlloc");
   data_ = reinterpret_cast<void*>(ptr);
 }
 
@@ -53,17 +52,17 @@ DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
 void DeviceBuffer::upload(const void* host, std::size_t bytes, std::size_t offset) {
   check_range(bytes, offset, bytes_, "upload");
   detail::ScopedContext scope(context_);
-  detail::check(detail::driver().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(data_) + offset, host,
-                                              bytes),
-                "cuMemcpyHtoD");
+  detail::check(
+      detail::driver().cuMemcpyHtoD(reinterpret_cast<CUdeviceptr>(data_) + offset, host, bytes),
+      "cuMemcpyHtoD");
 }
 
 void DeviceBuffer::download(void* host, std::size_t bytes, std::size_t offset) const {
   check_range(bytes, offset, bytes_, "download");
   detail::ScopedContext scope(context_);
-  detail::check(detail::driver().cuMemcpyDtoH(host, reinterpret_cast<CUdeviceptr>(data_) + offset,
-                                              bytes),
-                "cuMemcpyDtoH");
+  detail::check(
+      detail::driver().cuMemcpyDtoH(host, reinterpret_cast<CUdeviceptr>(data_) + offset, bytes),
+      "cuMemcpyDtoH");
 }
 
 void DeviceBuffer::fill_bytes(unsigned char value) {
@@ -127,8 +126,7 @@ void synchronize(const Engine& engine) {
 DeviceMemoryInfo device_memory_info(const Engine& engine) {
   detail::ScopedContext scope(engine.context());
   DeviceMemoryInfo info;
-  detail::check(detail::driver().cuMemGetInfo(&info.free_bytes, &info.total_bytes),
-                "cuMemGetInfo");
+  detail::check(detail::driver().cuMemGetInfo(&info.free_bytes, &info.total_bytes), "cuMemGetInfo");
   return info;
 }
 

@@ -25,13 +25,13 @@ LoadResult load() {
     result.error = fmt::format("no CUDA driver found (dlopen libcuda.so.1: {})", dlerror());
     return result;
   }
-#define FLASHJIT_RESOLVE(name)                                                             \
-  result.api.name = reinterpret_cast<decltype(&::name)>(                                   \
-      dlsym(handle, FLASHJIT_STRINGIFY_EXPANDED(name)));                                   \
-  if (result.api.name == nullptr) {                                                        \
-    result.error = fmt::format("the CUDA driver is too old: it lacks {}",                  \
-                               FLASHJIT_STRINGIFY_EXPANDED(name));                         \
-    return result;                                                                         \
+#define FLASHJIT_RESOLVE(name)                                                                     \
+  result.api.name =                                                                                \
+      reinterpret_cast<decltype(&::name)>(dlsym(handle, FLASHJIT_STRINGIFY_EXPANDED(name)));       \
+  if (result.api.name == nullptr) {                                                                \
+    result.error =                                                                                 \
+        fmt::format("the CUDA driver is too old: it lacks {}", FLASHJIT_STRINGIFY_EXPANDED(name)); \
+    return result;                                                                                 \
   }
   FLASHJIT_DRIVER_CALLS(FLASHJIT_RESOLVE)
 #undef FLASHJIT_RESOLVE

@@ -37,7 +37,6 @@ CUlaunchConfig launch_config(const LaunchPlan& plan, CUstream stream);
 
 // Launches `function` on `stream` with `params`; the plan's maps are given this call's base
 // addresses (cuTensorMapReplaceAddress on a copy). Throws Error(cuda_error).
-void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& params,
-            CUstream stream);
+void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& params, CUstream stream);
 
 }  // namespace flashjit::detail

@@ -20,7 +20,8 @@ FLASHJIT_FAMILIES(FLASHJIT_DECLARE_FAMILY)
 
 const std::vector<const KernelFamily*>& registered_families() {
 #define FLASHJIT_LIST_FAMILY(family) &family,
-  static const std::vector<const KernelFamily*> families = {FLASHJIT_FAMILIES(FLASHJIT_LIST_FAMILY)};
+  static const std::vector<const KernelFamily*> families = {
+      FLASHJIT_FAMILIES(FLASHJIT_LIST_FAMILY)};
 #undef FLASHJIT_LIST_FAMILY
   return families;
 }
@@ -54,8 +55,7 @@ void check_variant(const Variant& v) {
   };
   const KernelFamily* family = find_family(v.family);
   if (family == nullptr) fail(fmt::format("family {}", unknown_family(v.family)));
-  if (!family->runs_on(v.arch))
-    fail(fmt::format("family {} does not run on {}", v.family, v.arch));
+  if (!family->runs_on(v.arch)) fail(fmt::format("family {} does not run on {}", v.family, v.arch));
   if (std::find(family->head_dims.begin(), family->head_dims.end(), v.head_dim) ==
       family->head_dims.end())
     fail(fmt::format("family {} has no head_dim {}: expected one of {}", v.family, v.head_dim,
@@ -64,19 +64,19 @@ void check_variant(const Variant& v) {
   // A kernel no GPU of the arch could launch is refused here, not cached.
   if (const int bytes = family->shared_bytes(v), most = max_shared_bytes_per_block(v.arch);
       bytes > most)
-    fail(fmt::format("needs {} B of shared memory per block: expected at most {} (what {} GPUs "
-                     "allow)",
-                     bytes, most, v.arch));
+    fail(
+        fmt::format("needs {} B of shared memory per block: expected at most {} (what {} GPUs "
+                    "allow)",
+                    bytes, most, v.arch));
 }
 
 KernelSpec kernel_spec(const Variant& v) {
   const KernelFamily& family = family_named(v.family, "family");
   KernelSpec spec;
   spec.source_file = std::string(family.source_file);
-  spec.name_expression =
-      fmt::format("{}<flashjit::{}, {}, {}, {}, {}, {}>", family.kernel_template,
-                  to_string(v.dtype), v.head_dim, v.tile_m, v.tile_n, v.stages,
-                  v.causal ? "true" : "false");
+  spec.name_expression = fmt::format("{}<flashjit::{}, {}, {}, {}, {}, {}>", family.kernel_template,
+                                     to_string(v.dtype), v.head_dim, v.tile_m, v.tile_n, v.stages,
+                                     v.causal ? "true" : "false");
   spec.options = {"--gpu-architecture=" + v.arch, "-std=c++17", "--ptxas-options=-v", "-lineinfo",
                   "-default-device"};
   spec.dynamic_shared_bytes = family.shared_bytes(v);
@@ -85,8 +85,14 @@ KernelSpec kernel_spec(const Variant& v) {
 
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
                    bool causal, TileConfig tiles) {
-  return Variant{std::string(family.name), std::string(arch), dtype,        head_dim,
-                 tiles.tile_m,             tiles.tile_n,      tiles.stages, causal};
+  return Variant{std::string(family.name),
+                 std::string(arch),
+                 dtype,
+                 head_dim,
+                 tiles.tile_m,
+                 tiles.tile_n,
+                 tiles.stages,
+                 causal};
 }
 
 }  // namespace flashjit::detail

@@ -17,7 +17,7 @@ using nlohmann::json;
 template <typename T>
 T integer_field(const json& doc, const char* key) {
   const json& value = doc.at(key);
-  const bool fits = value.is_number_unsigned() ? std::in_range<T>(value.get<std::uint64_t>())
+  const bool fits = value.is_number_unsigned()  ? std::in_range<T>(value.get<std::uint64_t>())
                     : value.is_number_integer() ? std::in_range<T>(value.get<std::int64_t>())
                                                 : false;
   if (!fits)

@@ -23,10 +23,13 @@ T read_le(std::string_view bytes, std::size_t offset) {
 }  // namespace
 
 std::string cubin_mismatch(std::string_view cubin, std::string_view arch) {
-  if (cubin.size() < kHeaderBytes || cubin.substr(0, 4) != "\x7f" "ELF")
+  if (cubin.size() < kHeaderBytes || cubin.substr(0, 4) !=
+                                         "\x7f"
+                                         "ELF")
     return "not an ELF file";
   if (cubin[4] != 2) return "not a 64-bit ELF";
-  if (read_le<std::uint16_t>(cubin, 18) != kMachineCuda) return "an ELF for another machine, not CUDA";
+  if (read_le<std::uint16_t>(cubin, 18) != kMachineCuda)
+    return "an ELF for another machine, not CUDA";
   // e_flags holds the SM: bits 8-15 from ABI version 8 on (CUDA 12.8+), bits 0-7 before.
   const unsigned abi_version = static_cast<unsigned char>(cubin[8]);
   const std::uint32_t flags = read_le<std::uint32_t>(cubin, 48);

@@ -8,4 +8,4 @@
 namespace flashjit::detail {
 // Empty when `cubin` is a 64-bit CUDA ELF for `arch` ("sm_90a": SM 90), else what is wrong.
 std::string cubin_mismatch(std::string_view cubin, std::string_view arch);
-}
+}  // namespace flashjit::detail

@@ -56,7 +56,8 @@ std::string publish_once(const fs::path& target, const std::string& bytes, const
       return fmt::format("cannot link into {}: {}", target.string(), std::strerror(link_errno));
     ReadResult existing = read_trusted(target, rule, kMaxCubinBytes);
     if (existing.absent) continue;  // removed between our link and our read: try again
-    if (!existing.bytes) return fmt::format("refusing to adopt {}: {}", target.string(), existing.why);
+    if (!existing.bytes)
+      return fmt::format("refusing to adopt {}: {}", target.string(), existing.why);
     if (std::string wrong = cubin_mismatch(*existing.bytes, arch); !wrong.empty())
       return fmt::format("refusing to adopt {}: {}", target.string(), wrong);
     published = std::move(*existing.bytes);
@@ -68,9 +69,10 @@ std::string publish_once(const fs::path& target, const std::string& bytes, const
 
 std::string iso_time(fs::file_time_type time) {
   auto system = std::chrono::file_clock::to_sys(time);
-  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}",
-                     fmt::gmtime(std::chrono::system_clock::to_time_t(
-                         std::chrono::time_point_cast<std::chrono::system_clock::duration>(system))));
+  return fmt::format(
+      "{:%Y-%m-%dT%H:%M:%SZ}",
+      fmt::gmtime(std::chrono::system_clock::to_time_t(
+          std::chrono::time_point_cast<std::chrono::system_clock::duration>(system))));
 }
 
 // Metadata first, so no reader finds an entry whose cubin is gone. True if the entry was there.
@@ -94,13 +96,14 @@ DiskCache::DiskCache(const CacheOptions& options) {
       // A directory that is ours (or root's) but cannot be written, such as a cache baked into a
       // read-only image, is still served.
       const DirectoryState read_only = check_directory(dir, trust_kind_for(true), false);
-      const std::string source = fmt::format("cache directory {} (from {})", dir.string(),
-                                             location.writable_source);
+      const std::string source =
+          fmt::format("cache directory {} (from {})", dir.string(), location.writable_source);
       if (read_only.usable) {
         layers_.push_back({dir, false, read_only.rule});
-        why_not_persistent_ = fmt::format("{} is not writable by this user: its entries are served "
-                                          "read-only",
-                                          source);
+        why_not_persistent_ = fmt::format(
+            "{} is not writable by this user: its entries are served "
+            "read-only",
+            source);
       } else {
         why_not_persistent_ = fmt::format("{} cannot be used: {}", source, state.why);
       }
@@ -110,12 +113,13 @@ DiskCache::DiskCache(const CacheOptions& options) {
   }
   for (const fs::path& dir : location.read_only) {
     const DirectoryState state = check_directory(dir, trust_kind_for(true), false);
-    if (state.usable) layers_.push_back({dir, false, state.rule});
-    else log().warn("read-only cache layer {} is not used: {}", dir.string(), state.why);
+    if (state.usable)
+      layers_.push_back({dir, false, state.rule});
+    else
+      log().warn("read-only cache layer {} is not used: {}", dir.string(), state.why);
   }
   if (!layers_.empty() && layers_.front().writable) writable_ = &layers_.front();
-  if (!writable_)
-    log().warn("{}; new kernels are kept in memory only", why_not_persistent_);
+  if (!writable_) log().warn("{}; new kernels are kept in memory only", why_not_persistent_);
 }
 
 const fs::path& DiskCache::directory() const {
@@ -127,7 +131,8 @@ fs::path DiskCache::cubin_path(const Variant& variant, const std::string& key) c
   return directory() / fmt::format("{}.{}.cubin", variant.name(), key.substr(0, 16));
 }
 
-std::optional<CompiledKernel> DiskCache::load(const Variant& variant, const std::string& key) const {
+std::optional<CompiledKernel> DiskCache::load(const Variant& variant,
+                                              const std::string& key) const {
   const std::string stem_name = fmt::format("{}.{}", variant.name(), key.substr(0, 16));
   for (const Layer& layer : layers_) {
     const fs::path stem = layer.dir / stem_name;
@@ -164,8 +169,10 @@ std::optional<CompiledKernel> DiskCache::load(const Variant& variant, const std:
     }
     ReadResult cubin = read_trusted(cubin_path, layer.rule, kMaxCubinBytes);
     if (!cubin.bytes) {
-      if (cubin.absent) reject("cubin missing");
-      else log().warn("cache entry {} is not used: {}", stem.string(), cubin.why);
+      if (cubin.absent)
+        reject("cubin missing");
+      else
+        log().warn("cache entry {} is not used: {}", stem.string(), cubin.why);
       continue;
     }
     if (!kernel->describes(*cubin.bytes)) {
@@ -193,8 +200,8 @@ std::optional<CompiledKernel> DiskCache::load(const Variant& variant, const std:
 std::string DiskCache::store(const CompiledKernel& kernel) const {
   if (!writable_) return {};
   std::call_once(temps_cleaned_, [this] { remove_stale_temps(std::chrono::minutes(10)); });
-  const fs::path stem = writable_->dir / fmt::format("{}.{}", kernel.entry.variant.name(),
-                                                     kernel.key.substr(0, 16));
+  const fs::path stem =
+      writable_->dir / fmt::format("{}.{}", kernel.entry.variant.name(), kernel.key.substr(0, 16));
   // The cubin first and the metadata last: a reader finds an entry only through its metadata,
   // and the metadata describes the cubin that is actually published.
   std::string published;

@@ -14,8 +14,8 @@ std::vector<SourceFile> KernelStore::translation_unit(const std::string& source_
 }
 
 std::string KernelStore::key_for(const Variant& variant, const KernelSpec& spec) {
-  return content_key({std::string(version()), nvrtc_version(), variant.name(),
-                      spec.name_expression, spec.options, translation_unit(spec.source_file)});
+  return content_key({std::string(version()), nvrtc_version(), variant.name(), spec.name_expression,
+                      spec.options, translation_unit(spec.source_file)});
 }
 
 std::shared_ptr<const CompiledKernel> KernelStore::get_if_built(const Variant& variant,

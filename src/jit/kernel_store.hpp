@@ -28,7 +28,8 @@ class KernelStore {
   std::shared_ptr<const CompiledKernel> get(const Variant& variant, const KernelSpec& spec,
                                             bool* was_cached = nullptr);
   // The kernel if it needs no compile: in memory already, or on disk (loaded now). Else nullptr.
-  std::shared_ptr<const CompiledKernel> get_if_built(const Variant& variant, const KernelSpec& spec);
+  std::shared_ptr<const CompiledKernel> get_if_built(const Variant& variant,
+                                                     const KernelSpec& spec);
   // The content key (32 hex digits) of what `spec` would compile for `variant`.
   std::string key_for(const Variant& variant, const KernelSpec& spec);
 

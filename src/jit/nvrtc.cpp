@@ -23,8 +23,8 @@ void check_nvrtc(nvrtcResult result, const char* call, const std::string& log = 
 
 int sum_matches(const std::string& log, const std::regex& pattern) {
   int total = 0;
-  for (auto it = std::sregex_iterator(log.begin(), log.end(), pattern); it != std::sregex_iterator();
-       ++it)
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), pattern);
+       it != std::sregex_iterator(); ++it)
     total += std::stoi((*it)[1]);
   return total;
 }

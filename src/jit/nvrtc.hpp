@@ -14,4 +14,4 @@ namespace flashjit::detail {
 // Throws Error(compile_failed) with the NVRTC log.
 CompiledKernel compile_with_nvrtc(const Variant& variant, const KernelSpec& spec,
                                   const std::vector<SourceFile>& unit);
-}
+}  // namespace flashjit::detail

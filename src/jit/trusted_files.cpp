@@ -53,17 +53,18 @@ std::string TrustRule::violation(const struct stat& st, const fs::path& path) co
         return fmt::format("{} {} belongs to uid {}, not to this user ({})", what, path.string(),
                            st.st_uid, me);
       if ((st.st_mode & 022) != 0)
-        return fmt::format("{} {} is writable by group or others (mode {:o}): run chmod go-w on "
-                           "it, or set FLASHJIT_CACHE_SHARED=1 for a group-shared cache",
-                           what, path.string(), st.st_mode & 07777);
+        return fmt::format(
+            "{} {} is writable by group or others (mode {:o}): run chmod go-w on "
+            "it, or set FLASHJIT_CACHE_SHARED=1 for a group-shared cache",
+            what, path.string(), st.st_mode & 07777);
       return {};
     case Kind::read_only_layer:
       if (st.st_uid != me && st.st_uid != 0)
         return fmt::format("{} {} belongs to uid {}, neither this user ({}) nor root", what,
                            path.string(), st.st_uid, me);
       if ((st.st_mode & 022) != 0)
-        return fmt::format("{} {} is writable by group or others (mode {:o})", what,
-                           path.string(), st.st_mode & 07777);
+        return fmt::format("{} {} is writable by group or others (mode {:o})", what, path.string(),
+                           st.st_mode & 07777);
       return {};
     case Kind::group_shared:
       if ((st.st_mode & 002) != 0)
@@ -125,8 +126,9 @@ ReadResult read_trusted(const fs::path& path, const TrustRule& rule, std::size_t
   const int fd = ::open(path.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC);
   if (fd < 0) {
     result.absent = errno == ENOENT;
-    result.why = errno == ELOOP ? fmt::format("{} is a symbolic link", path.string())
-                                : fmt::format("cannot open {}: {}", path.string(), errno_text(errno));
+    result.why = errno == ELOOP
+                     ? fmt::format("{} is a symbolic link", path.string())
+                     : fmt::format("cannot open {}: {}", path.string(), errno_text(errno));
     return result;
   }
   struct Close {
@@ -170,9 +172,9 @@ ReadResult read_trusted(const fs::path& path, const TrustRule& rule, std::size_t
 std::string write_temp(const fs::path& target, const std::string& bytes, fs::path& temp) {
   static std::atomic<unsigned> counter{0};
   static const unsigned long long salt = std::random_device{}();
-  temp = target.parent_path() / fmt::format("{}{}.{}.{:x}.{}", kTempPrefix,
-                                            target.filename().string(), ::getpid(), salt,
-                                            counter++);
+  temp =
+      target.parent_path() / fmt::format("{}{}.{}.{:x}.{}", kTempPrefix, target.filename().string(),
+                                         ::getpid(), salt, counter++);
   const int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
   if (fd < 0) return fmt::format("cannot create {}: {}", temp.string(), errno_text(errno));
   const char* data = bytes.data();

@@ -32,7 +32,7 @@ struct TrustRule {
 TrustRule::Kind trust_kind_for(bool read_only_layer);
 
 struct DirectoryState {
-  bool usable = false;   // exists (or was created), is a directory, and passes the rule
+  bool usable = false;  // exists (or was created), is a directory, and passes the rule
   bool writable = false;
   TrustRule rule;
   std::string why;  // when !usable

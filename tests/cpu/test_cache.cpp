@@ -26,7 +26,8 @@ const Variant kVariant = Variant::parse("simt.sm80.bf16.d64.m64n64s1");
 // The content key the library computes for a variant now (sources as found at this moment).
 std::string current_key(const Variant& variant) {
   const test::TempDir dir;
-  return detail::KernelStore(CacheOptions{dir.path()}).key_for(variant, detail::kernel_spec(variant));
+  return detail::KernelStore(CacheOptions{dir.path()})
+      .key_for(variant, detail::kernel_spec(variant));
 }
 
 std::string read_all(const fs::path& path) {

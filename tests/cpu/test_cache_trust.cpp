@@ -50,8 +50,8 @@ void write_all(const fs::path& path, const std::string& bytes) {
 // The stem of the entry the cache would write for `variant` now.
 fs::path entry_stem(const fs::path& dir, const Variant& variant) {
   const test::TempDir scratch;
-  const std::string key =
-      detail::KernelStore(CacheOptions{scratch.path()}).key_for(variant, detail::kernel_spec(variant));
+  const std::string key = detail::KernelStore(CacheOptions{scratch.path()})
+                              .key_for(variant, detail::kernel_spec(variant));
   return dir / fmt::format("{}.{}", variant.name(), key.substr(0, 16));
 }
 
@@ -67,12 +67,16 @@ class ScopedEnv {
  public:
   ScopedEnv(const char* name, const char* value) : name_(name) {
     if (const char* old = std::getenv(name)) old_ = old;
-    if (value) ::setenv(name, value, 1);
-    else ::unsetenv(name);
+    if (value)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
   }
   ~ScopedEnv() {
-    if (old_) ::setenv(name_, old_->c_str(), 1);
-    else ::unsetenv(name_);
+    if (old_)
+      ::setenv(name_, old_->c_str(), 1);
+    else
+      ::unsetenv(name_);
   }
 
  private:
@@ -125,7 +129,9 @@ TEST_CASE("a planted cubin is served or adopted only if it is a cubin for the va
   test::TempDir dir;
   const fs::path stem = entry_stem(dir.path(), kVariant);
   SUBCASE("without metadata: the next writer refuses to adopt it") {
-    write_all(stem.string() + ".cubin", "\x7f" "ELF but not really a cubin, planted");
+    write_all(stem.string() + ".cubin",
+              "\x7f"
+              "ELF but not really a cubin, planted");
     const CompileOutcome outcome = compile_into(dir.path());
     CHECK_FALSE(outcome.ok);
     CHECK(outcome.error.find("refusing to adopt") != std::string::npos);
@@ -197,7 +203,7 @@ TEST_CASE("read-only layers are served and never written; list says where each e
   const auto entries = cache.list();
   REQUIRE(entries.size() == 2);
   for (const CacheEntry& e : entries) CHECK(e.read_only == (e.layer == bundle.path()));
-  CHECK(cache.clear() == 1);              // only the writable layer's entry
+  CHECK(cache.clear() == 1);  // only the writable layer's entry
   CHECK(cache.prune(0) == 0);
   CHECK(std::distance(fs::directory_iterator(bundle.path()), {}) == bundle_files);
   // The same through FLASHJIT_CACHE_PATH.
@@ -338,8 +344,7 @@ TEST_CASE("variants that no GPU of their arch could launch are refused at precom
 TEST_CASE("log level names are checked the same way wherever they come from") {
   CHECK_NOTHROW(set_log_level("WARN"));
   CHECK_NOTHROW(set_log_level("warning"));
-  CHECK_THROWS_WITH_AS(set_log_level("garbage"), doctest::Contains("expected trace, debug"),
-                       Error);
+  CHECK_THROWS_WITH_AS(set_log_level("garbage"), doctest::Contains("expected trace, debug"), Error);
   set_log_level("warn");
 }
 

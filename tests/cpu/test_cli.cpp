@@ -441,8 +441,7 @@ TEST_CASE("list shows every layer and which one each entry comes from") {
                                        "simt.sm80.bf16.d64.m64n64s1",
                                        bundle.string()))
               .status == 0);
-  const std::string env =
-      fmt::format("FLASHJIT_CACHE_PATH={}:{}", local.string(), bundle.string());
+  const std::string env = fmt::format("FLASHJIT_CACHE_PATH={}:{}", local.string(), bundle.string());
   Run run = run_cli(scratch, "list", env);
   REQUIRE(run.status == 0);
   CHECK(contains(run.out, fmt::format("layer 2: {} (read-only)", bundle.string())));
@@ -455,12 +454,14 @@ TEST_CASE("list shows every layer and which one each entry comes from") {
   CHECK(entries[0].at("state") == "current");
 }
 
-TEST_CASE("precompile --out writes a bundle that a read-only layer serves; --manifest rebuilds it") {
+TEST_CASE(
+    "precompile --out writes a bundle that a read-only layer serves; --manifest rebuilds it") {
   TempCache scratch;
   const fs::path bundle = scratch.dir / "bundle", fleet = scratch.dir / "fleet";
-  Run run = run_cli(scratch, fmt::format("precompile --out {} --variant simt.sm80.bf16.d64.m64n64s1 "
-                                         "--variant mma.sm80.bf16.d64.m64n64s1",
-                                         bundle.string()));
+  Run run =
+      run_cli(scratch, fmt::format("precompile --out {} --variant simt.sm80.bf16.d64.m64n64s1 "
+                                   "--variant mma.sm80.bf16.d64.m64n64s1",
+                                   bundle.string()));
   REQUIRE(run.status == 0);
   const fs::path manifest = bundle / "flashjit-manifest.txt";
   REQUIRE(fs::exists(manifest));
@@ -480,7 +481,8 @@ TEST_CASE("precompile --out writes a bundle that a read-only layer serves; --man
   REQUIRE(built.size() == 2);
   for (const auto& entry : built) CHECK(entry.variant.arch == "sm_86");
   // A manifest naming something no family can build fails by file and line.
-  std::ofstream(scratch.dir / "bad.txt") << "# recorded\nsimt.sm80.bf16.d64.m64n64s1\nsimt.sm80.bf16.d65.m64n64s1\n";
+  std::ofstream(scratch.dir / "bad.txt")
+      << "# recorded\nsimt.sm80.bf16.d64.m64n64s1\nsimt.sm80.bf16.d65.m64n64s1\n";
   run = run_cli(scratch, fmt::format("--cache-dir {} precompile --manifest {}", fleet.string(),
                                      (scratch.dir / "bad.txt").string()));
   CHECK(run.status != 0);

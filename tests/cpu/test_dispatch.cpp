@@ -29,7 +29,9 @@ detail::ForwardProblem problem(int head_dim, bool causal, int seqlen_q = 1000) {
   return detail::validate_forward(q, kv, kv, q, options);
 }
 
-const detail::KernelFamily* family(const char* name) { return &detail::family_named(name, "family"); }
+const detail::KernelFamily* family(const char* name) {
+  return &detail::family_named(name, "family");
+}
 
 }  // namespace
 
@@ -80,9 +82,8 @@ TEST_CASE("simt and mma launch one CTA per (query tile, head, batch), shaped by 
     const auto p = problem(128, false, 1000);
     const Variant v = detail::select_variant(p, h200, family(name));
     const detail::LaunchPlan plan = family(name)->plan(v, p, h200);
-    const int threads = v.family == "simt"
-                            ? SimtShape{v.head_dim, v.tile_m, v.tile_n}.threads()
-                            : MmaShape::kThreads;
+    const int threads = v.family == "simt" ? SimtShape{v.head_dim, v.tile_m, v.tile_n}.threads()
+                                           : MmaShape::kThreads;
     CHECK(plan.grid[0] == static_cast<unsigned>((1000 + v.tile_m - 1) / v.tile_m));
     CHECK(plan.grid[1] == 8u);
     CHECK(plan.grid[2] == 2u);
@@ -119,6 +120,6 @@ TEST_CASE("launch plans are keyed by every size, stride and option, and by no po
   CHECK_FALSE(detail::PlanKey::of(nullptr, problem(128, true, 999), nullptr, std::nullopt) == key);
   CHECK_FALSE(detail::PlanKey::of(nullptr, base, family("mma"), std::nullopt) == key);
   CHECK_FALSE(detail::PlanKey::of(nullptr, base, nullptr, TileConfig{128, 128, 2}) == key);
-  CHECK_FALSE(detail::PlanKey::of(reinterpret_cast<CUcontext>(0x10), base, nullptr,
-                                  std::nullopt) == key);
+  CHECK_FALSE(detail::PlanKey::of(reinterpret_cast<CUcontext>(0x10), base, nullptr, std::nullopt) ==
+              key);
 }

@@ -52,11 +52,11 @@ TEST_CASE("precompile accepts exactly the variants that forward can run (one che
   int agreed = 0;
   for (const FamilyInfo& family : families())
     for (int head_dim : {32, 64, 96, 128, 160, 192, 256})
-      for (TileConfig tiles : {TileConfig{64, 64, 1}, TileConfig{128, 128, 2},
-                               TileConfig{192, 128, 2}, TileConfig{128, 176, 2},
-                               TileConfig{128, 48, 3}, TileConfig{96, 64, 2}}) {
-        const Variant v{family.name, "sm_90a", DType::bf16, head_dim, tiles.tile_m,
-                        tiles.tile_n, tiles.stages, false};
+      for (TileConfig tiles :
+           {TileConfig{64, 64, 1}, TileConfig{128, 128, 2}, TileConfig{192, 128, 2},
+            TileConfig{128, 176, 2}, TileConfig{128, 48, 3}, TileConfig{96, 64, 2}}) {
+        const Variant v{family.name,  "sm_90a",     DType::bf16,  head_dim,
+                        tiles.tile_m, tiles.tile_n, tiles.stages, false};
         CAPTURE(v.name());
         bool parses = true;
         try {
@@ -72,8 +72,8 @@ TEST_CASE("precompile accepts exactly the variants that forward can run (one che
           options.family = family.name;
           options.tiles = tiles;
           const auto problem = detail::validate_forward(q, q, q, q, options);
-          chosen = detail::select_variant(problem, h200, detail::forced_family(options.family),
-                                          tiles);
+          chosen =
+              detail::select_variant(problem, h200, detail::forced_family(options.family), tiles);
         } catch (const Error&) {
           runs = false;
         }

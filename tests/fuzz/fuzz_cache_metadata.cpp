@@ -19,8 +19,8 @@
 #include "jit/disk_cache.hpp"
 
 namespace fs = std::filesystem;
-using flashjit::detail::DiskCache;
 using flashjit::detail::CompiledKernel;
+using flashjit::detail::DiskCache;
 using flashjit::fuzz::invariant;
 
 namespace {
@@ -73,7 +73,8 @@ void check_load(const CompiledKernel& meta, std::string_view json_text, std::str
   const auto loaded = s.cache->load(meta.entry.variant, meta.key);
   const auto listed = s.cache->list(std::nullopt);
   // Served exactly when the cubin is the one described and a cubin for the variant's arch.
-  if (meta.describes(cubin) && flashjit::detail::cubin_mismatch(cubin, meta.entry.variant.arch).empty()) {
+  if (meta.describes(cubin) &&
+      flashjit::detail::cubin_mismatch(cubin, meta.entry.variant.arch).empty()) {
     invariant(loaded.has_value(), "a matching entry was not served");
     invariant(loaded->cubin == cubin, "served cubin differs from the one on disk");
     invariant(loaded->key == meta.key && loaded->entry.variant == meta.entry.variant,

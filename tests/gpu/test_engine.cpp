@@ -218,15 +218,14 @@ TEST_CASE("never-block: a kernel not compiled yet runs a compiled stand-in, then
   REQUIRE(cache->compile(stand_in).ok);  // the only kernel compiled for this problem
 
   auto check = [&](DeviceProblem& problem) {
-    const Reference ref = reference_attention(problem.host_q(), problem.host_k(),
-                                              problem.host_v(), 1.0 / std::sqrt(128.0), false);
+    const Reference ref = reference_attention(problem.host_q(), problem.host_k(), problem.host_v(),
+                                              1.0 / std::sqrt(128.0), false);
     check_within_bounds(compare_forward(problem.output(), nullptr, ref), DType::bf16);
   };
   const auto start = std::chrono::steady_clock::now();
   engine.forward(p.q(), p.k(), p.v(), p.out(), options);
-  const double first_ms = std::chrono::duration<double, std::milli>(
-                              std::chrono::steady_clock::now() - start)
-                              .count();
+  const double first_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
   CHECK(engine.running_variant(p.q(), p.k(), p.v(), p.out(), options) == stand_in);
   MESSAGE("first call ", first_ms, " ms (the wanted variant compiles for ~1 s)");
   CHECK(first_ms < 500);

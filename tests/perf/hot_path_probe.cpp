@@ -149,24 +149,22 @@ int main(int argc, char** argv) {
   });
   config.hStream = created;
   CUresult last = CUDA_SUCCESS;
-  row("cuLaunchKernelEx alone, fixed arguments, created stream", [&] {
-    last = cu.cuLaunchKernelEx(&config, function, fixed_args.data(), nullptr);
-  });
+  row("cuLaunchKernelEx alone, fixed arguments, created stream",
+      [&] { last = cu.cuLaunchKernelEx(&config, function, fixed_args.data(), nullptr); });
   fmt::print("  (result {})\n", static_cast<int>(last));
   {
     CUcontext popped = nullptr;
     cu.cuCtxPopCurrent(&popped);
-    row("cuLaunchKernelEx alone, created stream, no context current", [&] {
-      last = cu.cuLaunchKernelEx(&config, function, fixed_args.data(), nullptr);
-    });
+    row("cuLaunchKernelEx alone, created stream, no context current",
+        [&] { last = cu.cuLaunchKernelEx(&config, function, fixed_args.data(), nullptr); });
     fmt::print("  (result {})\n", static_cast<int>(last));
     cu.cuCtxPushCurrent(popped);
   }
   // The same launch for a kernel whose only argument is the 176-byte FmhaParams (simt), against
   // wgmma's params + four 128-byte tensor maps + schedule: what the argument block costs.
-  const Variant simt = detail::variant_of(detail::family_named("simt", "family"),
-                                          engine.device().arch, DType::bf16, head_dim, false,
-                                          {64, 64, 1});
+  const Variant simt =
+      detail::variant_of(detail::family_named("simt", "family"), engine.device().arch, DType::bf16,
+                         head_dim, false, {64, 64, 1});
   const auto simt_kernel = store.get(simt, detail::kernel_spec(simt));
   const CUfunction simt_function =
       modules
@@ -177,9 +175,8 @@ int main(int argc, char** argv) {
       detail::family_named("simt", "family").plan(simt, problem, engine.device());
   const CUlaunchConfig simt_config = detail::launch_config(simt_plan, created);
   void* simt_args[] = {const_cast<FmhaParams*>(&problem.params)};
-  row("cuLaunchKernelEx alone, simt kernel (params only)", [&] {
-    last = cu.cuLaunchKernelEx(&simt_config, simt_function, simt_args, nullptr);
-  });
+  row("cuLaunchKernelEx alone, simt kernel (params only)",
+      [&] { last = cu.cuLaunchKernelEx(&simt_config, simt_function, simt_args, nullptr); });
   fmt::print("  (result {})\n", static_cast<int>(last));
   row("cuLaunchKernel alone, simt kernel (params only)", [&] {
     last = cu.cuLaunchKernel(simt_function, simt_config.gridDimX, simt_config.gridDimY,

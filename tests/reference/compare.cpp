@@ -57,12 +57,14 @@ std::string describe_failures(const ForwardErrors& errors, DType dtype) {
   if (!errors.all_written) problems.push_back("output elements left unwritten or not finite");
   const double abs_bound = max_abs_tolerance(dtype, errors.max_abs_reference);
   if (errors.max_abs_error > abs_bound)
-    problems.push_back(fmt::format("max abs error {:.3g} > {:.3g}", errors.max_abs_error, abs_bound));
+    problems.push_back(
+        fmt::format("max abs error {:.3g} > {:.3g}", errors.max_abs_error, abs_bound));
   if (errors.relative_l2_error > relative_tolerance(dtype))
     problems.push_back(fmt::format("relative L2 error {:.3g} > {:.3g}", errors.relative_l2_error,
                                    relative_tolerance(dtype)));
   if (errors.max_lse_error > kLseTolerance)
-    problems.push_back(fmt::format("LSE error {:.3g} > {:.3g}", errors.max_lse_error, kLseTolerance));
+    problems.push_back(
+        fmt::format("LSE error {:.3g} > {:.3g}", errors.max_lse_error, kLseTolerance));
   return fmt::format("{}", fmt::join(problems, "; "));
 }
 

@@ -75,7 +75,8 @@ Reference reference_attention(const HostTensor& q, const HostTensor& k, const Ho
           max_score = std::max(max_score, scores[j]);
         }
         double sum = 0;
-        for (std::int64_t j = 0; j < visible; ++j) sum += (scores[j] = std::exp(scores[j] - max_score));
+        for (std::int64_t j = 0; j < visible; ++j)
+          sum += (scores[j] = std::exp(scores[j] - max_score));
         double* out = &ref.out[static_cast<size_t>(((b * SQ + i) * HQ + h) * D)];
         for (std::int64_t j = 0; j < visible; ++j)
           for (std::int64_t d = 0; d < D; ++d) out[d] += scores[j] / sum * v.at(b, j, hk, d);

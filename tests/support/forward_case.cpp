@@ -23,8 +23,9 @@ void check_within_bounds(const ForwardErrors& errors, DType dtype) {
   CHECK_MESSAGE(failures.empty(), failures);
 }
 
-ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optional<std::string> family,
-                              unsigned seed, std::optional<TileConfig> tiles) {
+ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
+                              std::optional<std::string> family, unsigned seed,
+                              std::optional<TileConfig> tiles) {
   std::mt19937 rng(seed);
   auto q = HostTensor::make(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bhsd);
   auto k = HostTensor::make(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.bhsd);

@@ -23,8 +23,9 @@ struct ForwardCheck : ForwardErrors {
 
 // Fresh random inputs (seeded by `seed`), poisoned output, forward, compare.
 // `tiles` forces a tile shape (every variant of a seqlen-keyed tile table on one small problem).
-ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c, std::optional<std::string> family,
-                              unsigned seed, std::optional<TileConfig> tiles = {});
+ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
+                              std::optional<std::string> family, unsigned seed,
+                              std::optional<TileConfig> tiles = {});
 
 // Asserts every bound of compare.hpp (doctest CHECK), naming the ones that fail.
 void check_within_bounds(const ForwardErrors& errors, DType dtype);

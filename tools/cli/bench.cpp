@@ -27,9 +27,11 @@ namespace {
 class ScratchCacheDir {
  public:
   ScratchCacheDir() {
-    std::string pattern = (std::filesystem::temp_directory_path() / "flashjit-bench-XXXXXX").string();
+    std::string pattern =
+        (std::filesystem::temp_directory_path() / "flashjit-bench-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr)
-      throw Error(ErrorCode::cache_error, fmt::format("cannot create a directory from {}", pattern));
+      throw Error(ErrorCode::cache_error,
+                  fmt::format("cannot create a directory from {}", pattern));
     path_ = pattern;
   }
   ~ScratchCacheDir() {
@@ -377,20 +379,19 @@ nlohmann::ordered_json report_json(const BenchOptions& o, const DeviceInfo& devi
   for (std::size_t i = 0; i < timings.size(); ++i) {
     const BenchCase& c = cases[i];
     const Timing& t = timings[i];
-    results.push_back(
-        {{"variant", t.variant},
-         {"family", c.family ? nlohmann::ordered_json(*c.family) : nullptr},
-         {"dtype", to_string(c.dtype)},
-         {"head_dim", c.head_dim},
-         {"causal", c.causal},
-         {"batch", c.batch},
-         {"heads", c.heads},
-         {"seqlen", c.seqlen},
-         {"median_ms", t.median_ms},
-         {"min_ms", t.min_ms},
-         {"tflops", t.tflops},
-         {"skipped", t.skipped},
-         {"error", t.error}});
+    results.push_back({{"variant", t.variant},
+                       {"family", c.family ? nlohmann::ordered_json(*c.family) : nullptr},
+                       {"dtype", to_string(c.dtype)},
+                       {"head_dim", c.head_dim},
+                       {"causal", c.causal},
+                       {"batch", c.batch},
+                       {"heads", c.heads},
+                       {"seqlen", c.seqlen},
+                       {"median_ms", t.median_ms},
+                       {"min_ms", t.min_ms},
+                       {"tflops", t.tflops},
+                       {"skipped", t.skipped},
+                       {"error", t.error}});
   }
   nlohmann::ordered_json latency = nlohmann::ordered_json::array();
   for (const FirstCall& call : first_calls)
@@ -527,7 +528,9 @@ int run_bench(const BenchOptions& o, const GlobalOptions& globals) {
   progress.finish();
   if (!o.json_path.empty()) {
     std::ofstream file(o.json_path);
-    file << report_json(o, device, cases, timings, first_calls, host_overheads).dump(2, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    file << report_json(o, device, cases, timings, first_calls, host_overheads)
+                .dump(2, ' ', false, nlohmann::json::error_handler_t::replace)
+         << '\n';
     if (!file)
       throw Error(ErrorCode::invalid_argument, fmt::format("--json: cannot write {}", o.json_path));
     if (!globals.quiet) fmt::print("results written to {}\n", o.json_path);
@@ -584,8 +587,9 @@ void add_bench_command(CLI::App& app, const GlobalOptions& globals, int& status)
       ->type_name("N");
   command->add_flag("--no-first-call", options->skip_first_call,
                     "Skip the first-call latency measurement (one cold compile per variant)");
-  command->add_option("--host-calls", options->host_calls,
-                      "Warm forward calls timed for the host overhead per head dim (0: skip)")
+  command
+      ->add_option("--host-calls", options->host_calls,
+                   "Warm forward calls timed for the host overhead per head dim (0: skip)")
       ->check(non_negative())
       ->default_str("10000")
       ->type_name("N");

@@ -62,26 +62,37 @@ int run_prune(std::optional<std::uint64_t> max_bytes, bool stale, const GlobalOp
 CLI::Validator size_validator() {
   return CLI::Validator(
       [](std::string& value) -> std::string {
-        static const std::pair<const char*, std::uint64_t> kUnits[] = {
-            {"", 1},           {"b", 1},           {"k", 1000},        {"kb", 1000},
-            {"m", 1000000},    {"mb", 1000000},    {"g", 1000000000},  {"gb", 1000000000},
-            {"t", 1000000000000}, {"tb", 1000000000000}, {"kib", 1ull << 10}, {"mib", 1ull << 20},
-            {"gib", 1ull << 30}, {"tib", 1ull << 40}};
+        static const std::pair<const char*, std::uint64_t> kUnits[] = {{"", 1},
+                                                                       {"b", 1},
+                                                                       {"k", 1000},
+                                                                       {"kb", 1000},
+                                                                       {"m", 1000000},
+                                                                       {"mb", 1000000},
+                                                                       {"g", 1000000000},
+                                                                       {"gb", 1000000000},
+                                                                       {"t", 1000000000000},
+                                                                       {"tb", 1000000000000},
+                                                                       {"kib", 1ull << 10},
+                                                                       {"mib", 1ull << 20},
+                                                                       {"gib", 1ull << 30},
+                                                                       {"tib", 1ull << 40}};
         std::size_t digits = 0;
         while (digits < value.size() && std::isdigit(static_cast<unsigned char>(value[digits])))
           ++digits;
         if (digits == 0)
-          return fmt::format("'{}' is not a size: expected a non-negative number of bytes, "
-                             "optionally with a unit (500k, 20M, 1G, 512KiB, 1GiB)",
-                             value);
+          return fmt::format(
+              "'{}' is not a size: expected a non-negative number of bytes, "
+              "optionally with a unit (500k, 20M, 1G, 512KiB, 1GiB)",
+              value);
         std::string unit = value.substr(digits);
         for (char& c : unit) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
         const auto found = std::find_if(std::begin(kUnits), std::end(kUnits),
                                         [&](const auto& u) { return unit == u.first; });
         if (found == std::end(kUnits))
-          return fmt::format("'{}' has an unknown unit '{}': expected k, M, G, T (powers of 1000) "
-                             "or KiB, MiB, GiB, TiB",
-                             value, value.substr(digits));
+          return fmt::format(
+              "'{}' has an unknown unit '{}': expected k, M, G, T (powers of 1000) "
+              "or KiB, MiB, GiB, TiB",
+              value, value.substr(digits));
         std::uint64_t number = 0, bytes = 0;
         const auto [end, error] = std::from_chars(value.data(), value.data() + digits, number);
         if (error != std::errc() || end != value.data() + digits ||

@@ -104,7 +104,8 @@ void add_info_command(CLI::App& app, const GlobalOptions& globals, int& status) 
     std::uint64_t bytes = 0;
     for (const CacheEntry& e : entries) bytes += e.cubin_bytes;
     if (*json)
-      fmt::print("{}\n", to_json(gpus, *cache, entries.size(), bytes).dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+      fmt::print("{}\n", to_json(gpus, *cache, entries.size(), bytes)
+                             .dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
     else
       print_text(gpus, *cache, entries, bytes);
     status = 0;

@@ -87,8 +87,8 @@ int run_list(const ListOptions& options, const GlobalOptions& globals) {
       cache->list(options.arch.empty() ? std::nullopt : std::optional(options.arch));
   if (!options.families.empty())
     std::erase_if(entries, [&](const CacheEntry& e) {
-      return std::find(options.families.begin(), options.families.end(),
-                       e.variant.family) == options.families.end();
+      return std::find(options.families.begin(), options.families.end(), e.variant.family) ==
+             options.families.end();
     });
   // By field rather than by name, so head dims read 32, 64, ..., 256 and not 128, 192, ..., 64;
   // families in the library's order (fastest first), unknown ones last.

@@ -112,9 +112,7 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
       if (!contains(head_dims, variant.head_dim) || !contains(dtypes, variant.dtype) ||
           !contains(causal, variant.causal))
         continue;
-      if (!options.families.empty() &&
-          !contains(options.families, variant.family))
-        continue;
+      if (!options.families.empty() && !contains(options.families, variant.family)) continue;
       add(std::move(variant));
     }
   if (chosen.empty())
@@ -214,15 +212,15 @@ int run_precompile(const PrecompileOptions& options, const GlobalOptions& global
     const std::filesystem::path manifest = std::filesystem::path(options.out) / kBundleManifest;
     write_variant_manifest(manifest, variants);
     // Others read a bundle (it is built to be shipped); a cache directory stays private (0700).
-    std::filesystem::permissions(options.out, std::filesystem::perms::owner_all |
-                                                  std::filesystem::perms::group_read |
-                                                  std::filesystem::perms::group_exec |
-                                                  std::filesystem::perms::others_read |
-                                                  std::filesystem::perms::others_exec);
+    std::filesystem::permissions(
+        options.out, std::filesystem::perms::owner_all | std::filesystem::perms::group_read |
+                         std::filesystem::perms::group_exec | std::filesystem::perms::others_read |
+                         std::filesystem::perms::others_exec);
     if (!globals.quiet)
-      fmt::print("bundle: {} ({} variants; serve it read-only with FLASHJIT_CACHE_PATH or "
-                 "CacheOptions::read_only_dirs)\n",
-                 manifest.string(), variants.size());
+      fmt::print(
+          "bundle: {} ({} variants; serve it read-only with FLASHJIT_CACHE_PATH or "
+          "CacheOptions::read_only_dirs)\n",
+          manifest.string(), variants.size());
   }
   if (failed == 0) return 0;
   std::fflush(stdout);

@@ -20,9 +20,10 @@ std::string mma_check(const Variant& v) {
   if (v.tile_m != 64 && v.tile_m != 128)
     return fmt::format("tile_m {} must be 64 or 128 (4 warps of 16 or 32 rows)", v.tile_m);
   if (v.tile_m == 128 && v.head_dim > 128)
-    return fmt::format("tile_m 128 with head_dim {} needs more than 255 registers per thread for "
-                       "the output accumulator: use tile_m 64",
-                       v.head_dim);
+    return fmt::format(
+        "tile_m 128 with head_dim {} needs more than 255 registers per thread for "
+        "the output accumulator: use tile_m 64",
+        v.head_dim);
   if (v.tile_n < 16 || v.tile_n > 256 || v.tile_n % 16 != 0)
     return fmt::format("tile_n {} must be a multiple of 16 in [16, 256]", v.tile_n);
   if (v.stages < 1 || v.stages > 4)
@@ -39,7 +40,7 @@ enum class SmemClass { kb99, kb163, kb227 };
 struct TileRow {
   SmemClass smem;
   int head_dim;
-  TileConfig full;    // non-causal
+  TileConfig full;  // non-causal
   TileConfig causal;
 };
 

@@ -33,9 +33,10 @@ std::string wgmma_check(const Variant& v) {
   if (v.stages < 1 || v.stages > 8)
     return fmt::format("stages {} must be in [1, 8] (K/V ring depth)", v.stages);
   if (const int bytes = wgmma_shared_bytes(v); bytes > Geometry::kMaxSharedBytes)
-    return fmt::format("needs {} B of shared memory: expected at most {} (what an sm_90 block "
-                       "may use)",
-                       bytes, Geometry::kMaxSharedBytes);
+    return fmt::format(
+        "needs {} B of shared memory: expected at most {} (what an sm_90 block "
+        "may use)",
+        bytes, Geometry::kMaxSharedBytes);
   return {};
 }
 
@@ -62,9 +63,9 @@ std::string wgmma_unsupported(const ForwardProblem& problem) {
       Geometry::kRowsPerConsumer * problem.batch * problem.heads_q;
   if (most_tiles > INT32_MAX)
     return fmt::format("{} query tiles do not fit the tile schedule's 32-bit index", most_tiles);
-  for (std::int64_t stride : {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b, p.k_stride_s,
-                              p.k_stride_h, p.v_stride_b, p.v_stride_s, p.v_stride_h, p.o_stride_b,
-                              p.o_stride_s, p.o_stride_h})
+  for (std::int64_t stride :
+       {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b, p.k_stride_s, p.k_stride_h,
+        p.v_stride_b, p.v_stride_s, p.v_stride_h, p.o_stride_b, p.o_stride_s, p.o_stride_h})
     if (stride * 2 >= kMaxTmaStride)
       return fmt::format("a stride of {} elements is past TMA's 2^40-byte limit", stride);
   return {};
@@ -73,9 +74,9 @@ std::string wgmma_unsupported(const ForwardProblem& problem) {
 // A rank-4 TMA map [head_dim, seqlen, heads, batch] over a tensor's real strides, moving boxes of
 // 64 x box_rows to or from 128-byte-swizzled shared memory. Every dimension is bounded: loads
 // read rows past seqlen as zeros, stores skip them.
-TensorMapArg tensor_map(MapOperand operand, const void* data, DType dtype, int head_dim,
-                        int seqlen, int heads, int batch, std::int64_t stride_s,
-                        std::int64_t stride_h, std::int64_t stride_b, int box_rows) {
+TensorMapArg tensor_map(MapOperand operand, const void* data, DType dtype, int head_dim, int seqlen,
+                        int heads, int batch, std::int64_t stride_s, std::int64_t stride_h,
+                        std::int64_t stride_b, int box_rows) {
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seqlen),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   const std::int64_t element_strides[3] = {stride_s, stride_h, stride_b};
@@ -84,8 +85,8 @@ TensorMapArg tensor_map(MapOperand operand, const void* data, DType dtype, int h
   for (int i = 0; i < 3; ++i) {
     // A size-1 dimension is never stepped along, and its stride may be anything (validate lets
     // it through); TMA still wants a multiple of 16, so give it the packed one.
-    strides[i] = dims[i + 1] > 1 ? static_cast<cuuint64_t>(element_strides[i]) * 2
-                                 : (packed + 15) / 16 * 16;
+    strides[i] =
+        dims[i + 1] > 1 ? static_cast<cuuint64_t>(element_strides[i]) * 2 : (packed + 15) / 16 * 16;
     packed = strides[i] * dims[i + 1];
   }
   const cuuint32_t box[4] = {static_cast<cuuint32_t>(Geometry::kBoxWidth),
@@ -93,13 +94,14 @@ TensorMapArg tensor_map(MapOperand operand, const void* data, DType dtype, int h
   const cuuint32_t steps[4] = {1, 1, 1, 1};
   TensorMapArg arg;
   arg.operand = operand;
-  check(driver().cuTensorMapEncodeTiled(
-            &arg.map,
-            dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
-            4, const_cast<void*>(data), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-            CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-            CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-        "cuTensorMapEncodeTiled");
+  check(
+      driver().cuTensorMapEncodeTiled(
+          &arg.map,
+          dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+          4, const_cast<void*>(data), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
+          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+          CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
+      "cuTensorMapEncodeTiled");
   return arg;
 }
 
@@ -127,9 +129,9 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
 
   const Geometry geometry = geometry_of(v);
   LaunchPlan plan;
-  plan.grid = {static_cast<unsigned>(
-                   std::min<std::int64_t>(schedule.total_units, device.multiprocessors)),
-               1, 1};
+  plan.grid = {
+      static_cast<unsigned>(std::min<std::int64_t>(schedule.total_units, device.multiprocessors)),
+      1, 1};
   plan.block = {static_cast<unsigned>(geometry.threads()), 1, 1};
   plan.shared_bytes = static_cast<unsigned>(geometry.shared_bytes());
   plan.maps.push_back(tensor_map(MapOperand::q, p.q, problem.dtype, problem.head_dim,
