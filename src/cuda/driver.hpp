@@ -10,20 +10,19 @@ namespace flashjit::detail {
 
 // The driver calls flashjit uses. cuda.h maps some names to their _v2 ABI symbols by macro; the
 // members take the mapped names, so call sites read like plain driver calls.
-#define FLASHJIT_DRIVER_CALLS(X)                                                                 \
-  X(cuInit)                                                                                      \
-  X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString) X(cuDeviceGet) X(cuDeviceGetCount) \
-      X(cuDeviceGetName) X(cuDeviceGetAttribute) X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) \
-          X(cuDevicePrimaryCtxRelease) X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) \
-              X(cuCtxGetDevice) X(cuCtxSynchronize) X(cuStreamGetCtx) X(cuStreamSynchronize)     \
-                  X(cuStreamCreate) X(cuStreamDestroy) X(cuModuleLoadData) X(cuModuleUnload)     \
-                      X(cuModuleGetFunction) X(cuFuncSetAttribute) X(cuLaunchKernel)             \
-                          X(cuLaunchKernelEx) X(cuTensorMapEncodeTiled)                          \
-                              X(cuTensorMapReplaceAddress) X(cuMemAlloc) X(cuMemFree)            \
-                                  X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD8) X(cuMemsetD32)   \
-                                      X(cuMemGetInfo) X(cuEventCreate) X(cuEventRecord)          \
-                                          X(cuEventSynchronize) X(cuEventElapsedTime)            \
-                                              X(cuEventDestroy)
+// clang-format off
+#define FLASHJIT_DRIVER_CALLS(X)                                                                \
+  X(cuInit) X(cuDriverGetVersion) X(cuGetErrorName) X(cuGetErrorString)                         \
+  X(cuDeviceGet) X(cuDeviceGetCount) X(cuDeviceGetName) X(cuDeviceGetAttribute)                 \
+  X(cuDeviceTotalMem) X(cuDevicePrimaryCtxRetain) X(cuDevicePrimaryCtxRelease)                  \
+  X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxGetDevice)                   \
+  X(cuCtxSynchronize) X(cuStreamGetCtx) X(cuStreamSynchronize) X(cuStreamCreate)                \
+  X(cuStreamDestroy) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)               \
+  X(cuFuncSetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuTensorMapEncodeTiled)         \
+  X(cuTensorMapReplaceAddress) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH)       \
+  X(cuMemsetD8) X(cuMemsetD32) X(cuMemGetInfo) X(cuEventCreate) X(cuEventRecord)               \
+  X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)
+// clang-format on
 
 struct DriverApi {
 #define FLASHJIT_DECLARE(name) decltype(&::name) name = nullptr;
