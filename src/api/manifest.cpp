@@ -64,13 +64,8 @@ void write_variant_manifest(const std::filesystem::path& file,
                             const std::vector<Variant>& variants) {
   std::string text = detail::kHeader;
   for (const Variant& variant : variants) text += variant.name() + "\n";
-  std::filesystem::path temp;
-  std::string error = detail::write_temp(file, text, temp);
-  if (error.empty() && ::rename(temp.c_str(), file.c_str()) != 0) {
-    error = fmt::format("cannot rename into {}: {}", file.string(), std::strerror(errno));
-    ::unlink(temp.c_str());
-  }
-  if (!error.empty()) throw Error(ErrorCode::cache_error, error);
+  if (std::string error = detail::replace_atomically(file, text); !error.empty())
+    throw Error(ErrorCode::cache_error, error);
 }
 
 }  // namespace flashjit

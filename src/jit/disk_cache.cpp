@@ -25,17 +25,6 @@ fs::path with_extension(const fs::path& stem, const char* extension) {
   return fs::path(stem.string() + extension);
 }
 
-// Replaces `target` atomically with `bytes` (temp file + rename).
-std::string replace_atomically(const fs::path& target, const std::string& bytes) {
-  fs::path temp;
-  std::string error = write_temp(target, bytes, temp);
-  if (error.empty() && ::rename(temp.c_str(), target.c_str()) != 0) {
-    error = fmt::format("cannot rename into {}: {}", target.string(), std::strerror(errno));
-    ::unlink(temp.c_str());
-  }
-  return error;
-}
-
 // Publishes `bytes` at `target` unless a complete file is already there; either way `published`
 // ends up holding the bytes that `target` holds. NVRTC output can differ between processes, so
 // the first writer's cubin wins and is never replaced: metadata written for it stays true. An
@@ -67,12 +56,8 @@ std::string publish_once(const fs::path& target, const std::string& bytes, const
                      target.string(), kPublishAttempts);
 }
 
-std::string iso_time(fs::file_time_type time) {
-  auto system = std::chrono::file_clock::to_sys(time);
-  return fmt::format(
-      "{:%Y-%m-%dT%H:%M:%SZ}",
-      fmt::gmtime(std::chrono::system_clock::to_time_t(
-          std::chrono::time_point_cast<std::chrono::system_clock::duration>(system))));
+std::string iso_time(std::time_t seconds) {
+  return fmt::format("{:%Y-%m-%dT%H:%M:%SZ}", fmt::gmtime(seconds));
 }
 
 // Metadata first, so no reader finds an entry whose cubin is gone. True if the entry was there.
@@ -245,10 +230,7 @@ std::vector<CacheEntry> DiskCache::list_layer(const Layer& layer,
         !layer.rule.violation(st, entry.cubin_path).empty())
       continue;
     entry.cubin_bytes = static_cast<std::size_t>(st.st_size);
-    std::error_code stat_error;
-    const auto last_used = fs::last_write_time(entry.cubin_path, stat_error);
-    if (stat_error) continue;
-    entry.last_used = iso_time(last_used);
+    entry.last_used = iso_time(st.st_mtim.tv_sec);
     entries.push_back(std::move(entry));
   }
   return entries;

@@ -198,6 +198,16 @@ std::string write_temp(const fs::path& target, const std::string& bytes, fs::pat
   return error;
 }
 
+std::string replace_atomically(const fs::path& target, const std::string& bytes) {
+  fs::path temp;
+  std::string error = write_temp(target, bytes, temp);
+  if (error.empty() && ::rename(temp.c_str(), target.c_str()) != 0) {
+    error = fmt::format("cannot rename into {}: {}", target.string(), errno_text(errno));
+    ::unlink(temp.c_str());
+  }
+  return error;
+}
+
 bool is_cache_temp_name(const std::string& name) {
   static const std::regex pattern(R"(\.tmp\..+\.(cubin|json)\.[0-9]+\.[0-9a-f]+\.[0-9]+)");
   return std::regex_match(name, pattern);

@@ -54,6 +54,8 @@ ReadResult read_trusted(const std::filesystem::path& path, const TrustRule& rule
 // Returns an error message, empty on success; a failure leaves no temp file behind.
 std::string write_temp(const std::filesystem::path& target, const std::string& bytes,
                        std::filesystem::path& temp);
+// Replaces `target` atomically with `bytes` (write_temp + rename). Returns an error message.
+std::string replace_atomically(const std::filesystem::path& target, const std::string& bytes);
 // Whether `name` is a temp file of write_temp's (of any process): ".tmp.<file>.<pid>.<salt>.<n>".
 bool is_cache_temp_name(const std::string& name);
 

@@ -53,8 +53,7 @@ nlohmann::ordered_json entry_json(const CacheEntry& entry) {
 }
 
 // Layers are numbered in search order (1: the writable directory when there is one).
-std::size_t layer_number(const KernelCache& cache, const CacheEntry& entry) {
-  const auto layers = cache.layers();
+std::size_t layer_number(const std::vector<CacheLayer>& layers, const CacheEntry& entry) {
   for (std::size_t i = 0; i < layers.size(); ++i)
     if (layers[i].dir == entry.layer) return i + 1;
   return 0;
@@ -62,6 +61,7 @@ std::size_t layer_number(const KernelCache& cache, const CacheEntry& entry) {
 
 void print_table(const KernelCache& cache, const std::vector<CacheEntry>& entries) {
   using Align = Table::Align;
+  const auto layers = cache.layers();
   Table table({{"NAME"},
                {"REGS", Align::right},
                {"SPILL", Align::right},
@@ -77,7 +77,7 @@ void print_table(const KernelCache& cache, const std::vector<CacheEntry>& entrie
         {e.variant.name(), fmt::format("{}", e.registers), fmt::format("{} B", e.spill_bytes),
          human_bytes(static_cast<std::uint64_t>(shared_bytes(e))), human_bytes(e.cubin_bytes),
          fmt::format("{:.2f} s", e.compile_ms / 1000), e.nvrtc_version, e.last_used,
-         std::string(to_string(e.state)), fmt::format("{}", layer_number(cache, e))});
+         std::string(to_string(e.state)), fmt::format("{}", layer_number(layers, e))});
   table.print();
 }
 
