@@ -47,6 +47,12 @@ void require(bool condition, const char* message) {
   if (!condition) throw flashjit::Error(flashjit::ErrorCode::invalid_argument, message);
 }
 
+// The engine behind a handle, or Error(invalid_argument) for a null one.
+flashjit::Engine& engine_of(flashjit_engine* engine) {
+  require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
+  return *engine->engine;
+}
+
 flashjit::TensorView view_of(const flashjit_tensor* t, const char* name) {
   if (t == nullptr)
     throw flashjit::Error(flashjit::ErrorCode::invalid_argument,
@@ -125,18 +131,15 @@ flashjit_status flashjit_engine_create(int device, const char* cache_dir,
 void flashjit_engine_destroy(flashjit_engine* engine) { delete engine; }
 
 flashjit_status flashjit_engine_set_never_block(flashjit_engine* engine, int32_t on) {
-  return guarded([&] {
-    require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
-    engine->engine->set_never_block(on != 0);
-  });
+  return guarded([&] { engine_of(engine).set_never_block(on != 0); });
 }
 
 flashjit_status flashjit_engine_record(flashjit_engine* engine, const char* manifest_path) {
   return guarded([&] {
-    require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
+    flashjit::Engine& target = engine_of(engine);
     require(manifest_path != nullptr && *manifest_path != '\0',
             "manifest_path is null or empty: expected a file to append variant names to");
-    engine->engine->record_variants(manifest_path);
+    target.record_variants(manifest_path);
   });
 }
 
@@ -145,9 +148,9 @@ flashjit_status flashjit_forward(flashjit_engine* engine, const flashjit_tensor*
                                  const flashjit_tensor* out,
                                  const flashjit_forward_options* options, void* stream) {
   return guarded([&] {
-    require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
-    engine->engine->forward(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"), view_of(out, "out"),
-                            options_of(options), static_cast<CUstream_st*>(stream));
+    engine_of(engine).forward(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
+                              view_of(out, "out"), options_of(options),
+                              static_cast<CUstream_st*>(stream));
   });
 }
 
@@ -157,11 +160,11 @@ flashjit_status flashjit_select_variant(flashjit_engine* engine, const flashjit_
                                         const flashjit_forward_options* options, char* buf,
                                         int32_t buf_size) {
   return guarded([&] {
-    require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
+    flashjit::Engine& target = engine_of(engine);
     require(buf != nullptr && buf_size > 0, "buf is null or buf_size <= 0");
-    const std::string name = engine->engine
-                                 ->select_variant(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
-                                                  view_of(out, "out"), options_of(options))
+    const std::string name = target
+                                 .select_variant(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
+                                                 view_of(out, "out"), options_of(options))
                                  .name();
     require(static_cast<int32_t>(name.size()) < buf_size, "buf_size is too small for the name");
     std::memcpy(buf, name.c_str(), name.size() + 1);

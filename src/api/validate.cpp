@@ -9,6 +9,8 @@
 #include <limits>
 #include <vector>
 
+#include "families/registry.hpp"
+
 namespace flashjit::detail {
 namespace {
 
@@ -84,7 +86,7 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   expect_dim("k", k, 3, q.shape[3], "q's head_dim");
   for (int dim = 0; dim < 4; ++dim) expect_dim("v", v, dim, k.shape[dim], "the same as k");
 
-  static const std::vector<int> dims = supported_head_dims();  // once: this runs every call
+  const std::vector<int>& dims = head_dims_of_all_families();
   if (std::find(dims.begin(), dims.end(), q.shape[3]) == dims.end())
     reject(fmt::format("head_dim (q.shape[3]) is {}: expected one of {}", q.shape[3],
                        fmt::join(dims, ", ")));

@@ -83,6 +83,16 @@ KernelSpec kernel_spec(const Variant& v) {
   return spec;
 }
 
+const std::vector<int>& head_dims_of_all_families() {
+  static const std::vector<int> union_of_families = [] {
+    std::set<int> dims;
+    for (const KernelFamily* family : registered_families())
+      dims.insert(family->head_dims.begin(), family->head_dims.end());
+    return std::vector<int>(dims.begin(), dims.end());
+  }();
+  return union_of_families;
+}
+
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
                    bool causal, TileConfig tiles) {
   return Variant{std::string(family.name),
@@ -116,14 +126,6 @@ const std::vector<FamilyInfo>& families() {
   return infos;
 }
 
-std::vector<int> supported_head_dims() {
-  static const std::vector<int> union_of_families = [] {
-    std::set<int> dims;
-    for (const detail::KernelFamily* family : detail::registered_families())
-      dims.insert(family->head_dims.begin(), family->head_dims.end());
-    return std::vector<int>(dims.begin(), dims.end());
-  }();
-  return union_of_families;
-}
+std::vector<int> supported_head_dims() { return detail::head_dims_of_all_families(); }
 
 }  // namespace flashjit

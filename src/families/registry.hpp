@@ -25,6 +25,9 @@ void check_variant(const Variant& variant);
 // What the JIT compiles for a checked variant.
 KernelSpec kernel_spec(const Variant& variant);
 
+// The head dims of every family, ascending; built once (validation reads it on every call).
+const std::vector<int>& head_dims_of_all_families();
+
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
                    bool causal, TileConfig tiles);
 

@@ -206,7 +206,7 @@ std::vector<CacheEntry> DiskCache::list_layer(const Layer& layer,
   for (const auto& item : fs::directory_iterator(layer.dir, ec)) {
     const fs::path& path = item.path();
     const std::string name = path.filename().string();
-    if (path.extension() != ".json" || name.starts_with(".tmp.")) continue;
+    if (path.extension() != ".json" || name.starts_with(kTempPrefix)) continue;
     ReadResult text = read_trusted(path, layer.rule, kMaxMetadataBytes);
     if (!text.bytes) {
       if (!text.absent) log().debug("skipping cache metadata {}: {}", path.string(), text.why);

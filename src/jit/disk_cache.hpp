@@ -52,11 +52,11 @@ class DiskCache {
   // how many were still there.
   std::size_t remove(const std::vector<CacheEntry>& entries) const;
   std::size_t prune(std::uint64_t max_bytes) const;
+
+ private:
   // Removes temp files that a killed writer of this user left in the writable layer, once they
   // are older than `age`; nothing else (no other name, no directory, nobody else's file).
   void remove_stale_temps(std::chrono::seconds age) const;
-
- private:
   std::vector<CacheEntry> list_layer(const Layer& layer,
                                      const std::optional<std::string>& arch) const;
 

@@ -17,8 +17,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr std::string_view kTempPrefix = ".tmp.";
-
 std::string errno_text(int error) { return std::strerror(error); }
 
 // mkdir -p with mode 0700 for what it creates (a new cache is private from the start).

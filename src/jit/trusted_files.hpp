@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <string_view>
 
 namespace flashjit::detail {
 
@@ -56,6 +57,8 @@ std::string write_temp(const std::filesystem::path& target, const std::string& b
                        std::filesystem::path& temp);
 // Replaces `target` atomically with `bytes` (write_temp + rename). Returns an error message.
 std::string replace_atomically(const std::filesystem::path& target, const std::string& bytes);
+// What every temp file of write_temp's name starts with.
+constexpr std::string_view kTempPrefix = ".tmp.";
 // Whether `name` is a temp file of write_temp's (of any process): ".tmp.<file>.<pid>.<salt>.<n>".
 bool is_cache_temp_name(const std::string& name);
 
