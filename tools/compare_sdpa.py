@@ -3,7 +3,9 @@
 
 For each case: fresh random inputs; flashjit's output (and LSE) checked against a float32
 reference computed with torch on the same inputs; then flashjit, SDPA-cuDNN and SDPA-flash timed
-with CUDA events, repetitions interleaved round-robin, medians compared.
+with CUDA events, repetitions interleaved round-robin, medians compared. The KV-cache grids
+(--grid decode, decode-dense, paged) add FlashAttention-4 and paged caches, timed in bursts of
+back-to-back calls, against the HBM floor.
 
     LD_LIBRARY_PATH=.devpack python3 tools/compare_sdpa.py --lib .devpack/libflashjit.so.0 \
         --grid standard --out $OUT/compare

@@ -8,6 +8,8 @@ one from a torch tensor viewed as [batch, seqlen, heads, head_dim].
     lib.families()  # ('wgmma', 'mma', 'simt'): the kernel families built in, fastest first
     with lib.create_engine(device=0) as engine:
         engine.forward(q, k, v, out, causal=True, lse=lse_ptr, stream=stream_handle)
+        # dense or paged KV cache, torch tensors (flashjit_forward_kv; needs a build that has it)
+        engine.forward_kv(q, k_pages, v_pages, out, page_table=table, seqused_k=lens)
 """
 
 import ctypes
@@ -68,6 +70,26 @@ class FlashjitForwardOptions(ctypes.Structure):
         ("tile_m", ctypes.c_int32),
         ("tile_n", ctypes.c_int32),
         ("stages", ctypes.c_int32),
+        # Trailing fields, absent from builds before split-KV: an older library reads only the
+        # prefix it knows, so the same struct serves both.
+        ("num_splits", ctypes.c_int32),
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_uint64),
+    ]
+
+
+class FlashjitKvCache(ctypes.Structure):
+    """flashjit_kv_cache: dense k/v [batch, seqlen_k, heads_kv, head_dim], or with page_table set
+    pages [num_pages, page_size, heads_kv, head_dim] (NHD; HND through bhsd strides) read through
+    page_table [batch, page_table_stride] int32 on the device; seqused_k NULL or [batch] int32."""
+
+    _fields_ = [
+        ("k", FlashjitTensor),
+        ("v", FlashjitTensor),
+        ("page_table", ctypes.POINTER(ctypes.c_int32)),
+        ("pages_per_seq", ctypes.c_int64),
+        ("page_table_stride", ctypes.c_int64),  # 0: pages_per_seq
+        ("seqused_k", ctypes.POINTER(ctypes.c_int32)),
     ]
 
 
@@ -116,6 +138,54 @@ def tensor_from_torch(t):
     return make_tensor(t.data_ptr(), dtype, tuple(t.shape), tuple(t.stride()))
 
 
+def _int32_ptr(address):
+    return ctypes.cast(int(address), ctypes.POINTER(ctypes.c_int32)) if address else None
+
+
+def make_kv_cache(k, v, page_table=0, pages_per_seq=0, page_table_stride=0, seqused_k=0):
+    """A FlashjitKvCache from two FlashjitTensors and device pointers (ints; 0: none)."""
+    kv = FlashjitKvCache()
+    kv.k, kv.v = k, v
+    kv.page_table = _int32_ptr(page_table)
+    kv.pages_per_seq = int(pages_per_seq)
+    kv.page_table_stride = int(page_table_stride)
+    kv.seqused_k = _int32_ptr(seqused_k)
+    return kv
+
+
+def _view(t):
+    return t if isinstance(t, FlashjitTensor) else tensor_from_torch(t)
+
+
+def _address(x, what, dtype=None, dim=None):
+    """A device pointer from None, an int or a torch tensor (checked for dtype and dims)."""
+    if x is None or isinstance(x, int):
+        return int(x or 0)
+    if dtype is not None and str(x.dtype) != dtype:
+        raise ValueError(f"{what}: dtype {x.dtype}, expected {dtype}")
+    if dim is not None and x.dim() != dim:
+        raise ValueError(f"{what}: shape {tuple(x.shape)}, expected {dim} dims")
+    if x.dim() and x.stride(-1) != 1:
+        raise ValueError(f"{what}: stride {tuple(x.stride())}, expected a unit last stride")
+    return x.data_ptr()
+
+
+def kv_cache_from_torch(k, v, page_table=None, seqused_k=None):
+    """A FlashjitKvCache over torch tensors (or FlashjitTensors): dense k/v [batch, seqlen_k,
+    heads_kv, head_dim], or pages [num_pages, page_size, heads_kv, head_dim] with page_table an
+    int32 [batch, pages_per_seq] tensor (row stride taken from it); seqused_k int32 [batch].
+    The tensors must stay alive while flashjit uses the struct: it keeps only pointers."""
+    pages_per_seq = stride = 0
+    if page_table is not None and not isinstance(page_table, int):
+        if page_table.dim() != 2:
+            raise ValueError(f"page_table: shape {tuple(page_table.shape)}, expected "
+                             "[batch, pages_per_seq]")
+        pages_per_seq, stride = page_table.shape[1], page_table.stride(0)
+    return make_kv_cache(_view(k), _view(v),
+                         _address(page_table, "page_table", "torch.int32", 2), pages_per_seq,
+                         stride, _address(seqused_k, "seqused_k", "torch.int32", 1))
+
+
 def _encode(text):
     return None if text is None else str(text).encode()
 
@@ -133,6 +203,7 @@ class Flashjit:
                 "libxxhash) is missing, point LD_LIBRARY_PATH at the folder holding them "
                 "(e.g. LD_LIBRARY_PATH=.devpack)") from e
         self._families = None
+        self._optional = {}
         lib = self.lib
         P = ctypes.POINTER
         lib.flashjit_version.restype = ctypes.c_char_p
@@ -179,30 +250,57 @@ class Flashjit:
         return f"{version.value // 1000}.{version.value % 1000 // 10}"
 
     def families(self):
-        """The kernel families built into this library, fastest first, e.g. ('wgmma', 'mma',
-        'simt'): read once through flashjit_family_count and flashjit_family_name. Raises
+        """The attention families built into this library, fastest first, e.g. ('decode',
+        'wgmma', 'mma', 'simt'): read once through flashjit_family_count and flashjit_family_name. Raises
         FlashjitLoadError for a build older than those functions (it still loads, so the
         dispatcher's own choice stays usable, e.g. as the base of an A/B run)."""
         if self._families is None:
             count = self.optional_function("flashjit_family_count", [], ctypes.c_int32)
             name = self.optional_function("flashjit_family_name", [ctypes.c_int32],
                                           ctypes.c_char_p)
-            names = [name(i) for i in range(count())]
+            indices = range(count())
+            if self.has_function("flashjit_family_is_attention"):  # newer builds list merge too
+                is_attention = self.optional_function("flashjit_family_is_attention",
+                                                      [ctypes.c_int32], ctypes.c_int32)
+                indices = [i for i in indices if is_attention(i)]
+            names = [name(i) for i in indices]
             if None in names:
                 raise FlashjitLoadError(f"{self.path}: flashjit_family_name({names.index(None)}) "
-                                        f"is NULL, below flashjit_family_count() = {len(names)}")
+                                        f"is NULL, below flashjit_family_count() = {count()}")
             self._families = tuple(n.decode() for n in names)
         return self._families
 
     def optional_function(self, name, argtypes, restype=ctypes.c_int):
         """A C API function that older builds lack (they still load, e.g. for A/B runs):
-        raises FlashjitLoadError naming it when this build has none."""
-        function = getattr(self.lib, name, None)
+        raises FlashjitLoadError naming it when this build has none. Looked up once (the
+        forward_kv timing loop calls through it)."""
+        function = self._optional.get(name)
         if function is None:
-            raise FlashjitLoadError(f"{self.path} predates {name}: rebuild libflashjit from this "
-                                    "checkout")
-        function.restype, function.argtypes = restype, argtypes
+            function = getattr(self.lib, name, None)
+            if function is None:
+                raise FlashjitLoadError(f"{self.path} predates {name}: rebuild libflashjit from "
+                                        "this checkout")
+            function.restype, function.argtypes = restype, argtypes
+            self._optional[name] = function
         return function
+
+    def has_function(self, name):
+        """Whether this build exports `name` (e.g. flashjit_forward_kv)."""
+        return getattr(self.lib, name, None) is not None
+
+    def kv_function(self, name):
+        """One of the KV-cache entry points, prototypes from flashjit.h."""
+        P, T = ctypes.POINTER, ctypes.POINTER(FlashjitTensor)
+        head = [ctypes.c_void_p, T, P(FlashjitKvCache), T, P(FlashjitForwardOptions)]
+        argtypes = {
+            "flashjit_forward_kv": head + [ctypes.c_void_p],
+            "flashjit_workspace_bytes": head + [P(ctypes.c_uint64), P(ctypes.c_int32)],
+            "flashjit_select_variant_kv": head + [ctypes.c_char_p, ctypes.c_int32],
+            "flashjit_merge_attention_states": [ctypes.c_void_p, T, P(ctypes.c_float), T,
+                                                P(ctypes.c_float), T, P(ctypes.c_float),
+                                                ctypes.c_void_p],
+        }[name]
+        return self.optional_function(name, argtypes)
 
     def check_family(self, family):
         """Raises ValueError unless `family` is one of families()."""
@@ -254,10 +352,13 @@ class Engine:
         except Exception:
             pass
 
-    def options(self, causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None):
+    def options(self, causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None,
+                num_splits=0, workspace=None, workspace_bytes=0):
         """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
         the dispatcher's choice, else one of the library's families() (checked here); tiles:
-        None for the family's table, else (tile_m, tile_n, stages)."""
+        None for the family's table, else (tile_m, tile_n, stages); num_splits: 0 for the
+        split-KV heuristic, else 1..128; workspace: a device pointer of workspace_bytes, or a
+        torch tensor (its size is used), or None for the engine's own."""
         if family:
             self.owner.check_family(family)
         o = FlashjitForwardOptions()
@@ -267,7 +368,86 @@ class Engine:
         o.family = _encode(family) if family else None
         if tiles is not None:
             o.tile_m, o.tile_n, o.stages = (int(x) for x in tiles)
+        o.num_splits = int(num_splits)
+        if workspace is not None and not isinstance(workspace, int):
+            workspace_bytes = workspace.numel() * workspace.element_size()
+            workspace = workspace.data_ptr()
+        o.workspace = int(workspace) if workspace else None
+        o.workspace_bytes = int(workspace_bytes) if workspace else 0
         return o
+
+    # --- KV cache (flashjit_forward_kv and friends; FlashjitLoadError on older builds) -------
+
+    def kv_args(self, q, k, v, out, page_table=None, seqused_k=None, causal=False,
+                softmax_scale=0.0, lse=None, family=None, tiles=None, num_splits=0,
+                workspace=None):
+        """(q, kv, out, options) structs from torch tensors (or FlashjitTensors / pointers);
+        lse a torch fp32 [batch, heads_q, seqlen_q] tensor or a pointer."""
+        options = self.options(causal, softmax_scale, _address(lse, "lse", "torch.float32"),
+                               family, tiles, num_splits, workspace)
+        return _view(q), kv_cache_from_torch(k, v, page_table, seqused_k), _view(out), options
+
+    def forward_kv_raw(self, q, kv, out, options, stream=None):
+        """forward_kv with prebuilt structs (a timing loop's form: no per-call conversion)."""
+        status = self.owner.kv_function("flashjit_forward_kv")(
+            self.handle, ctypes.byref(q), ctypes.byref(kv), ctypes.byref(out),
+            ctypes.byref(options), stream or None)
+        if status != OK:
+            raise FlashjitError("flashjit_forward_kv", status, self.owner.last_error())
+
+    def forward_kv(self, q, k, v, out, page_table=None, seqused_k=None, causal=False,
+                   softmax_scale=0.0, lse=None, family=None, tiles=None, num_splits=0,
+                   workspace=None, stream=None):
+        """Attention over a dense (no page_table) or paged KV cache; see kv_cache_from_torch.
+        stream: a CUstream handle (e.g. torch.cuda.current_stream().cuda_stream) or None for
+        the legacy default stream."""
+        self.forward_kv_raw(*self.kv_args(q, k, v, out, page_table, seqused_k, causal,
+                                          softmax_scale, lse, family, tiles, num_splits,
+                                          workspace), stream)
+
+    def workspace_bytes_raw(self, q, kv, out, options):
+        """(bytes of workspace, splits) flashjit_forward_kv needs for these structs."""
+        size, splits = ctypes.c_uint64(), ctypes.c_int32()
+        self.owner.check("flashjit_workspace_bytes", self.owner.kv_function(
+            "flashjit_workspace_bytes")(self.handle, ctypes.byref(q), ctypes.byref(kv),
+                                        ctypes.byref(out), ctypes.byref(options),
+                                        ctypes.byref(size), ctypes.byref(splits)))
+        return size.value, splits.value
+
+    def workspace_bytes(self, q, k, v, out, page_table=None, seqused_k=None, causal=False,
+                        num_splits=0, family=None):
+        """(bytes, splits) for forward_kv with these torch tensors (split-KV scratch; 0: none)."""
+        return self.workspace_bytes_raw(*self.kv_args(q, k, v, out, page_table, seqused_k, causal,
+                                                      family=family, num_splits=num_splits))
+
+    def select_variant_kv(self, q, k, v, out, page_table=None, seqused_k=None, causal=False,
+                          num_splits=0, family=None):
+        """The variant forward_kv would run, e.g. 'decode.sm90a.bf16.d128.m16n64s3.paged'."""
+        return self.select_variant_kv_raw(*self.kv_args(q, k, v, out, page_table, seqused_k,
+                                                        causal, family=family,
+                                                        num_splits=num_splits))
+
+    def select_variant_kv_raw(self, q, kv, out, options):
+        buf = ctypes.create_string_buffer(256)
+        self.owner.check("flashjit_select_variant_kv", self.owner.kv_function(
+            "flashjit_select_variant_kv")(self.handle, ctypes.byref(q), ctypes.byref(kv),
+                                          ctypes.byref(out), ctypes.byref(options), buf,
+                                          len(buf)))
+        return buf.value.decode()
+
+    def merge_attention_states(self, out_a, lse_a, out_b, lse_b, out, lse_out=None,
+                               stream=None):
+        """out = merge of (out_a, lse_a) and (out_b, lse_b): [batch, seqlen, heads, head_dim]
+        tensors, lse_* fp32 [batch, heads, seqlen] tensors or pointers; lse_out may be None."""
+        def fptr(x, what):
+            address = _address(x, what, "torch.float32")
+            return ctypes.cast(address, ctypes.POINTER(ctypes.c_float)) if address else None
+        a, b, o = _view(out_a), _view(out_b), _view(out)
+        self.owner.check("flashjit_merge_attention_states", self.owner.kv_function(
+            "flashjit_merge_attention_states")(
+                self.handle, ctypes.byref(a), fptr(lse_a, "lse_a"), ctypes.byref(b),
+                fptr(lse_b, "lse_b"), ctypes.byref(o), fptr(lse_out, "lse_out"),
+                stream or None))
 
     def forward_raw(self, q, k, v, out, options, stream=None):
         """forward with prebuilt structs (what a timing loop wants: no per-call conversion)."""

@@ -42,7 +42,24 @@ typedef struct flashjit_forward_options {
   /* All three 0: the family's tile table. Else a forced tile shape (tuning, benchmarks); one the
    * family cannot build fails with FLASHJIT_INVALID_ARGUMENT. */
   int32_t tile_m, tile_n, stages;
+  /* Split-KV (decode family): 0 for the heuristic's choice, else 1 to 128 splits. */
+  int32_t num_splits;
+  /* Optional scratch of at least flashjit_workspace_bytes() bytes; NULL: the engine's own. */
+  void* workspace;
+  uint64_t workspace_bytes;
 } flashjit_forward_options;
+
+/* The keys and values of a forward (Engine::forward's KVCache): dense k/v [batch, seqlen_k,
+ * heads_kv, head_dim], or with page_table set, pages [num_pages, page_size, heads_kv, head_dim]
+ * (NHD; HND through strides) read through page_table [batch, page_table_stride] int32 on the
+ * device, pages_per_seq columns used. seqused_k: NULL or [batch] int32 on the device. */
+typedef struct flashjit_kv_cache {
+  flashjit_tensor k, v;
+  const int32_t* page_table;
+  int64_t pages_per_seq;
+  int64_t page_table_stride; /* 0: pages_per_seq */
+  const int32_t* seqused_k;
+} flashjit_kv_cache;
 
 typedef struct flashjit_engine flashjit_engine;
 
@@ -58,6 +75,9 @@ FLASHJIT_API const char* flashjit_last_error(void);
 FLASHJIT_API int32_t flashjit_family_count(void);
 /* The name of family `index` (e.g. "wgmma"), or NULL when index is out of range. */
 FLASHJIT_API const char* flashjit_family_name(int32_t index);
+/* 1 when family `index` computes attention (a flashjit_forward_options.family), 0 for the merge
+ * kernel or an index out of range. */
+FLASHJIT_API int32_t flashjit_family_is_attention(int32_t index);
 
 /* cache_dir: NULL for the default location order. */
 FLASHJIT_API flashjit_status flashjit_engine_create(int device, const char* cache_dir,
@@ -76,6 +96,34 @@ FLASHJIT_API flashjit_status flashjit_forward(flashjit_engine* engine, const fla
                                               const flashjit_tensor* out,
                                               const flashjit_forward_options* options,
                                               void* stream);
+/* forward over a flashjit_kv_cache (dense or paged, with optional seqused_k). */
+FLASHJIT_API flashjit_status flashjit_forward_kv(flashjit_engine* engine,
+                                                 const flashjit_tensor* q,
+                                                 const flashjit_kv_cache* kv,
+                                                 const flashjit_tensor* out,
+                                                 const flashjit_forward_options* options,
+                                                 void* stream);
+/* Bytes of workspace flashjit_forward_kv needs for these arguments (0: it does not split), and
+ * (num_splits may be NULL) how many splits it uses. */
+FLASHJIT_API flashjit_status flashjit_workspace_bytes(flashjit_engine* engine,
+                                                      const flashjit_tensor* q,
+                                                      const flashjit_kv_cache* kv,
+                                                      const flashjit_tensor* out,
+                                                      const flashjit_forward_options* options,
+                                                      uint64_t* bytes, int32_t* num_splits);
+/* Engine::merge_attention_states: out = merge of (out_a, lse_a) and (out_b, lse_b); lse_* fp32
+ * [batch, heads, seqlen] contiguous; lse_out may be NULL; out may alias out_a or out_b. */
+FLASHJIT_API flashjit_status flashjit_merge_attention_states(
+    flashjit_engine* engine, const flashjit_tensor* out_a, const float* lse_a,
+    const flashjit_tensor* out_b, const float* lse_b, const flashjit_tensor* out, float* lse_out,
+    void* stream);
+/* flashjit_select_variant for a flashjit_kv_cache. */
+FLASHJIT_API flashjit_status flashjit_select_variant_kv(flashjit_engine* engine,
+                                                        const flashjit_tensor* q,
+                                                        const flashjit_kv_cache* kv,
+                                                        const flashjit_tensor* out,
+                                                        const flashjit_forward_options* options,
+                                                        char* buf, int32_t buf_size);
 /* Writes the canonical name of the variant forward would run into buf (NUL-terminated). */
 FLASHJIT_API flashjit_status
 flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,

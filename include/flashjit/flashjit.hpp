@@ -56,10 +56,14 @@ FLASHJIT_API std::string_view to_string(DType dtype);
 
 // A kernel family is one kernel template; a Variant fixes all of its compile-time parameters.
 // families() lists those built into this library, fastest first (the dispatcher's preference):
-// today wgmma (Hopper, sm_90a: TMA + wgmma + warp specialization), mma (tensor cores through
-// mma.sync, FlashAttention-2 class, sm_80 on) and simt (scalar fp32, the first correct kernel).
+// today decode (split-KV decode with GQA packing over dense or paged caches, sm_80 on), wgmma
+// (Hopper, sm_90a: TMA + wgmma + warp specialization), mma (tensor cores through mma.sync,
+// FlashAttention-2 class, sm_80 on), simt (scalar fp32, the first correct kernel), and merge
+// (combines split-KV partials and merge_attention_states: not an attention family, so
+// ForwardOptions::family refuses it).
 struct FamilyInfo {
   std::string name;                // the first field of its variant names, e.g. "wgmma"
+  bool attention = true;           // false for merge: forward never runs it
   std::string summary;             // one line: what the kernel is
   std::vector<int> head_dims;      // head dims it has kernels for
   std::vector<std::string> archs;  // the known archs it runs on
@@ -67,7 +71,8 @@ struct FamilyInfo {
 FLASHJIT_API const std::vector<FamilyInfo>& families();
 
 // Everything one compiled binary is specialized on. Its canonical name is readable, complete and
-// parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" (non-causal variants omit the suffix).
+// parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" or "decode.sm90a.bf16.d128.m16n64s3.paged":
+// feature suffixes (causal, paged) follow the tiles in that order, present only when set.
 struct FLASHJIT_API Variant {
   std::string family = "simt";  // a name from families()
   std::string arch;  // NVRTC target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, ...
@@ -77,6 +82,7 @@ struct FLASHJIT_API Variant {
   int tile_n = 64;
   int stages = 1;
   bool causal = false;
+  bool paged = false;  // K/V read through a page table (KVCache::paged)
 
   std::string name() const;
   // Throws Error(invalid_argument) naming the field that is wrong, or for a variant that the
@@ -213,6 +219,31 @@ struct FLASHJIT_API TensorView {
                          std::int64_t d);
 };
 
+// The keys and values a forward reads: dense tensors, or a paged KV cache (vLLM / FlashInfer).
+//  - dense: k, v are [batch, seqlen_k, heads_kv, head_dim] views, as in the three-tensor forward.
+//  - paged: k, v are pages [num_pages, page_size, heads_kv, head_dim]; TensorView::bshd of those
+//    sizes is the NHD page layout, TensorView::bhsd the HND one (any strides with a unit head_dim
+//    stride work). Sequence b's key j lives in page page_table[b * page_table_stride + j /
+//    page_size], row j % page_size. page_size: a multiple of 8.
+// seqused_k (optional, both kinds): [batch] int32 on the device, the keys valid in each sequence
+// (at most the cache's capacity: seqlen_k, or pages_per_seq * page_size); the causal mask aligns
+// to it. Without it every sequence has the full capacity.
+struct FLASHJIT_API KVCache {
+  TensorView k, v;
+  const std::int32_t* page_table = nullptr;  // set: paged
+  std::int64_t pages_per_seq = 0;            // page table columns
+  std::int64_t page_table_stride = 0;        // elements between page table rows (>= columns)
+  const std::int32_t* seqused_k = nullptr;
+
+  static KVCache dense(const TensorView& k, const TensorView& v,
+                       const std::int32_t* seqused_k = nullptr);
+  // page_table: [batch, pages_per_seq] int32 on the device, contiguous rows.
+  static KVCache paged(const TensorView& k_pages, const TensorView& v_pages,
+                       const std::int32_t* page_table, std::int64_t pages_per_seq,
+                       const std::int32_t* seqused_k = nullptr);
+  bool is_paged() const { return page_table != nullptr; }
+};
+
 // A kernel's tile shape: query rows per tile, keys per tile, K/V pipeline depth.
 struct TileConfig {
   int tile_m = 64, tile_n = 64, stages = 1;
@@ -230,6 +261,15 @@ struct ForwardOptions {
   // Force a tile shape (tuning, benchmarks) on the chosen family; default: its tile table. A
   // shape the family cannot build or the GPU cannot fit throws Error(invalid_argument).
   std::optional<TileConfig> tiles;
+  // Split-KV (the decode family, docs/serving.md): the keys of each sequence are split across this
+  // many CTAs whose partial results are merged through their LSE. 0: the heuristic's choice
+  // (problem size and SM count); otherwise 1 to 128.
+  int num_splits = 0;
+  // Scratch for split-KV partials, at least Engine::workspace_bytes() bytes, 256-byte aligned,
+  // used in stream order. Null: the engine's own buffer for the stream, allocated on the first
+  // call that needs it (so warm a shape up before capturing it in a CUDA graph, or pass one).
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
 };
 
 struct DeviceInfo {
@@ -266,6 +306,24 @@ class FLASHJIT_API Engine {
   void forward(const TensorView& q, const TensorView& k, const TensorView& v,
                const TensorView& out, const ForwardOptions& options = {},
                CUstream_st* stream = nullptr);
+  // The same over a KVCache (dense or paged, optionally with seqused_k). Once warm (this shape
+  // ran before on this stream, or options.workspace is given) it neither allocates nor
+  // synchronizes, so it can be captured in a CUDA graph.
+  void forward(const TensorView& q, const KVCache& kv, const TensorView& out,
+               const ForwardOptions& options = {}, CUstream_st* stream = nullptr);
+  // Bytes of workspace a forward with these arguments needs (0 when it does not split).
+  std::size_t workspace_bytes(const TensorView& q, const KVCache& kv, const TensorView& out,
+                              const ForwardOptions& options = {}) const;
+
+  // Merges two partial attention results over disjoint key sets (cascade / shared-prefix
+  // attention, context-parallel ring attention): out = (e^lse_a·out_a + e^lse_b·out_b) /
+  // (e^lse_a + e^lse_b) per row, lse_out = log(e^lse_a + e^lse_b). out_* are [batch, seqlen,
+  // heads, head_dim] views with equal shapes and strides; lse_* fp32 [batch, heads, seqlen]
+  // contiguous (what ForwardOptions::lse holds), natural log, -inf for a state with no keys.
+  // out may be out_a or out_b (in place); lse_out may be null, or lse_a / lse_b.
+  void merge_attention_states(const TensorView& out_a, const float* lse_a,
+                              const TensorView& out_b, const float* lse_b, const TensorView& out,
+                              float* lse_out = nullptr, CUstream_st* stream = nullptr);
   // From now on, appends each variant this engine runs for the first time to `file` (a variant
   // manifest), as FLASHJIT_RECORD=file does from the engine's creation; an empty path stops.
   // Errors writing it are logged, never thrown from forward.
@@ -290,6 +348,11 @@ class FLASHJIT_API Engine {
   // The variant forward would run for these arguments (validates them the same way).
   Variant select_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                          const TensorView& out, const ForwardOptions& options = {}) const;
+  Variant select_variant(const TensorView& q, const KVCache& kv, const TensorView& out,
+                         const ForwardOptions& options = {}) const;
+  // The number of splits forward would use for these arguments (1: no split).
+  int select_num_splits(const TensorView& q, const KVCache& kv, const TensorView& out,
+                        const ForwardOptions& options = {}) const;
 
  private:
   struct Impl;

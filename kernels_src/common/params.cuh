@@ -1,23 +1,54 @@
-// The argument block every fmha kernel takes by value. Plain C++: the host (src/core/problem.hpp)
-// fills this very struct, so the two sides cannot disagree on its layout.
+// The argument blocks kernels take by value. Plain C++: the host (src/core/problem.hpp) fills these
+// very structs, so the two sides cannot disagree on their layout.
 #pragma once
 
 namespace flashjit {
 
 struct FmhaParams {
   const void* q;  // [batch, seqlen_q, heads_q, head_dim], strides below, unit stride in head_dim
-  const void* k;  // [batch, seqlen_k, heads_kv, head_dim]
-  const void* v;  // [batch, seqlen_k, heads_kv, head_dim]
+  const void* k;  // [batch, seqlen_k, heads_kv, head_dim]; paged: pages, see page_table
+  const void* v;  // like k
   void* o;        // [batch, seqlen_q, heads_q, head_dim]
   float* lse;     // optional [batch, heads_q, seqlen_q], natural log; nullptr: not written
-  long long q_stride_b, q_stride_s, q_stride_h;  // in elements
+  long long q_stride_b, q_stride_s, q_stride_h;  // in elements; paged k/v: b = page, s = row
   long long k_stride_b, k_stride_s, k_stride_h;
   long long v_stride_b, v_stride_s, v_stride_h;
   long long o_stride_b, o_stride_s, o_stride_h;
-  int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-  int heads_per_kv;    // heads_q / heads_kv (GQA group size)
-  float scale_log2;    // softmax_scale * log2(e): scores go straight into exp2
-  float softmax_scale; // kept for the natural-log LSE
+  int batch, heads_q, heads_kv, seqlen_q, seqlen_k;  // paged: seqlen_k = pages_per_seq * page_size
+  int heads_per_kv;     // heads_q / heads_kv (GQA group size)
+  float scale_log2;     // softmax_scale * log2(e): scores go straight into exp2
+  float softmax_scale;  // kept for the natural-log LSE
+
+  // Paged KV cache (families with the paged feature): key j of sequence b is row j % page_size of
+  // page page_table[b * page_table_stride + j / page_size].
+  const int* page_table;
+  long long page_table_stride;
+  int page_size;
+  // Optional [batch]: keys valid in each sequence (<= seqlen_k); the causal mask aligns to it.
+  const int* seqused_k;
+
+  // Split-KV (the decode family): split s of num_splits covers key tiles [s * split_tiles,
+  // (s + 1) * split_tiles). With num_splits > 1 each split writes its normalized partial output
+  // and LSE for row r = (b * seqlen_q + i) * heads_q + h to o_partial[(s * rows + r) * head_dim]
+  // and lse_partial[s * rows + r]; the merge kernel combines them.
+  int num_splits;
+  int split_tiles;
+  float* o_partial;
+  float* lse_partial;
+};
+
+// Merges num_states partial attention results per row (split-KV partials, or the public
+// merge_attention_states): out = sum_i e^(lse_i - m) o_i / sum_i e^(lse_i - m).
+struct MergeParams {
+  const void* o_in;  // state i, row (b, s, h): o_in + i * o_stride_state + b * o_stride_b + ...
+  const float* lse_in;
+  long long o_stride_state, o_stride_b, o_stride_s, o_stride_h;  // elements of the input type
+  long long lse_stride_state, lse_stride_b, lse_stride_s, lse_stride_h;
+  void* o_out;     // [batch, seqlen, heads, head_dim] of the output type
+  float* lse_out;  // optional [batch, heads, seqlen] contiguous
+  long long out_stride_b, out_stride_s, out_stride_h;
+  int batch, seqlen, heads, num_states;
+  int input_is_fp32;  // 1: o_in is float (split partials); 0: the output's 16-bit type
 };
 
 }  // namespace flashjit

@@ -80,7 +80,29 @@ flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
   if (o->family != nullptr && *o->family != '\0') options.family = std::string(o->family);
   if (o->tile_m != 0 || o->tile_n != 0 || o->stages != 0)
     options.tiles = flashjit::TileConfig{o->tile_m, o->tile_n, o->stages};
+  options.num_splits = o->num_splits;
+  options.workspace = o->workspace;
+  options.workspace_bytes = static_cast<std::size_t>(o->workspace_bytes);
   return options;
+}
+
+flashjit::KVCache kv_of(const flashjit_kv_cache* kv) {
+  require(kv != nullptr, "kv is null: expected a flashjit_kv_cache");
+  flashjit::KVCache cache;
+  cache.k = view_of(&kv->k, "kv.k");
+  cache.v = view_of(&kv->v, "kv.v");
+  cache.page_table = kv->page_table;
+  cache.pages_per_seq = kv->pages_per_seq;
+  cache.page_table_stride = kv->page_table_stride != 0 ? kv->page_table_stride : kv->pages_per_seq;
+  cache.seqused_k = kv->seqused_k;
+  return cache;
+}
+
+// Copies a variant's name into a caller's buffer.
+void write_name(const std::string& name, char* buf, int32_t buf_size) {
+  require(buf != nullptr && buf_size > 0, "buf is null or buf_size <= 0");
+  require(static_cast<int32_t>(name.size()) < buf_size, "buf_size is too small for the name");
+  std::memcpy(buf, name.c_str(), name.size() + 1);
 }
 
 }  // namespace
@@ -112,6 +134,12 @@ const char* flashjit_family_name(int32_t index) {
   const auto& families = flashjit::families();
   if (index < 0 || index >= static_cast<int32_t>(families.size())) return nullptr;
   return families[static_cast<std::size_t>(index)].name.c_str();
+}
+
+int32_t flashjit_family_is_attention(int32_t index) {
+  const auto& families = flashjit::families();
+  if (index < 0 || index >= static_cast<int32_t>(families.size())) return 0;
+  return families[static_cast<std::size_t>(index)].attention ? 1 : 0;
 }
 
 flashjit_status flashjit_engine_create(int device, const char* cache_dir,
@@ -160,14 +188,61 @@ flashjit_status flashjit_select_variant(flashjit_engine* engine, const flashjit_
                                         const flashjit_forward_options* options, char* buf,
                                         int32_t buf_size) {
   return guarded([&] {
+    write_name(engine_of(engine)
+                   .select_variant(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
+                                   view_of(out, "out"), options_of(options))
+                   .name(),
+               buf, buf_size);
+  });
+}
+
+flashjit_status flashjit_forward_kv(flashjit_engine* engine, const flashjit_tensor* q,
+                                    const flashjit_kv_cache* kv, const flashjit_tensor* out,
+                                    const flashjit_forward_options* options, void* stream) {
+  return guarded([&] {
+    engine_of(engine).forward(view_of(q, "q"), kv_of(kv), view_of(out, "out"),
+                              options_of(options), static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_workspace_bytes(flashjit_engine* engine, const flashjit_tensor* q,
+                                         const flashjit_kv_cache* kv, const flashjit_tensor* out,
+                                         const flashjit_forward_options* options,
+                                         uint64_t* bytes, int32_t* num_splits) {
+  return guarded([&] {
     flashjit::Engine& target = engine_of(engine);
-    require(buf != nullptr && buf_size > 0, "buf is null or buf_size <= 0");
-    const std::string name = target
-                                 .select_variant(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
-                                                 view_of(out, "out"), options_of(options))
-                                 .name();
-    require(static_cast<int32_t>(name.size()) < buf_size, "buf_size is too small for the name");
-    std::memcpy(buf, name.c_str(), name.size() + 1);
+    require(bytes != nullptr, "bytes is null: expected a uint64_t* to fill");
+    const auto query = view_of(q, "q");
+    const auto cache = kv_of(kv);
+    const auto result = view_of(out, "out");
+    const auto opts = options_of(options);
+    *bytes = target.workspace_bytes(query, cache, result, opts);
+    if (num_splits != nullptr) *num_splits = target.select_num_splits(query, cache, result, opts);
+  });
+}
+
+flashjit_status flashjit_merge_attention_states(flashjit_engine* engine,
+                                                const flashjit_tensor* out_a, const float* lse_a,
+                                                const flashjit_tensor* out_b, const float* lse_b,
+                                                const flashjit_tensor* out, float* lse_out,
+                                                void* stream) {
+  return guarded([&] {
+    engine_of(engine).merge_attention_states(view_of(out_a, "out_a"), lse_a,
+                                             view_of(out_b, "out_b"), lse_b, view_of(out, "out"),
+                                             lse_out, static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_select_variant_kv(flashjit_engine* engine, const flashjit_tensor* q,
+                                           const flashjit_kv_cache* kv, const flashjit_tensor* out,
+                                           const flashjit_forward_options* options, char* buf,
+                                           int32_t buf_size) {
+  return guarded([&] {
+    write_name(engine_of(engine)
+                   .select_variant(view_of(q, "q"), kv_of(kv), view_of(out, "out"),
+                                   options_of(options))
+                   .name(),
+               buf, buf_size);
   });
 }
 

@@ -23,7 +23,14 @@ std::string shared_memory_shortfall(const KernelFamily& family, const Variant& v
 }  // namespace
 
 const KernelFamily* forced_family(const std::optional<std::string>& name) {
-  return name ? &family_named(*name, "options.family") : nullptr;
+  if (!name) return nullptr;
+  const KernelFamily& family = family_named(*name, "options.family");
+  if (family.role != FamilyRole::attention)
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("options.family '{}' merges partial results: expected an attention "
+                            "family",
+                            *name));
+  return &family;
 }
 
 namespace {
@@ -31,7 +38,12 @@ namespace {
 // Empty when the family can run the problem on this GPU (before its tile shape is chosen).
 std::string why_family_cannot_run(const KernelFamily& family, const ForwardProblem& problem,
                                   const DeviceInfo& device) {
+  if (family.role != FamilyRole::attention) return "is not an attention kernel";
   if (!family.runs_on(device.arch)) return fmt::format("does not run on {}", device.arch);
+  if (problem.paged && !(family.features & kFeaturePagedKv)) return "reads no paged KV cache";
+  if (problem.has_seqused && !(family.features & kFeatureSeqUsedK)) return "takes no seqused_k";
+  if (problem.num_splits > 1 && !(family.features & kFeatureSplitKv))
+    return "does not split keys (num_splits > 1)";
   if (std::find(family.head_dims.begin(), family.head_dims.end(), problem.head_dim) ==
       family.head_dims.end())
     return fmt::format("has no head_dim {}", problem.head_dim);
@@ -47,11 +59,11 @@ std::vector<Variant> fallback_variants(const ForwardProblem& problem, const Devi
     if ((forced && family != forced) || !why_family_cannot_run(*family, problem, device).empty())
       continue;
     const TileTable table = family->tile_table(device.arch, problem.head_dim, problem.causal);
-    std::vector<TileConfig> shapes = {table.pick(problem.seqlen_k)};
+    std::vector<TileConfig> shapes = {table.pick(problem.seqlen_k, problem.rows_per_kv_head())};
     for (int i = 0; i < table.count; ++i) shapes.push_back(table.rules[i].tiles);
     for (const TileConfig& tiles : shapes) {
-      const Variant v =
-          variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal, tiles);
+      const Variant v = variant_of(*family, device.arch, problem.dtype, problem.head_dim,
+                                   problem.causal, tiles, problem.paged);
       if (shared_memory_shortfall(*family, v, device).empty() &&
           std::find(candidates.begin(), candidates.end(), v) == candidates.end())
         candidates.push_back(v);
@@ -64,16 +76,16 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
                        const KernelFamily* forced, std::optional<TileConfig> forced_tiles) {
   std::string reasons;
   for (const KernelFamily* family : registered_families()) {
-    if (forced && family != forced) continue;
+    if ((forced && family != forced) || family->role != FamilyRole::attention) continue;
     std::string why = why_family_cannot_run(*family, problem, device);
     Variant variant;
     if (why.empty()) {
       const TileConfig tiles =
           forced_tiles ? *forced_tiles
                        : family->tile_table(device.arch, problem.head_dim, problem.causal)
-                             .pick(problem.seqlen_k);
-      variant =
-          variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal, tiles);
+                             .pick(problem.seqlen_k, problem.rows_per_kv_head());
+      variant = variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal,
+                           tiles, problem.paged);
       if (forced_tiles) why = family->check_tiles(variant);
       if (why.empty()) why = shared_memory_shortfall(*family, variant, device);
       // A caller's tile shape the family cannot build is the caller's error, not a reason to fall
@@ -100,18 +112,24 @@ std::vector<Variant> default_variants(std::string_view arch_spelling) {
   std::vector<Variant> variants;
   for (const detail::KernelFamily* family : detail::registered_families()) {
     if (!family->runs_on(arch)) continue;
+    const bool merge = family->role == detail::FamilyRole::merge;
+    const bool can_page = (family->features & detail::kFeaturePagedKv) != 0;
     for (DType dtype : {DType::bf16, DType::fp16})
       for (int head_dim : family->head_dims)
-        for (bool causal : {false, true}) {
-          // Every shape the table may pick, once each.
-          const detail::TileTable table = family->tile_table(arch, head_dim, causal);
-          for (int i = 0; i < table.count; ++i) {
-            const Variant v =
-                detail::variant_of(*family, arch, dtype, head_dim, causal, table.rules[i].tiles);
-            if (std::find(variants.begin(), variants.end(), v) == variants.end())
-              variants.push_back(v);
+        for (bool causal : {false, true})
+          for (bool paged : {false, true}) {
+            if ((merge && causal) || (paged && !can_page)) continue;
+            // Every shape the table may pick, once each.
+            const detail::TileTable table = family->tile_table(arch, head_dim, causal);
+            for (int i = 0; i < table.count; ++i) {
+              const Variant v = detail::variant_of(*family, arch, dtype, head_dim, causal,
+                                                   table.rules[i].tiles, paged);
+              // A shape too big for the arch's parts (decode d256 on 99 KB parts) is not built.
+              if (family->shared_bytes(v) > detail::max_shared_bytes_per_block(arch)) continue;
+              if (std::find(variants.begin(), variants.end(), v) == variants.end())
+                variants.push_back(v);
+            }
           }
-        }
   }
   return variants;
 }

@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 #include <string_view>
 #include <vector>
 
@@ -15,18 +16,26 @@
 #include "api/kernel_cache_impl.hpp"
 #include "api/launch_plans.hpp"
 #include "api/manifest.hpp"
+#include "api/split_kv.hpp"
 #include "api/validate.hpp"
+#include "api/workspaces.hpp"
 #include "core/log.hpp"
 #include "cuda/context.hpp"
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/modules.hpp"
+#include "families/merge/merge.hpp"
 #include "families/registry.hpp"
 
 namespace flashjit {
 
 // Hidden like everything internal (a nested class takes its enclosing class's visibility).
 struct __attribute__((visibility("hidden"))) Engine::Impl {
+  struct MergeKernel {
+    std::shared_ptr<const detail::CompiledKernel> kernel;  // owns what `function` came from
+    CUfunction function = nullptr;
+  };
+
   Impl(int ordinal, std::shared_ptr<KernelCache> shared_cache)
       : device(detail::query_device(ordinal)),
         primary(ordinal),
@@ -37,6 +46,14 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
   std::shared_ptr<const detail::ReadyLaunch> prepare(const detail::PlanKey& key,
                                                      const detail::ForwardProblem& problem,
                                                      const std::optional<TileConfig>& tiles);
+
+  // Throws Error(invalid_argument) unless the current context is on the engine's device.
+  void check_context_device() const;
+  // The merge kernel for outputs of this dtype and head dim, loaded in `context`.
+  MergeKernel merge_kernel(CUcontext context, DType dtype, int head_dim);
+  // The problem's workspace: the caller's (checked against what the plan needs) or the engine's.
+  void* workspace_for(const detail::ReadyLaunch& ready, const ForwardOptions& options,
+                      CUcontext context, CUstream stream);
 
   // Appends the variant to the usage manifest, once per engine (the slow path only).
   void record(const Variant& variant);
@@ -53,6 +70,9 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
   std::shared_ptr<KernelCache> cache;
   detail::ModuleCache modules;
   detail::LaunchPlans plans;
+  detail::Workspaces workspaces;
+  std::mutex merge_mutex;
+  std::map<std::tuple<CUcontext, DType, int>, MergeKernel> merge_kernels;
   std::mutex record_mutex;
   std::optional<std::filesystem::path> record_file;
   std::set<std::string> recorded;
@@ -116,17 +136,45 @@ void Engine::Impl::record(const Variant& variant) {
     detail::log().warn("cannot record {} in the usage manifest: {}", variant.name(), error);
 }
 
-std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
-    const detail::PlanKey& key, const detail::ForwardProblem& problem,
-    const std::optional<TileConfig>& tiles) {
-  const auto& cu = detail::driver();
+void Engine::Impl::check_context_device() const {
   CUdevice context_device = 0;
-  detail::check(cu.cuCtxGetDevice(&context_device), "cuCtxGetDevice");
+  detail::check(detail::driver().cuCtxGetDevice(&context_device), "cuCtxGetDevice");
   if (context_device != primary.device())
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("stream belongs to device {}: expected a stream of device {} (the "
                             "engine's)",
                             context_device, device.ordinal));
+}
+
+Engine::Impl::MergeKernel Engine::Impl::merge_kernel(CUcontext context, DType dtype,
+                                                     int head_dim) {
+  std::lock_guard lock(merge_mutex);
+  MergeKernel& merge = merge_kernels[{context, dtype, head_dim}];
+  if (merge.function == nullptr) {
+    check_context_device();
+    auto kernel = cache->impl_->get(detail::merge_variant(device.arch, dtype, head_dim));
+    merge.function =
+        modules.get(context, {kernel->key, kernel->cubin, kernel->lowered_name, 0}).function;
+    merge.kernel = std::move(kernel);
+  }
+  return merge;
+}
+
+void* Engine::Impl::workspace_for(const detail::ReadyLaunch& ready, const ForwardOptions& options,
+                                  CUcontext context, CUstream stream) {
+  if (options.workspace == nullptr) return workspaces.get(context, stream, ready.workspace_bytes);
+  if (options.workspace_bytes < ready.workspace_bytes)
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("options.workspace_bytes is {}: expected at least {} "
+                            "(Engine::workspace_bytes for these arguments)",
+                            options.workspace_bytes, ready.workspace_bytes));
+  return options.workspace;
+}
+
+std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
+    const detail::PlanKey& key, const detail::ForwardProblem& problem,
+    const std::optional<TileConfig>& tiles) {
+  check_context_device();
   auto ready = std::make_shared<detail::ReadyLaunch>();
   const Variant preferred = detail::select_variant(problem, device, key.forced_family, tiles);
   choose_kernel(*ready, preferred, problem, key.forced_family, tiles.has_value());
@@ -135,8 +183,20 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
                         .get(key.context, {kernel.key, kernel.cubin, kernel.lowered_name,
                                            kernel.entry.dynamic_shared_bytes})
                         .function;
-  ready->plan =
-      detail::family_named(ready->variant.family, "family").plan(ready->variant, problem, device);
+  const detail::KernelFamily& family = detail::family_named(ready->variant.family, "family");
+  ready->plan = family.plan(ready->variant, problem, device);
+  const detail::SplitPlan split = detail::plan_splits(family, ready->variant, problem, device);
+  ready->num_splits = split.num_splits;
+  ready->split_tiles = split.split_tiles;
+  ready->workspace_bytes = split.workspace_bytes;
+  ready->lse_offset = split.lse_offset;
+  if (split.num_splits > 1) {
+    const MergeKernel merge = merge_kernel(key.context, problem.dtype, problem.head_dim);
+    ready->merge = detail::MergeLaunch{
+        merge.kernel, merge.function,
+        detail::merge_plan(static_cast<long long>(problem.batch) * problem.seqlen_q *
+                           problem.heads_q)};
+  }
   if (ready->plan.maps.size() > detail::LaunchPlan::kMaxMaps ||
       ready->plan.values.size() > detail::LaunchPlan::kMaxValues)
     throw Error(
@@ -201,14 +261,24 @@ CUctx_st* Engine::context() const { return impl_->primary.get(); }
 
 Variant Engine::select_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                                const TensorView& out, const ForwardOptions& options) const {
-  const auto problem = detail::validate_forward(q, k, v, out, options);
+  return select_variant(q, KVCache::dense(k, v), out, options);
+}
+
+Variant Engine::select_variant(const TensorView& q, const KVCache& kv, const TensorView& out,
+                               const ForwardOptions& options) const {
+  const auto problem = detail::validate_forward(q, kv, out, options);
   return detail::select_variant(problem, impl_->device, detail::forced_family(options.family),
                                 options.tiles);
 }
 
 void Engine::forward(const TensorView& q, const TensorView& k, const TensorView& v,
                      const TensorView& out, const ForwardOptions& options, CUstream_st* stream) {
-  const auto problem = detail::validate_forward(q, k, v, out, options);
+  forward(q, KVCache::dense(k, v), out, options, stream);
+}
+
+void Engine::forward(const TensorView& q, const KVCache& kv, const TensorView& out,
+                     const ForwardOptions& options, CUstream_st* stream) {
+  const auto problem = detail::validate_forward(q, kv, out, options);
   if (problem.empty()) return;  // nothing to compute: documented no-op
   const detail::KernelFamily* forced = detail::forced_family(options.family);
   const detail::LaunchContext context(stream, impl_->primary.get());
@@ -217,7 +287,54 @@ void Engine::forward(const TensorView& q, const TensorView& k, const TensorView&
   // A stand-in is replanned once the kernel it stands in for is done compiling.
   if (!ready || (ready->stand_in_for && ready->stand_in_for->done.load(std::memory_order_acquire)))
     ready = impl_->prepare(key, problem, options.tiles);
-  detail::launch(ready->function, ready->plan, problem.params, stream);
+  FmhaParams params = problem.params;
+  params.num_splits = ready->num_splits;
+  params.split_tiles = ready->split_tiles;
+  if (!ready->merge) {
+    detail::launch(ready->function, ready->plan, params, stream);
+    return;
+  }
+  auto* workspace =
+      static_cast<std::byte*>(impl_->workspace_for(*ready, options, context.get(), stream));
+  params.o_partial = reinterpret_cast<float*>(workspace);
+  params.lse_partial = reinterpret_cast<float*>(workspace + ready->lse_offset);
+  detail::launch(ready->function, ready->plan, params, stream);
+  detail::launch(ready->merge->function, ready->merge->plan,
+                 detail::split_merge_params(params, problem.head_dim), stream);
+}
+
+std::size_t Engine::workspace_bytes(const TensorView& q, const KVCache& kv, const TensorView& out,
+                                    const ForwardOptions& options) const {
+  const auto problem = detail::validate_forward(q, kv, out, options);
+  if (problem.empty()) return 0;
+  const detail::KernelFamily* forced = detail::forced_family(options.family);
+  const Variant variant = detail::select_variant(problem, impl_->device, forced, options.tiles);
+  return detail::plan_splits(detail::family_named(variant.family, "family"), variant, problem,
+                             impl_->device)
+      .workspace_bytes;
+}
+
+int Engine::select_num_splits(const TensorView& q, const KVCache& kv, const TensorView& out,
+                              const ForwardOptions& options) const {
+  const auto problem = detail::validate_forward(q, kv, out, options);
+  if (problem.empty()) return 1;
+  const detail::KernelFamily* forced = detail::forced_family(options.family);
+  const Variant variant = detail::select_variant(problem, impl_->device, forced, options.tiles);
+  return detail::plan_splits(detail::family_named(variant.family, "family"), variant, problem,
+                             impl_->device)
+      .num_splits;
+}
+
+void Engine::merge_attention_states(const TensorView& out_a, const float* lse_a,
+                                    const TensorView& out_b, const float* lse_b,
+                                    const TensorView& out, float* lse_out, CUstream_st* stream) {
+  const MergeParams params = detail::validate_merge(out_a, lse_a, out_b, lse_b, out, lse_out);
+  const long long rows = static_cast<long long>(params.batch) * params.seqlen * params.heads;
+  if (rows == 0) return;
+  const detail::LaunchContext context(stream, impl_->primary.get());
+  const auto merge =
+      impl_->merge_kernel(context.get(), out_a.dtype, static_cast<int>(out_a.shape[3]));
+  detail::launch(merge.function, detail::merge_plan(rows), params, stream);
 }
 
 }  // namespace flashjit

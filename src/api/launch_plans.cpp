@@ -12,13 +12,17 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   PlanKey key;
   key.context = context;
   key.forced_family = forced_family;
-  key.strides = {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b,
-                 p.k_stride_s, p.k_stride_h, p.v_stride_b, p.v_stride_s,
-                 p.v_stride_h, p.o_stride_b, p.o_stride_s, p.o_stride_h};
+  key.strides = {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b, p.k_stride_s,
+                 p.k_stride_h, p.v_stride_b, p.v_stride_s, p.v_stride_h, p.o_stride_b,
+                 p.o_stride_s, p.o_stride_h, p.page_table_stride};
   key.sizes = {problem.batch,    problem.heads_q,  problem.heads_kv,
                problem.seqlen_q, problem.seqlen_k, problem.head_dim};
   key.dtype = static_cast<std::int32_t>(problem.dtype);
   key.causal = problem.causal;
+  key.paged = problem.paged;
+  key.page_size = problem.page_size;
+  key.has_seqused = problem.has_seqused;
+  key.num_splits = problem.num_splits;
   if (tiles) {
     key.tile_m = tiles->tile_m;
     key.tile_n = tiles->tile_n;

@@ -9,6 +9,7 @@
 #include <atomic>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <shared_mutex>
 #include <type_traits>
 #include <unordered_map>
@@ -23,9 +24,10 @@ namespace flashjit::detail {
 struct PlanKey {
   CUcontext context = nullptr;
   const KernelFamily* forced_family = nullptr;
-  std::array<std::int64_t, 12> strides{};  // q, k, v, o: batch, seqlen, heads
+  std::array<std::int64_t, 13> strides{};  // q, k, v, o: batch, seqlen, heads; the page table's
   std::array<std::int32_t, 6> sizes{};     // batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim
   std::int32_t dtype = 0, causal = 0;
+  std::int32_t paged = 0, page_size = 0, has_seqused = 0, num_splits = 0;
   std::int32_t tile_m = 0, tile_n = 0, stages = 0;  // forced tiles; 0: the family's table
   std::int32_t unused = 0;                          // keeps the struct free of padding
 
@@ -42,8 +44,23 @@ struct BackgroundCompile {
   std::atomic<bool> failed{false};  // its stand-in stays for good
 };
 
+// A second kernel after the attention one: the merge of split-KV partials.
+struct MergeLaunch {
+  std::shared_ptr<const CompiledKernel> kernel;
+  CUfunction function = nullptr;
+  LaunchPlan plan;
+};
+
 struct ReadyLaunch {
   Variant variant;
+  // Split-KV: the attention kernel writes num_splits partials of split_tiles key tiles each into
+  // a workspace of workspace_bytes (partial outputs, then at lse_offset their LSEs), and `merge`
+  // combines them. num_splits 1: no workspace, no merge.
+  int num_splits = 1;
+  int split_tiles = 0;
+  std::size_t workspace_bytes = 0;
+  std::size_t lse_offset = 0;
+  std::optional<MergeLaunch> merge;
   // Set while this launch stands in for a variant that compiles in the background: once that is
   // done, the next call plans again (and finds the compiled kernel).
   std::shared_ptr<const BackgroundCompile> stand_in_for;

@@ -7,9 +7,11 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "families/registry.hpp"
+#include "merge/shape.cuh"
 
 namespace flashjit::detail {
 namespace {
@@ -18,6 +20,8 @@ constexpr const char* kDims[4] = {"batch", "seqlen", "heads", "head_dim"};
 constexpr std::int64_t kAlignBytes = 16;
 constexpr std::int64_t kElementBytes = 2;  // bf16 and fp16
 constexpr float kLog2e = 1.4426950408889634f;
+constexpr int kMaxSplits = MergeShape::kMaxStates;
+constexpr std::uintptr_t kWorkspaceAlignment = 256;
 
 [[noreturn]] void reject(const std::string& message) {
   throw Error(ErrorCode::invalid_argument, message);
@@ -73,18 +77,64 @@ void expect_dim(const char* name, const TensorView& t, int dim, std::int64_t exp
                        t.shape[dim], expected, source));
 }
 
+// The optional int32 device arrays: 4-byte aligned.
+void check_int_array(const char* name, const void* data) {
+  if (data != nullptr && reinterpret_cast<std::uintptr_t>(data) % 4 != 0)
+    reject(fmt::format("{} ({}) is not 4-byte aligned: expected an int32 device array", name,
+                       data));
+}
+
+// A paged cache's page table and pages against q; returns the key capacity per sequence.
+int check_pages(const TensorView& q, const KVCache& kv) {
+  check_int_array("kv.page_table", kv.page_table);
+  const std::int64_t page_size = kv.k.shape[1];
+  if (page_size <= 0 || page_size % 8 != 0)
+    reject(fmt::format("kv.k.shape[1] (page_size) is {}: expected a positive multiple of 8",
+                       page_size));
+  if (kv.k.shape[0] <= 0)
+    reject(fmt::format("kv.k.shape[0] (num_pages) is {}: expected at least 1 page",
+                       kv.k.shape[0]));
+  if (kv.pages_per_seq <= 0)
+    reject(fmt::format("kv.pages_per_seq is {}: expected at least 1 page table column",
+                       kv.pages_per_seq));
+  if (kv.page_table_stride < kv.pages_per_seq)
+    reject(fmt::format("kv.page_table_stride is {}: expected at least kv.pages_per_seq ({})",
+                       kv.page_table_stride, kv.pages_per_seq));
+  std::int64_t entries = 0;
+  if (__builtin_mul_overflow(q.shape[0], kv.page_table_stride, &entries) ||
+      entries > std::numeric_limits<std::int32_t>::max())
+    reject(fmt::format("kv.page_table has batch ({}) x page_table_stride ({}) entries: expected "
+                       "fewer than 2^31",
+                       q.shape[0], kv.page_table_stride));
+  const std::int64_t capacity = kv.pages_per_seq * page_size;
+  if (capacity > std::numeric_limits<std::int32_t>::max())
+    reject(fmt::format("kv.pages_per_seq ({}) x page_size ({}) is {} keys: expected fewer than "
+                       "2^31",
+                       kv.pages_per_seq, page_size, capacity));
+  return static_cast<int>(capacity);
+}
+
 }  // namespace
 
-ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                const TensorView& out, const ForwardOptions& options) {
+ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const TensorView& out,
+                                const ForwardOptions& options) {
+  const TensorView& k = kv.k;
+  const TensorView& v = kv.v;
+  const bool paged = kv.is_paged();
+  if (!paged && kv.pages_per_seq != 0)
+    reject(fmt::format("kv.pages_per_seq is {} but kv.page_table is null: expected a page table "
+                       "for a paged cache (or pages_per_seq 0 for a dense one)",
+                       kv.pages_per_seq));
   check_view("q", q, q.dtype);
-  check_view("k", k, q.dtype);
-  check_view("v", v, q.dtype);
+  check_view(paged ? "kv.k" : "k", k, q.dtype);
+  check_view(paged ? "kv.v" : "v", v, q.dtype);
   check_view("out", out, q.dtype);
   for (int dim = 0; dim < 4; ++dim) expect_dim("out", out, dim, q.shape[dim], "the same as q");
-  expect_dim("k", k, 0, q.shape[0], "q's batch");
-  expect_dim("k", k, 3, q.shape[3], "q's head_dim");
-  for (int dim = 0; dim < 4; ++dim) expect_dim("v", v, dim, k.shape[dim], "the same as k");
+  if (!paged) expect_dim("k", k, 0, q.shape[0], "q's batch");
+  expect_dim(paged ? "kv.k" : "k", k, 3, q.shape[3], "q's head_dim");
+  for (int dim = 0; dim < 4; ++dim)
+    expect_dim(paged ? "kv.v" : "v", v, dim, k.shape[dim], "the same as k");
+  check_int_array("kv.seqused_k", kv.seqused_k);
 
   const std::vector<int>& dims = head_dims_of_all_families();
   if (std::find(dims.begin(), dims.end(), q.shape[3]) == dims.end())
@@ -96,9 +146,20 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   problem.seqlen_q = static_cast<int>(q.shape[1]);
   problem.heads_q = static_cast<int>(q.shape[2]);
   problem.head_dim = static_cast<int>(q.shape[3]);
-  problem.seqlen_k = static_cast<int>(k.shape[1]);
+  problem.seqlen_k = paged ? check_pages(q, kv) : static_cast<int>(k.shape[1]);
   problem.heads_kv = static_cast<int>(k.shape[2]);
   problem.causal = options.causal;
+  problem.paged = paged;
+  problem.page_size = paged ? static_cast<int>(k.shape[1]) : 0;
+  problem.has_seqused = kv.seqused_k != nullptr;
+  if (options.num_splits < 0 || options.num_splits > kMaxSplits)
+    reject(fmt::format("options.num_splits is {}: expected 0 (the heuristic) or 1 to {}",
+                       options.num_splits, kMaxSplits));
+  problem.num_splits = options.num_splits;
+  if (options.workspace != nullptr &&
+      reinterpret_cast<std::uintptr_t>(options.workspace) % kWorkspaceAlignment != 0)
+    reject(fmt::format("options.workspace ({}) is not {}-byte aligned", options.workspace,
+                       kWorkspaceAlignment));
   if (problem.heads_q > 0 && problem.heads_kv == 0)
     reject("k.shape[2] (heads) is 0: expected at least 1 key/value head");
   if (problem.heads_kv > 0 && problem.heads_q % problem.heads_kv != 0)
@@ -140,7 +201,65 @@ ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const 
   p.heads_per_kv = problem.heads_kv > 0 ? problem.heads_q / problem.heads_kv : 1;
   p.softmax_scale = problem.softmax_scale;
   p.scale_log2 = problem.softmax_scale * kLog2e;
+  p.page_table = kv.page_table;
+  p.page_table_stride = paged ? kv.page_table_stride : 0;
+  p.page_size = problem.page_size;
+  p.seqused_k = kv.seqused_k;
+  p.num_splits = 1;
   return problem;
+}
+
+ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                const TensorView& out, const ForwardOptions& options) {
+  return validate_forward(q, KVCache::dense(k, v), out, options);
+}
+
+MergeParams validate_merge(const TensorView& out_a, const float* lse_a, const TensorView& out_b,
+                           const float* lse_b, const TensorView& out, float* lse_out) {
+  check_view("out_a", out_a, out_a.dtype);
+  check_view("out_b", out_b, out_a.dtype);
+  check_view("out", out, out_a.dtype);
+  for (int dim = 0; dim < 4; ++dim) {
+    expect_dim("out_b", out_b, dim, out_a.shape[dim], "the same as out_a");
+    expect_dim("out", out, dim, out_a.shape[dim], "the same as out_a");
+    if (out_b.stride[dim] != out_a.stride[dim])
+      reject(fmt::format("out_b.stride[{}] is {}: expected {} (the strides of out_a)", dim,
+                         out_b.stride[dim], out_a.stride[dim]));
+  }
+  for (auto [name, lse] : {std::pair{"lse_a", lse_a}, std::pair{"lse_b", lse_b}}) {
+    if (lse == nullptr) reject(fmt::format("{} is null: expected a float* device buffer", name));
+    if (reinterpret_cast<std::uintptr_t>(lse) % 4 != 0)
+      reject(fmt::format("{} is not 4-byte aligned: expected a float* device buffer", name));
+  }
+  if (lse_out != nullptr && reinterpret_cast<std::uintptr_t>(lse_out) % 4 != 0)
+    reject("lse_out is not 4-byte aligned: expected a float* device buffer");
+  const std::vector<int>& dims = head_dims_of_all_families();
+  if (std::find(dims.begin(), dims.end(), out_a.shape[3]) == dims.end())
+    reject(fmt::format("head_dim (out_a.shape[3]) is {}: expected one of {}", out_a.shape[3],
+                       fmt::join(dims, ", ")));
+  MergeParams m{};
+  // The two states are read as one array of states: b at a + (b - a). Both are device addresses
+  // of 16-bit (or fp32) elements, so the distance is a whole number of elements.
+  const auto a_address = reinterpret_cast<std::intptr_t>(out_a.data);
+  const auto b_address = reinterpret_cast<std::intptr_t>(out_b.data);
+  m.o_in = out_a.data;
+  m.o_stride_state = (b_address - a_address) / kElementBytes;
+  m.o_stride_b = out_a.stride[0], m.o_stride_s = out_a.stride[1], m.o_stride_h = out_a.stride[2];
+  m.lse_in = lse_a;
+  m.lse_stride_state = (reinterpret_cast<std::intptr_t>(lse_b) -
+                        reinterpret_cast<std::intptr_t>(lse_a)) / static_cast<std::intptr_t>(sizeof(float));
+  m.batch = static_cast<int>(out_a.shape[0]);
+  m.seqlen = static_cast<int>(out_a.shape[1]);
+  m.heads = static_cast<int>(out_a.shape[2]);
+  m.lse_stride_b = static_cast<long long>(m.heads) * m.seqlen;
+  m.lse_stride_h = m.seqlen;
+  m.lse_stride_s = 1;
+  m.o_out = out.data;
+  m.lse_out = lse_out;
+  m.out_stride_b = out.stride[0], m.out_stride_s = out.stride[1], m.out_stride_h = out.stride[2];
+  m.num_states = 2;
+  m.input_is_fp32 = 0;
+  return m;
 }
 
 }  // namespace flashjit::detail
@@ -150,6 +269,24 @@ namespace flashjit {
 TensorView TensorView::bshd(void* data, DType dtype, std::int64_t b, std::int64_t s, std::int64_t h,
                             std::int64_t d) {
   return {data, dtype, {b, s, h, d}, {s * h * d, h * d, d, 1}};
+}
+
+KVCache KVCache::dense(const TensorView& k, const TensorView& v, const std::int32_t* seqused_k) {
+  KVCache kv;
+  kv.k = k;
+  kv.v = v;
+  kv.seqused_k = seqused_k;
+  return kv;
+}
+
+KVCache KVCache::paged(const TensorView& k_pages, const TensorView& v_pages,
+                       const std::int32_t* page_table, std::int64_t pages_per_seq,
+                       const std::int32_t* seqused_k) {
+  KVCache kv = dense(k_pages, v_pages, seqused_k);
+  kv.page_table = page_table;
+  kv.pages_per_seq = pages_per_seq;
+  kv.page_table_stride = pages_per_seq;
+  return kv;
 }
 
 TensorView TensorView::bhsd(void* data, DType dtype, std::int64_t b, std::int64_t s, std::int64_t h,

@@ -6,6 +6,12 @@
 
 namespace flashjit::detail {
 // Throws Error(invalid_argument) naming the argument and the expected value.
+ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const TensorView& out,
+                                const ForwardOptions& options);
+// The three-tensor form: a dense KVCache.
 ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& out, const ForwardOptions& options);
+// merge_attention_states' arguments as merge params; throws Error(invalid_argument).
+MergeParams validate_merge(const TensorView& out_a, const float* lse_a, const TensorView& out_b,
+                           const float* lse_b, const TensorView& out, float* lse_out);
 }  // namespace flashjit::detail

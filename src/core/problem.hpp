@@ -8,12 +8,20 @@ namespace flashjit::detail {
 
 struct ForwardProblem {
   DType dtype = DType::bf16;
+  // seqlen_k: the keys' capacity (paged: pages_per_seq * page_size); seqused_k may lower it per
+  // sequence on the device.
   int batch = 0, heads_q = 0, heads_kv = 0, seqlen_q = 0, seqlen_k = 0, head_dim = 0;
   bool causal = false;
+  bool paged = false;
+  int page_size = 0;          // paged only
+  bool has_seqused = false;   // seqused_k given
+  int num_splits = 0;         // ForwardOptions::num_splits: 0 = the heuristic's
   float softmax_scale = 1.f;
   FmhaParams params{};  // pointers and strides, ready for a kernel
 
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }
+  // Query rows that share one KV head: what the decode family packs into one tile.
+  int rows_per_kv_head() const { return seqlen_q * (heads_kv > 0 ? heads_q / heads_kv : 1); }
 };
 
 }  // namespace flashjit::detail

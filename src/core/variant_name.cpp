@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -16,14 +17,17 @@ std::string_view to_string(DType dtype) { return dtype == DType::bf16 ? "bf16" :
 std::string Variant::name() const {
   std::string arch_part = arch;
   std::erase(arch_part, '_');  // sm_90a -> sm90a keeps the name one token per field
-  return fmt::format("{}.{}.{}.d{}.m{}n{}s{}{}", family, arch_part, to_string(dtype), head_dim,
-                     tile_m, tile_n, stages, causal ? ".causal" : "");
+  return fmt::format("{}.{}.{}.d{}.m{}n{}s{}{}{}", family, arch_part, to_string(dtype), head_dim,
+                     tile_m, tile_n, stages, causal ? ".causal" : "", paged ? ".paged" : "");
 }
 
 }  // namespace flashjit
 
 namespace flashjit::detail {
 namespace {
+
+// The optional suffixes after the tiles, in name order.
+constexpr std::string_view kFeatureSuffixes[] = {"causal", "paged"};
 
 std::vector<std::string_view> split(std::string_view text, char sep) {
   std::vector<std::string_view> parts;
@@ -61,11 +65,11 @@ bool is_family_token(std::string_view text) {
 
 Variant parse_variant_name(std::string_view name) {
   const auto parts = split(name, '.');
-  if (parts.size() != 5 && parts.size() != 6)
+  if (parts.size() < 5 || parts.size() > 5 + std::size(kFeatureSuffixes))
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("bad variant name '{}': expected "
-                            "<family>.<arch>.<dtype>.d<head_dim>.m<M>n<N>s<stages>[.causal], "
-                            "e.g. mma.sm90a.bf16.d128.m128n64s2.causal",
+                            "<family>.<arch>.<dtype>.d<head_dim>.m<M>n<N>s<stages>[.causal][.paged]"
+                            ", e.g. mma.sm90a.bf16.d128.m128n64s2.causal",
                             name));
   Variant v;
   if (!is_family_token(parts[0]))
@@ -113,9 +117,18 @@ Variant parse_variant_name(std::string_view name) {
   v.tile_n = *tile_n;
   v.stages = *stages;
 
-  if (parts.size() == 6) {
-    if (parts[5] != "causal") bad_field(name, "mask", fmt::format("'{}' is not causal", parts[5]));
-    v.causal = true;
+  // Feature suffixes, each at most once and in kFeatureSuffixes' order, so a variant has one name.
+  std::size_t next_suffix = 0;
+  for (std::size_t i = 5; i < parts.size(); ++i) {
+    while (next_suffix < std::size(kFeatureSuffixes) && kFeatureSuffixes[next_suffix] != parts[i])
+      ++next_suffix;
+    if (next_suffix == std::size(kFeatureSuffixes))
+      bad_field(name, "features",
+                fmt::format("'{}' is not one of causal, paged (in that order, each once)",
+                            parts[i]));
+    if (next_suffix == 0) v.causal = true;
+    if (next_suffix == 1) v.paged = true;
+    ++next_suffix;
   }
   return v;
 }

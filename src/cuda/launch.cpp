@@ -16,6 +16,16 @@ void* operand_address(const FmhaParams& params, MapOperand operand) {
   return nullptr;
 }
 
+// Appends the plan's plain values to `args` (count so far) and launches.
+void launch_with_args(CUfunction function, const LaunchPlan& plan, void** args, std::size_t count,
+                      CUstream stream) {
+  const DriverApi& cu = driver();
+  for (const auto& value : plan.values) args[count++] = const_cast<std::byte*>(value.data());
+
+  const CUlaunchConfig config = launch_config(plan, stream);
+  check(cu.cuLaunchKernelEx(&config, function, args, nullptr), "cuLaunchKernelEx");
+}
+
 }  // namespace
 
 CUlaunchConfig launch_config(const LaunchPlan& plan, CUstream stream) {
@@ -45,10 +55,15 @@ void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& param
             "cuTensorMapReplaceAddress");
     args[count++] = &maps[i];
   }
-  for (const auto& value : plan.values) args[count++] = const_cast<std::byte*>(value.data());
+  launch_with_args(function, plan, args, count, stream);
+}
 
-  const CUlaunchConfig config = launch_config(plan, stream);
-  check(cu.cuLaunchKernelEx(&config, function, args, nullptr), "cuLaunchKernelEx");
+void launch(CUfunction function, const LaunchPlan& plan, const MergeParams& params,
+            CUstream stream) {
+  void* args[1 + LaunchPlan::kMaxValues];
+  std::size_t count = 0;
+  args[count++] = const_cast<MergeParams*>(&params);
+  launch_with_args(function, plan, args, count, stream);
 }
 
 }  // namespace flashjit::detail

@@ -23,6 +23,9 @@ struct TileTable {
   struct Rule {
     int max_seqlen_k;
     TileConfig tiles;
+    // Query rows per KV head (seqlen_q * heads_q / heads_kv) the rule covers: the decode family
+    // sizes its tile by them. Both limits must cover the problem.
+    int max_rows_per_kv_head = INT_MAX;
   };
   static constexpr int kMaxRules = 4;
   std::array<Rule, kMaxRules> rules{};
@@ -30,12 +33,26 @@ struct TileTable {
 
   // One shape for every length.
   static TileTable single(TileConfig tiles) { return {{Rule{INT_MAX, tiles}}, 1}; }
-  TileConfig pick(int seqlen_k) const;
+  TileConfig pick(int seqlen_k, int rows_per_kv_head) const;
+};
+
+// What a family computes: attention forward (the dispatcher chooses among these), or the merge of
+// partial results (split-KV, Engine::merge_attention_states), which forward never dispatches to.
+enum class FamilyRole { attention, merge };
+
+// Problem features beyond dense, equal-length attention; a family lists those it handles, and the
+// dispatcher and the variant check refuse the others.
+enum FamilyFeature : unsigned {
+  kFeaturePagedKv = 1u << 0,   // KVCache::paged (and the variant's paged flag)
+  kFeatureSeqUsedK = 1u << 1,  // KVCache::seqused_k
+  kFeatureSplitKv = 1u << 2,   // ForwardOptions::num_splits > 1
 };
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed
 // during another file's static initialization already finds every family.
 struct KernelFamily {
+  FamilyRole role = FamilyRole::attention;
+  unsigned features = 0;             // FamilyFeature bits
   std::string_view name;             // the first field of its variant names
   std::string_view summary;          // one line for families() and `flashjit info`
   std::string_view source_file;      // its kernel under kernels_src/
@@ -51,8 +68,16 @@ struct KernelFamily {
   std::string (*unsupported_reason)(const ForwardProblem& problem);
   // The launch for a problem; its tensor maps are encoded at the problem's addresses and later
   // calls patch only those (src/cuda/launch.hpp).
+  // Attention families only (null for the merge family).
   LaunchPlan (*plan)(const Variant& variant, const ForwardProblem& problem,
                      const DeviceInfo& device);
+  // Template arguments after the element type, e.g. "128, 64, 64, 2, false"; null: the common
+  // (head_dim, tile_m, tile_n, stages, causal).
+  std::string (*template_arguments)(const Variant& variant) = nullptr;
+  // Split-KV families: how many splits a problem gets on this GPU (problem.num_splits, when set,
+  // was already checked and wins). Null: never splits.
+  int (*num_splits)(const Variant& variant, const ForwardProblem& problem,
+                    const DeviceInfo& device) = nullptr;
 };
 
 }  // namespace flashjit::detail

@@ -10,7 +10,8 @@
 
 // The one list of families, fastest first. Adding a family: its folder under src/families/, its
 // kernel under kernels_src/<family>/, and its entry here.
-#define FLASHJIT_FAMILIES(X) X(kWgmmaFamily) X(kMmaFamily) X(kSimtFamily)
+#define FLASHJIT_FAMILIES(X) \
+  X(kDecodeFamily) X(kWgmmaFamily) X(kMmaFamily) X(kSimtFamily) X(kMergeFamily)
 
 namespace flashjit::detail {
 
@@ -43,9 +44,10 @@ const KernelFamily& family_named(std::string_view name, std::string_view what) {
   throw Error(ErrorCode::invalid_argument, fmt::format("{} {}", what, unknown_family(name)));
 }
 
-TileConfig TileTable::pick(int seqlen_k) const {
+TileConfig TileTable::pick(int seqlen_k, int rows_per_kv_head) const {
   for (int i = 0; i + 1 < count; ++i)
-    if (seqlen_k <= rules[i].max_seqlen_k) return rules[i].tiles;
+    if (seqlen_k <= rules[i].max_seqlen_k && rows_per_kv_head <= rules[i].max_rows_per_kv_head)
+      return rules[i].tiles;
   return rules[count - 1].tiles;
 }
 
@@ -60,6 +62,8 @@ void check_variant(const Variant& v) {
       family->head_dims.end())
     fail(fmt::format("family {} has no head_dim {}: expected one of {}", v.family, v.head_dim,
                      fmt::join(family->head_dims, ", ")));
+  if (v.paged && !(family->features & kFeaturePagedKv))
+    fail(fmt::format("family {} does not read paged KV caches", v.family));
   if (std::string problem = family->check_tiles(v); !problem.empty()) fail(problem);
   // A kernel no GPU of the arch could launch is refused here, not cached.
   if (const int bytes = family->shared_bytes(v), most = max_shared_bytes_per_block(v.arch);
@@ -74,9 +78,12 @@ KernelSpec kernel_spec(const Variant& v) {
   const KernelFamily& family = family_named(v.family, "family");
   KernelSpec spec;
   spec.source_file = std::string(family.source_file);
-  spec.name_expression = fmt::format("{}<flashjit::{}, {}, {}, {}, {}, {}>", family.kernel_template,
-                                     to_string(v.dtype), v.head_dim, v.tile_m, v.tile_n, v.stages,
-                                     v.causal ? "true" : "false");
+  const std::string arguments =
+      family.template_arguments
+          ? family.template_arguments(v)
+          : fmt::format("{}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages, v.causal);
+  spec.name_expression =
+      fmt::format("{}<flashjit::{}, {}>", family.kernel_template, to_string(v.dtype), arguments);
   spec.options = {"--gpu-architecture=" + v.arch, "-std=c++17", "--ptxas-options=-v", "-lineinfo",
                   "-default-device"};
   spec.dynamic_shared_bytes = family.shared_bytes(v);
@@ -94,7 +101,7 @@ const std::vector<int>& head_dims_of_all_families() {
 }
 
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
-                   bool causal, TileConfig tiles) {
+                   bool causal, TileConfig tiles, bool paged) {
   return Variant{std::string(family.name),
                  std::string(arch),
                  dtype,
@@ -102,7 +109,8 @@ Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtyp
                  tiles.tile_m,
                  tiles.tile_n,
                  tiles.stages,
-                 causal};
+                 causal,
+                 paged};
 }
 
 }  // namespace flashjit::detail
@@ -114,6 +122,7 @@ const std::vector<FamilyInfo>& families() {
     std::vector<FamilyInfo> list;
     for (const detail::KernelFamily* family : detail::registered_families()) {
       FamilyInfo info{std::string(family->name),
+                      family->role == detail::FamilyRole::attention,
                       std::string(family->summary),
                       {family->head_dims.begin(), family->head_dims.end()},
                       {}};

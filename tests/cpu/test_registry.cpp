@@ -16,7 +16,8 @@ using namespace flashjit;
 TEST_CASE("families() lists each registered family once, fastest first, with archs and dims") {
   const auto& list = families();
   REQUIRE(list.size() == detail::registered_families().size());
-  CHECK(list.front().name == "wgmma");  // the dispatcher's first choice on Hopper
+  CHECK(list.front().name == "decode");  // the first choice for the few query rows it takes
+  CHECK(list[1].name == "wgmma");        // then Hopper prefill
   std::set<std::string> names;
   std::set<int> dims;
   for (const FamilyInfo& family : list) {
@@ -30,8 +31,12 @@ TEST_CASE("families() lists each registered family once, fastest first, with arc
   CHECK(supported_head_dims() == std::vector<int>(dims.begin(), dims.end()));
   // The C API reads the same list.
   REQUIRE(flashjit_family_count() == static_cast<int32_t>(list.size()));
-  for (int32_t i = 0; i < flashjit_family_count(); ++i)
-    CHECK(std::string(flashjit_family_name(i)) == list[static_cast<std::size_t>(i)].name);
+  for (int32_t i = 0; i < flashjit_family_count(); ++i) {
+    const FamilyInfo& family = list[static_cast<std::size_t>(i)];
+    CHECK(std::string(flashjit_family_name(i)) == family.name);
+    CHECK(flashjit_family_is_attention(i) == (family.attention ? 1 : 0));
+    CHECK(family.attention == (family.name != "merge"));
+  }
   CHECK(flashjit_family_name(-1) == nullptr);
   CHECK(flashjit_family_name(flashjit_family_count()) == nullptr);
 }
@@ -40,7 +45,7 @@ TEST_CASE("a head dim the family has no kernel for is refused by name, as forwar
   CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d192.m128n64s2"),
                        doctest::Contains("family wgmma has no head_dim 192"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("warp.sm90a.bf16.d128.m128n64s2"),
-                       doctest::Contains("'warp' is unknown: expected one of wgmma, mma, simt"),
+                       doctest::Contains("'warp' is unknown: expected one of decode, wgmma, mma, simt, merge"),
                        Error);
 }
 

@@ -55,7 +55,7 @@ TEST_CASE("parse errors say which field is wrong") {
   CHECK(parse_error("simt.sm90a.bf16.d128.m64n64").find("tiles field") != std::string::npos);
   CHECK(parse_error("simt.sm90a.bf16.d128.m64n64s1x").find("tiles field") != std::string::npos);
   CHECK(parse_error("simt.sm90a.bf16.d128.m0n64s1").find("tiles field") != std::string::npos);
-  CHECK(parse_error("simt.sm90a.bf16.d128.m64n64s1.causa").find("mask field") != std::string::npos);
+  CHECK(parse_error("simt.sm90a.bf16.d128.m64n64s1.causa").find("features field") != std::string::npos);
   CHECK(parse_error("simt.sm90a.bf16.d100.m64n64s1").find("head_dim 100") != std::string::npos);
   CHECK(parse_error("simt.sm90a.bf16.d128.m64n64s2").find("stages must be 1") != std::string::npos);
   CHECK(parse_error("simt.sm75.bf16.d128.m64n64s1").find("arch field") != std::string::npos);

@@ -13,7 +13,8 @@ std::string gpu_unavailable_reason() {
 
 std::vector<std::string> family_names() {
   std::vector<std::string> names;
-  for (const FamilyInfo& family : families()) names.push_back(family.name);
+  for (const FamilyInfo& family : families())
+    if (family.attention) names.push_back(family.name);
   return names;
 }
 

@@ -71,6 +71,7 @@ nlohmann::ordered_json to_json(const GpuSurvey& gpus, const KernelCache& cache, 
   nlohmann::ordered_json family_list = nlohmann::ordered_json::array();
   for (const FamilyInfo& family : families())
     family_list.push_back({{"name", family.name},
+                           {"attention", family.attention},
                            {"summary", family.summary},
                            {"archs", family.archs},
                            {"head_dims", family.head_dims}});

@@ -109,9 +109,11 @@ class SdpaRunner:
     GQA through enable_gqa=True, then K/V expanded with repeat_interleave. Copies and expansions
     are made here, never timed. For causal with s_q != s_k it prefers the bottom-right mask we use
     (flash: torch's causal_lower_right, which runs the flash kernel), else is_causal=True, which
-    PyTorch documents as top-left: marked so, unless the check shows it computed bottom-right."""
+    PyTorch documents as top-left: marked so, unless the check shows it computed bottom-right.
+    bottom_right_only (the KV cases): never top-left; cuDNN gets an explicit boolean
+    bottom-right mask, and a backend that refuses the bottom-right mask is n/a."""
 
-    def __init__(self, backend, case, q, k, v, scale, layout_mode):
+    def __init__(self, backend, case, q, k, v, scale, layout_mode, bottom_right_only=False):
         from torch.nn.attention import SDPBackend
         self.backend = backend
         self.case = case
@@ -132,7 +134,9 @@ class SdpaRunner:
         masks = ["none"]
         if case.causal:
             masks = ["is_causal"]
-            if not case.causal_aligned_same():
+            if not case.causal_aligned_same() and bottom_right_only:
+                masks = ["lower_right"] if backend == "flash" else ["bool_mask"]
+            elif not case.causal_aligned_same():
                 masks = (["lower_right"] if backend == "flash" else []) + ["is_causal"]
         kv_modes = ["enable_gqa", "repeat_interleave"] if group > 1 else ["none"]
 
@@ -175,6 +179,9 @@ class SdpaRunner:
             self.mask_alignment = "top-left" if top_left else "bottom-right"
         if kv_mode == "repeat_interleave":
             self.notes.append("K/V expanded with repeat_interleave (not timed)")
+        if mask == "bool_mask":
+            self.notes.append("explicit bottom-right boolean attn_mask [s_q, s_k] (built before "
+                              "timing)")
         if self.mask_alignment == "top-left":
             self.notes.append("timed with is_causal=True: top-left mask, other work than ours, "
                               "ratio left out of the geomeans")
@@ -209,6 +216,8 @@ class SdpaRunner:
             if not _flash_can_run(qs, ks, vs, enable_gqa):
                 return None
             kwargs["attn_mask"] = causal_lower_right(qs.shape[-2], ks.shape[-2])
+        elif mask_name == "bool_mask":
+            kwargs["attn_mask"] = bottom_right_mask(qs.shape[-2], ks.shape[-2])
 
         def call():
             with sdpa_kernel(backend):
@@ -217,6 +226,14 @@ class SdpaRunner:
 
     def __call__(self):
         self.fn()
+
+
+def bottom_right_mask(seqlen_q, seqlen_k):
+    """[s_q, s_k] bool, True where query i may see key j: j <= i + s_k - s_q (our causal)."""
+    import torch
+    i = torch.arange(seqlen_q, device=gpu.DEVICE).unsqueeze(1)
+    j = torch.arange(seqlen_k, device=gpu.DEVICE).unsqueeze(0)
+    return j <= i + (seqlen_k - seqlen_q)
 
 
 def _flash_can_run(q, k, v, enable_gqa):

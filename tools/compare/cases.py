@@ -3,6 +3,7 @@
 from dataclasses import dataclass, field
 
 from .checks import TOLERANCES
+from .decode_cases import KV_GRIDS, parse_kv_case
 
 
 @dataclass(frozen=True)
@@ -131,17 +132,20 @@ def features_grid():
 GRIDS = {"standard": standard_grid, "features": features_grid}
 
 
-def build_cases(grids, case_texts, limit=None):
+def build_cases(grids, case_texts, limit=None, kv=False):
+    """The cases of the named grids, then the --case ones. kv: also the KV-cache grids and
+    kv:... spellings (decode_cases; compare_sdpa runs them, ab_compare does not)."""
     cases = []
     for name in grids:
-        cases.extend(GRIDS[name]())
-    cases.extend(parse_case(t) for t in case_texts)
+        cases.extend(GRIDS[name]() if name in GRIDS or not kv else KV_GRIDS[name]())
+    for text in case_texts:
+        is_kv = kv and text.strip().lower().startswith("kv:")
+        cases.append(parse_kv_case(text.strip()) if is_kv else parse_case(text))
     if not cases:
         cases = standard_grid()
     if limit:
         cases = cases[:limit]
     return cases
-
 
 
 def parse_families(text, ladder):

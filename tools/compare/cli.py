@@ -4,20 +4,19 @@ import argparse
 import os
 import sys
 import time
-import traceback
 from pathlib import Path
 
 import flashjit_ctypes as fj
 
-from . import gpu, selftest
+from . import selftest
 from .backends import select_variant
 from .cases import GRIDS, build_cases, parse_families
 from .checks import DEFAULT_CHECK_BUDGET, LSE_TOLERANCE, TOLERANCES
+from .decode_backends import kv_variant_picks
+from .decode_cases import HBM_TBS, KV_GRIDS, is_kv_case
 from .environment import environment
-from .plots import plot_results
-from .report import (SCHEMA, Output, case_rows, format_row, short, summarize, summary_lines,
-                     table_header, write_json)
-from .run_case import case_entry, run_case
+from .report import SCHEMA, Output, short
+from .run_all import finish_report, run_cases
 from .timing import CudaTimer
 
 
@@ -27,10 +26,14 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: LD_LIBRARY_PATH=.devpack python3 tools/compare_sdpa.py "
                "--lib .devpack/libflashjit.so.0 --grid standard --out out/compare")
-    p.add_argument("--grid", action="append", choices=sorted(GRIDS), default=[],
-                   help="case set (repeatable); standard when neither --grid nor --case is given")
+    p.add_argument("--grid", action="append", choices=sorted(GRIDS) + sorted(KV_GRIDS),
+                   default=[], help="case set (repeatable); standard when neither --grid nor "
+                   "--case is given; decode, decode-dense and paged are the KV-cache cases "
+                   "(vs SDPA cuDNN, SDPA flash and FlashAttention-4)")
     p.add_argument("--case", action="append", default=[], metavar="B,HQ,HKV,SQ,SK,D,CAUSAL,DTYPE,LAYOUT",
-                   help="one explicit case (repeatable), e.g. 2,32,8,4096,4096,128,1,bf16,bshd")
+                   help="one explicit case (repeatable), e.g. 2,32,8,4096,4096,128,1,bf16,bshd; "
+                        "a KV case: kv:B,HQ,HKV,SQ,SK,D,CAUSAL[,DTYPE[,dense|nhdN|hndN]], e.g. "
+                        "kv:64,32,8,1,8192,128,0,bf16,nhd64")
     p.add_argument("--family", default="auto",
                    help="auto (dispatcher's pick, default), all (every family in the library, "
                         "each forced), or a comma list")
@@ -58,6 +61,15 @@ def build_parser():
     p.add_argument("--seed", type=int, default=1234, help="base seed; case i uses seed + i")
     p.add_argument("--spin-ms", type=float, default=0.5,
                    help="GPU spin before each timed call, hiding launch overhead (0: none)")
+    p.add_argument("--hbm-tbs", type=float, default=HBM_TBS,
+                   help=f"HBM bandwidth (TB/s) of the KV cases' floor (default {HBM_TBS:g}, H200)")
+    p.add_argument("--num-splits", type=int, default=0,
+                   help="flashjit split-KV count for the KV cases (default 0: its heuristic)")
+    p.add_argument("--burst-ms", type=float, default=2.0,
+                   help="KV cases: GPU time one timed burst of back-to-back calls aims at "
+                        "(default 2 ms)")
+    p.add_argument("--min-calls", type=int, default=10,
+                   help="KV cases: fewest calls in one timed burst (default 10)")
     p.add_argument("--limit", type=int, help="only the first N cases (smoke runs)")
     p.add_argument("--no-check", action="store_true", help="skip the reference check")
     p.add_argument("--no-time", action="store_true", help="skip timing (check only)")
@@ -75,11 +87,15 @@ def parse_args(parser, argv=None):
     (choose_families)."""
     args = parser.parse_args(argv)
     try:
-        args.cases = build_cases(args.grid, args.case, args.limit)
+        args.cases = build_cases(args.grid, args.case, args.limit, kv=True)
     except ValueError as e:
         parser.error(str(e))
     if args.reps < 1 or args.min_reps < 1 or args.warmup < 0:
         parser.error("--reps and --min-reps must be >= 1, --warmup >= 0")
+    if args.min_calls < 1 or args.burst_ms <= 0 or args.hbm_tbs <= 0:
+        parser.error("--min-calls must be >= 1, --burst-ms and --hbm-tbs > 0")
+    if not 0 <= args.num_splits <= 128:
+        parser.error("--num-splits: 0 (heuristic) or 1 to 128")
     args.min_reps = min(args.min_reps, args.reps)
     return args
 
@@ -126,10 +142,13 @@ def main(argv=None):
 
 
 def print_cases(cases, out=print):
-    out(f"{len(cases)} cases  (TFLOP per call: 4*b*h*s_q*s_k*d, halved for causal)")
-    out(f"{'#':>3}  {'case':42}  {'--case spelling':40}  {'group':8}  {'TFLOP':>7}")
+    out(f"{len(cases)} cases  (TFLOP per call: 4*b*h*s_q*s_k*d, halved for causal; KV cases: "
+        "4*d per (query, key) pair the bottom-right mask lets through)")
+    w = max([42] + [len(c.label()) for c in cases])
+    out(f"{'#':>3}  {'case':{w}}  {'--case spelling':40}  {'group':8}  {'TFLOP':>7}")
     for i, c in enumerate(cases):
-        out(f"{i:>3}  {c.label():42}  {c.key():40}  {c.group:8}  {c.flops() / 1e12:7.3f}")
+        kv = f"  K+V {c.kv_bytes() / 1e6:.1f} MB" if is_kv_case(c) else ""
+        out(f"{i:>3}  {c.label():{w}}  {c.key():40}  {c.group:8}  {c.flops() / 1e12:7.3f}{kv}")
 
 
 def dry_run(args, lib, torch):
@@ -149,9 +168,9 @@ def dry_run(args, lib, torch):
     with engine:
         for i, case in enumerate(args.cases):
             picks = []
-            for family in args.families:
-                v, e = select_variant(engine, case, family)
-                picks.append(f"{family}={v or 'n/a (' + short(e.message, 60) + ')'}")
+            for name, (v, e) in case_picks(engine, case, args).items():
+                why = getattr(e, "message", str(e))
+                picks.append(f"{name}={v or 'n/a (' + short(why, 60) + ')'}")
             out(f"{i:>3}  {case.label():42}  " + "  ".join(picks))
     return 0
 
@@ -173,12 +192,9 @@ def measure(args, lib, ladder, torch, start):
     ctx["timer"] = CudaTimer(args.spin_ms)
 
     document = {"schema": SCHEMA, "environment": env, "settings": run_settings(args),
-                "compile": compile_info, "cases": [], "summary": None}
-    out()
-    for line in table_header():
-        out(line)
-    results = run_cases(ctx, out, out_dir, document)
-    summary = finish_report(ctx, results, document, out, out_dir, start)
+                "compile": compile_info, "cases": [], "kv_cases": [], "summary": None}
+    results, kv_results = run_cases(ctx, out, out_dir, document)
+    summary = finish_report(ctx, results, kv_results, document, out, out_dir, start)
     engine.close()
     return 1 if summary["failed_checks_total"] else 0
 
@@ -206,7 +222,9 @@ def run_settings(args):
             "sdpa_layout": args.sdpa_layout, "check_budget": args.check_budget,
             "seed": args.seed, "spin_ms": args.spin_ms, "tolerances": TOLERANCES,
             "lse_tolerance": LSE_TOLERANCE, "cache_dir": args.cache_dir,
-            "deadline_s": args.deadline,
+            "deadline_s": args.deadline, "hbm_tbs": args.hbm_tbs,
+            "num_splits": args.num_splits, "burst_ms": args.burst_ms,
+            "min_calls": args.min_calls,
             "reference": "float32 torch ops (matmul without TF32, logsumexp, softmax), "
                          "bottom-right causal mask, on the same bf16/fp16 inputs; first chunk "
                          "cross-checked against SDPA's math backend in fp32"}
@@ -226,13 +244,29 @@ def print_preamble(out, env, args):
         f"{TOLERANCES['fp16']['abs']:g} x max(1, max|ref|), lse_err <= {LSE_TOLERANCE:g}")
     out("ratios: flashjit TFLOPS / SDPA TFLOPS (> 1: flashjit faster); † SDPA timed with "
         "is_causal=True (top-left mask) where s_q != s_k, not comparable, left out of geomeans")
+    if any(is_kv_case(c) for c in args.cases):
+        out(f"KV cases: bursts of >= {args.min_calls} back-to-back calls (~{args.burst_ms:g} ms "
+            "of GPU time) between two CUDA events after a spin that covers their enqueue; "
+            f"us/call = burst / calls, median of {args.reps} bursts interleaved round-robin; "
+            f"floor = (K+V bytes / {args.hbm_tbs:g} TB/s) / time; x best = best peer's time / "
+            "flashjit's (> 1: flashjit faster); SDPA only with the bottom-right mask; FA4 "
+            f"{env.get('flash_attn_4') or 'not found'} (CuTe DSL {env.get('cutlass_dsl')})")
+
+
+def case_picks(engine, case, args):
+    """{family or KV implementation: (variant, None) or (None, error)} of one case."""
+    if is_kv_case(case):
+        return kv_variant_picks(engine, case, args.families, args.num_splits)
+    return {f: select_variant(engine, case, f) for f in args.families}
 
 
 def pick_variants(engine, args):
     """The variant of every case and family (or the refusal), and the dispatcher's family."""
     variants, auto_family = {}, {}
     for case in args.cases:
-        variants[case.key()] = {f: select_variant(engine, case, f) for f in args.families}
+        variants[case.key()] = case_picks(engine, case, args)
+        if is_kv_case(case):
+            continue
         auto_variant, _ = select_variant(engine, case, "auto")
         auto_family[case.key()] = auto_variant.split(".")[0] if auto_variant else None
     return {"variants": variants, "auto_family": auto_family}
@@ -255,70 +289,3 @@ def precompile_variants(lib, ctx, out):
     out(f"compile: {len(names)} variants precompiled in {info['seconds']:.1f} s (NVRTC, in "
         "parallel; variants already in the disk cache cost ~0)")
     return info
-
-
-def run_cases(ctx, out, out_dir, document):
-    """Every case in turn, its rows printed and results.json rewritten as it finishes; a case
-    after the deadline, or after the CUDA context died, is listed as skipped."""
-    args = ctx["args"]
-    results = []
-    aborted = None
-    for index, case in enumerate(args.cases):
-        if aborted or time.monotonic() > ctx["deadline"]:
-            why = aborted or f"deadline ({args.deadline:g} s) reached"
-            results.append(case_entry(index, case, flashjit={}, sdpa={}, skipped=why,
-                                      notes=[f"skipped: {why}"]))
-            out(format_row([str(index), case.label(), "", "skip"]))
-            continue
-        r, aborted = run_guarded(index, case, ctx)
-        results.append(r)
-        for line in case_rows(r):
-            out(line)
-        if out_dir:
-            document["cases"] = results
-            write_json(out_dir / "results.json", document)
-    return results
-
-
-def run_guarded(index, case, ctx):
-    """run_case with a crash kept as the case's error: (entry, None), or (entry, why no further
-    case can run) when the CUDA context is unusable after it."""
-    try:
-        return run_case(index, case, ctx), None
-    except Exception as e:  # keep the run going; a dead CUDA context stops it
-        traceback.print_exc()
-        r = case_entry(index, case, flashjit={}, sdpa={}, notes=[],
-                       error=f"{type(e).__name__}: {short(e, 300)}")
-        try:
-            gpu.sync()
-        except Exception as e2:
-            return r, f"CUDA context unusable after case {index} ({short(e2, 120)})"
-        return r, None
-
-
-def finish_report(ctx, results, document, out, out_dir, start):
-    """Summary, the final results.json, the plots and table.txt; returns the summary."""
-    families = ctx["families"]
-    summary = summarize(results, families)
-    compile_info = document["compile"]
-    first_calls = sum(c.get("first_call_ms", 0) for r in results for c in r["flashjit"].values())
-    compile_info["first_calls_ms"] = first_calls
-    document["cases"] = results
-    document["summary"] = summary
-    wall = time.monotonic() - start
-    document["wall_s"] = wall
-    out()
-    out(f"first flashjit calls (module load; NVRTC only where precompile missed): "
-        f"{first_calls / 1e3:.2f} s in total")
-    if out_dir:
-        write_json(out_dir / "results.json", document)
-        env = document["environment"]
-        subtitle = (f"{env.get('gpu', '?')}, torch {env['torch']}, cuDNN {env['cudnn']}, "
-                    f"flashjit {env['flashjit']}")
-        written = plot_results(results, families, ctx["ladder"], out_dir, subtitle)
-        out(f"wrote {out_dir / 'results.json'}" + "".join(f", {w}" for w in written))
-    for line in summary_lines(summary, families, compile_info, wall):
-        out(line)
-    if out_dir:
-        (out_dir / "table.txt").write_text("\n".join(out.lines) + "\n")
-    return summary

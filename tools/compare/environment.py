@@ -1,5 +1,7 @@
-"""What a run ran on, for results.json: library versions, NVRTC, driver, torch, cuDNN, GPU."""
+"""What a run ran on, for results.json: library versions, NVRTC, driver, torch, cuDNN, GPU,
+FlashAttention-4."""
 
+import importlib.metadata
 import os
 import sys
 import time
@@ -38,6 +40,11 @@ def environment(lib, ordinal):
         env["matplotlib"] = matplotlib.__version__
     except ImportError:
         pass
+    for dist, key in (("flash-attn-4", "flash_attn_4"), ("nvidia-cutlass-dsl", "cutlass_dsl")):
+        try:  # FlashAttention-4, the KV cases' peer, when its bundle is on PYTHONPATH
+            env[key] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            env[key] = None
     env["python"] = sys.version.split()[0]
     env["date_utc"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     env["command"] = " ".join([Path(sys.argv[0]).name] + sys.argv[1:])

@@ -1,13 +1,19 @@
 """Self-test of the report path with synthetic numbers (no GPU, no torch, no library):
---selftest-report DIR feeds them through the table, the summary, results.json and the plots."""
+--selftest-report DIR feeds them through the table, the summary, results.json and the plots.
+KV cases (selftest_kv) add their report, the binding's struct layouts and a CPU rehearsal."""
 
 import math
 import random
 
+from pathlib import Path
+
 from .backends import SDPA_BACKENDS
+from .decode_cases import is_kv_case
+from .decode_report import kv_case_rows, kv_summarize, kv_summary_line
 from .report import SCHEMA, Output, case_rows, summarize, summary_lines, table_header, write_json
 from .plots import plot_results
 from .run_case import case_entry, impl_cell
+from .selftest_kv import check_binding_layout, cpu_rehearsal, synthetic_kv_results
 
 # A made-up library: its kernel families fastest first, as flashjit_family_name lists them,
 # each with its synthetic speed as a fraction of cuDNN's.
@@ -72,23 +78,42 @@ def synthetic_flashjit_cell(r, index, case, family, families, rng):
 
 
 def selftest_report(out_dir, args):
-    """Feeds synthetic numbers through the table, summary, results.json and plot code."""
+    """Feeds synthetic numbers through the table, summary, results.json and plot code; checks
+    the binding's struct layouts; with KV cases, their report and (torch on the CPU) a
+    rehearsal of their run. Returns 1 when the layouts or the rehearsal are wrong."""
     out_dir.mkdir(parents=True, exist_ok=True)
     out = Output()
-    results = synthetic_results(args.cases, args.families)
-    for line in table_header():
+    kv_cases = [c for c in args.cases if is_kv_case(c)]
+    results = synthetic_results([c for c in args.cases if not is_kv_case(c)], args.families)
+    for line in table_header() if results else []:
         out(line)
     for r in results:
         for line in case_rows(r):
             out(line)
+    kv_results = synthetic_kv_results(kv_cases)
+    for r in kv_results:
+        out()
+        for line in kv_case_rows(r):
+            out(line)
     summary = summarize(results, args.families)
+    verdicts = [check_binding_layout(Path(__file__).resolve().parents[2] / "include")]
+    if kv_cases:
+        summary["kv"] = kv_summarize(kv_results)
+        out(kv_summary_line(summary["kv"]))
+        args.rehearsal_out = out
+        ok, rehearsed, message = cpu_rehearsal(args)
+        verdicts.append((ok, message))
+        summary["kv_rehearsal"] = kv_summarize(rehearsed) if rehearsed else None
     document = {"schema": SCHEMA, "environment": {"synthetic": True}, "settings": {},
-                "compile": {"seconds": 3.2}, "cases": results, "summary": summary}
+                "compile": {"seconds": 3.2}, "cases": results, "kv_cases": kv_results,
+                "summary": summary}
     write_json(out_dir / "results.json", document)
     written = plot_results(results, args.families, LADDER, out_dir,
                            "synthetic numbers (self-test)")
     out(f"wrote {out_dir / 'results.json'}" + "".join(f", {w}" for w in written))
-    for line in summary_lines(summary, args.families, {"seconds": 3.2}, 1.0):
+    for line in summary_lines(summary, args.families, {"seconds": 3.2}, 1.0) if results else []:
         out(line)
+    for _, message in verdicts:
+        out(message)
     (out_dir / "table.txt").write_text("\n".join(out.lines) + "\n")
-    return 0
+    return 1 if any(ok is False for ok, _ in verdicts) else 0

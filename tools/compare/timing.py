@@ -1,5 +1,7 @@
-"""Timing: CUDA events around each call, repetitions interleaved round-robin, a repetition plan
-that keeps a run inside its deadline."""
+"""Timing: CUDA events around each call (or burst of back-to-back calls), repetitions
+interleaved round-robin, a repetition plan that keeps a run inside its deadline."""
+
+import time
 
 from . import gpu
 
@@ -9,13 +11,16 @@ class CudaTimer:
 
     A short GPU spin (torch.cuda._sleep) goes before each timed call so the CPU can enqueue the
     start event, the launch and the end event while the GPU is still busy: the events then bracket
-    GPU work only, not Python and launch overhead (which matters for the small cases)."""
+    GPU work only, not Python and launch overhead (which matters for the small cases). A burst
+    (many calls between the two events, for peers whose Python host path outlasts their
+    kernel) asks for a longer spin, one that covers the enqueue of all its calls."""
 
     def __init__(self, spin_ms=0.5):
         import torch
         self.torch = torch
         self.spin_cycles = 0
-        if spin_ms > 0 and hasattr(torch.cuda, "_sleep"):
+        self.cycles_per_ms = 0.0
+        if hasattr(torch.cuda, "_sleep"):
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             torch.cuda._sleep(1000)  # first call loads the kernel
             start.record()
@@ -24,40 +29,63 @@ class CudaTimer:
             end.synchronize()
             ms = start.elapsed_time(end)
             if ms > 0:
-                self.spin_cycles = int(spin_ms * 1_000_000 / ms)
+                self.cycles_per_ms = 1_000_000 / ms
+        self.spin_cycles = self.cycles_for(spin_ms)
 
-    def launch(self, fn):
+    def cycles_for(self, ms):
+        """torch.cuda._sleep cycles of about `ms` of GPU time (0 without _sleep or for ms <= 0)."""
+        return int(max(0.0, ms) * self.cycles_per_ms)
+
+    def launch(self, fn, spin_cycles=None):
+        """(start, end, enqueue_ms): the events around fn and the host time from the spin's
+        launch to the end event's, which must stay under the spin for the events to bracket GPU
+        work only."""
         torch = self.torch
-        if self.spin_cycles:
-            torch.cuda._sleep(self.spin_cycles)
+        cycles = self.spin_cycles if spin_cycles is None else spin_cycles
+        if cycles:
+            torch.cuda._sleep(cycles)
+        t0 = time.perf_counter()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         fn()
         end.record()
-        return start, end
+        return start, end, (time.perf_counter() - t0) * 1e3
 
     @staticmethod
     def elapsed_ms(handle):
-        start, end = handle
+        start, end = handle[:2]
         return start.elapsed_time(end)
 
 
-def round_robin(impls, targets, timer):
+def burst(fn, calls):
+    """fn called `calls` times back to back (one timed sample of a burst)."""
+    def run():
+        for _ in range(calls):
+            fn()
+    return run
+
+
+def round_robin(impls, targets, timer, spins=None, enqueue=None):
     """Interleaves repetitions: round r runs every impl that still needs samples once, in turn.
 
     cuDNN's speed moves 5-10% from call to call; interleaving spreads those drifts over all
-    implementations alike instead of handing one a good or bad stretch."""
+    implementations alike instead of handing one a good or bad stretch. spins: {name: spin
+    cycles} for impls that need their own (bursts); enqueue: a dict that gets {name: [host ms
+    of each sample's enqueue]}."""
     samples = {name: [] for name in impls}
     names = list(impls)
+    spins = spins or {}
     for r in range(max(targets.values(), default=0)):
         handles = []
         # the order rotates too, so no implementation always runs right after the same one
         for name in names[r % len(names):] + names[:r % len(names)]:
             if len(samples[name]) < targets[name]:
-                handles.append((name, timer.launch(impls[name])))
+                handles.append((name, timer.launch(impls[name], spins.get(name))))
         gpu.sync()  # bounded number of live events; reading them needs completion anyway
         for name, handle in handles:
             samples[name].append(timer.elapsed_ms(handle))
+            if enqueue is not None:
+                enqueue.setdefault(name, []).append(handle[2])
     return samples
 
 

@@ -1,0 +1,261 @@
+// fmha_decode: attention for few query rows per KV head (decode, speculative decode), bound by
+// reading K and V, on tensor cores (mma.sync, sm_80 on), over dense or paged KV caches.
+//
+// Layout of the work: one CTA per (row block, split, KV head, sequence), 4 warps. GQA packing: the
+// rows of a CTA are the (query token, query head) pairs of one KV head, row = token * group +
+// head-in-group, so each K/V tile is read once for all of them. Split-KV: the keys of a sequence
+// are divided among num_splits CTAs, whose partial results the merge kernel combines through their
+// LSE. Inside a CTA the warps divide each K/V tile (tile_n / 4 keys each) and keep independent
+// online-softmax states over their keys, so no warp waits for another until the end, where the
+// four states are merged through shared memory. K and V stream through a ring of `Stages` stages
+// filled by cp.async, one commit group per tile; a paged cache is gathered row by row through its
+// page table (16-byte copies, so any page size that is a multiple of 8 rows works).
+#include "common/epilogue.cuh"
+#include "common/fast_math.cuh"
+#include "common/mma_attention.cuh"
+#include "common/mma_sm80.cuh"
+#include "common/params.cuh"
+#include "common/types.cuh"
+#include "decode/shape.cuh"
+
+namespace flashjit {
+
+// Where key `key` of sequence `batch` lives: (batch, key) in a dense cache, (page, row in page)
+// in a paged one.
+struct KvRow {
+  long long block;  // index along stride_b
+  int row;          // index along stride_s
+};
+template <bool Paged>
+__device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int key,
+                                            int page_shift) {
+  if (!Paged) return {batch, key};
+  const int index = page_shift >= 0 ? key >> page_shift : key / p.page_size;
+  return {__ldg(p.page_table + batch * p.page_table_stride + index), key - index * p.page_size};
+}
+
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged>
+__global__ void __launch_bounds__(DecodeShape::kThreads) fmha_decode_kernel(const FmhaParams p) {
+  constexpr DecodeShape kShape{HeadDim, TileM, TileN, Stages};
+  constexpr int kThreads = DecodeShape::kThreads;
+  constexpr int kPitch = kShape.pitch();
+  constexpr int kWarpKeys = kShape.keys_per_warp();
+  constexpr int MT = TileM / 16;      // m16 row tiles (every warp holds all rows)
+  constexpr int NT = kWarpKeys / 8;   // n8 key tiles of a warp's S
+  constexpr int DT = HeadDim / 8;     // n8 dim tiles of O
+  constexpr int kVecs = HeadDim / 8;  // 16-byte vectors per row
+  constexpr int kPassRows = kThreads / kVecs;  // rows one copy pass covers
+  static_assert(TileM % 16 == 0 && kWarpKeys % 16 == 0 && HeadDim % 16 == 0, "whole mma tiles");
+  static_assert(kThreads % kVecs == 0 && TileN % kPassRows == 0 && TileM * kVecs % kThreads == 0, "whole copy passes");
+  static_assert(Stages >= 2, "one stage in flight while another is read");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  T* q_tile = reinterpret_cast<T*>(smem);
+  T* ring = q_tile + TileM * kPitch;  // stage i: K tile at i * stage, V tile after it
+
+  const int row_blocks = (p.seqlen_q * p.heads_per_kv + TileM - 1) / TileM;
+  const int row_block = blockIdx.x % row_blocks;
+  const int split = blockIdx.x / row_blocks;
+  const int kv_head = blockIdx.y;
+  const int batch = blockIdx.z;
+  const int group = p.heads_per_kv;
+  const int rows = p.seqlen_q * group;
+  const int row0 = row_block * TileM;
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+
+  int seqlen = p.seqlen_k;
+  if (p.seqused_k != nullptr) seqlen = min(max(__ldg(p.seqused_k + batch), 0), p.seqlen_k);
+  // One past the last key packed row `row` sees (row -> query token row / group).
+  auto key_end = [&](int row) {
+    if (!Causal) return seqlen;
+    return min(seqlen, row / group + 1 + seqlen - p.seqlen_q);
+  };
+  const int last_row = min(row0 + TileM, rows) - 1;
+  const int cta_keys = max(key_end(last_row), 0);
+  const int n_tiles = (cta_keys + TileN - 1) / TileN;
+  const int tile_begin = split * p.split_tiles;
+  const int tile_end = min(tile_begin + p.split_tiles, n_tiles);
+
+  // Q: this CTA's rows, zero past the last one.
+  {
+    const T* q = static_cast<const T*>(p.q) + batch * p.q_stride_b;
+#pragma unroll
+    for (int i = 0; i < TileM * kVecs / kThreads; ++i) {
+      const int index = i * kThreads + threadIdx.x;
+      const int r = index / kVecs, c = index % kVecs * 8;
+      const int row = row0 + r;
+      const bool valid = row < rows;
+      const int token = valid ? row / group : 0;
+      const int head = kv_head * group + (valid ? row % group : 0);
+      cp_async_16(smem_address(q_tile + r * kPitch + c),
+                  q + token * p.q_stride_s + head * p.q_stride_h + c, valid);
+    }
+  }
+
+  int page_shift = -1;  // a power-of-two page size divides by shifting
+  if (Paged && (p.page_size & (p.page_size - 1)) == 0) page_shift = __ffs(p.page_size) - 1;
+  const T* k_base = static_cast<const T*>(p.k) + kv_head * p.k_stride_h;
+  const T* v_base = static_cast<const T*>(p.v) + kv_head * p.v_stride_h;
+  const int copy_row = threadIdx.x / kVecs;
+  const int copy_col = threadIdx.x % kVecs * 8;
+  // Issues the copies of key tile `tile` into ring stage `stage`; keys past the sequence are
+  // zero-filled (reading nothing), so padding never brings NaN into P·V.
+  auto load_tile = [&](int tile, int stage) {
+    T* k_smem = ring + stage * kShape.stage_elements();
+    T* v_smem = k_smem + TileN * kPitch;
+#pragma unroll
+    for (int pass = 0; pass < TileN / kPassRows; ++pass) {
+      const int r = pass * kPassRows + copy_row;
+      const int key = tile * TileN + r;
+      const bool valid = key < seqlen;
+      long long k_off = 0, v_off = 0;
+      if (valid) {
+        const KvRow at = locate_key<Paged>(p, batch, key, page_shift);
+        k_off = at.block * p.k_stride_b + at.row * p.k_stride_s;
+        v_off = at.block * p.v_stride_b + at.row * p.v_stride_s;
+      }
+      cp_async_16(smem_address(k_smem + r * kPitch + copy_col), k_base + k_off + copy_col, valid);
+      cp_async_16(smem_address(v_smem + r * kPitch + copy_col), v_base + v_off + copy_col, valid);
+    }
+  };
+
+  // Prologue: Q with tile_begin, then up to Stages - 1 tiles, one commit group each (empty past
+  // the end, so the wait below always counts Stages - 2 newer groups).
+#pragma unroll
+  for (int i = 0; i < Stages - 1; ++i) {
+    if (tile_begin + i < tile_end) load_tile(tile_begin + i, i);
+    cp_async_commit();
+  }
+
+  // Every lane's rows: h = 0 is row lane/4 of m-tile mt, h = 1 row lane/4 + 8; their key limits
+  // never change across tiles.
+  int row_key_end[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_key_end[mt][h] = key_end(row0 + mt * 16 + h * 8 + lane / 4);
+
+  const unsigned q_addr = smem_address(q_tile + (lane % 16) * kPitch + (lane / 16) * 8);
+  const unsigned k_addr = smem_address(ring + (warp * kWarpKeys + lane % 8 + (lane / 16) * 8) *
+                                                  kPitch + ((lane / 8) % 2) * 8);
+  const unsigned v_addr = smem_address(ring + TileN * kPitch +
+                                       (warp * kWarpKeys + lane % 8 + ((lane / 8) % 2) * 8) *
+                                           kPitch + (lane / 16) * 8);
+  constexpr unsigned kStageBytes = kShape.stage_elements() * sizeof(T);
+
+  float o[MT][DT][4];
+  float row_max[MT][2], row_sum[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mt][h] = neg_inf();
+      row_sum[mt][h] = 0.f;
+    }
+  }
+
+  for (int tile = tile_begin; tile < tile_end; ++tile) {
+    const int stage = (tile - tile_begin) % Stages;
+    cp_async_wait<Stages - 2>();
+    __syncthreads();  // the tile has landed for all; every warp is done with the previous one
+    if (tile + Stages - 1 < tile_end) load_tile(tile + Stages - 1, (stage + Stages - 1) % Stages);
+    cp_async_commit();
+
+    float s[MT][NT][4];
+    gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage * kStageBytes);
+    const int lane_key = tile * TileN + warp * kWarpKeys + (lane % 4) * 2;
+    // A lane's first row sees the fewest keys (limits grow with the row).
+    if (tile * TileN + TileN > row_key_end[0][0]) {
+#pragma unroll
+      for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+#pragma unroll
+          for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+            for (int e = 0; e < 2; ++e)
+              if (lane_key + nt * 8 + e >= row_key_end[mt][h]) s[mt][nt][2 * h + e] = neg_inf();
+    }
+    unsigned probs[MT][NT / 2][4];
+    online_softmax<T, MT, NT, DT>(s, o, probs, row_max, row_sum, p.scale_log2);
+    gemm_pv<T, MT, NT, DT, kPitch>(o, probs, v_addr + stage * kStageBytes);
+  }
+
+  // Merge the four warps' states: each writes its unnormalized output and row statistics over
+  // the ring (all copies done and read), then every thread finishes 8 columns of some rows.
+  cp_async_wait<0>();
+  __syncthreads();
+  constexpr int kMergePitch = kShape.merge_pitch();
+  float* merged = reinterpret_cast<float*>(ring);          // [warp][row][merge pitch]
+  float* stats = merged + DecodeShape::kWarps * TileM * kMergePitch;  // [warp][row]: max, sum
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = mt * 16 + h * 8 + lane / 4;
+      const float sum = quad_sum(row_sum[mt][h]);
+      float* row_out = merged + (warp * TileM + r) * kMergePitch + (lane % 4) * 2;
+#pragma unroll
+      for (int dt = 0; dt < DT; ++dt)
+        *reinterpret_cast<float2*>(row_out + dt * 8) =
+            make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
+      if (lane % 4 == 0) {
+        stats[(warp * TileM + r) * 2] = row_max[mt][h];
+        stats[(warp * TileM + r) * 2 + 1] = sum;
+      }
+    }
+  __syncthreads();
+
+  const bool partial = p.num_splits > 1;
+#pragma unroll
+  for (int i = 0; i < TileM * kVecs / kThreads; ++i) {
+    const int index = i * kThreads + threadIdx.x;
+    const int r = index / kVecs, c = index % kVecs * 8;
+    const int row = row0 + r;
+    if (row >= rows) continue;
+    float best = neg_inf();
+#pragma unroll
+    for (int w = 0; w < DecodeShape::kWarps; ++w) best = fmaxf(best, stats[(w * TileM + r) * 2]);
+    float total = 0.f, acc[8] = {};
+#pragma unroll
+    for (int w = 0; w < DecodeShape::kWarps; ++w) {
+      const float m = stats[(w * TileM + r) * 2];
+      const float weight =
+          m == neg_inf() ? 0.f : exp2_ftz((m - best) * p.scale_log2);
+      total += stats[(w * TileM + r) * 2 + 1] * weight;
+      const float* from = merged + (w * TileM + r) * kMergePitch + c;
+#pragma unroll
+      for (int e = 0; e < 8; ++e) acc[e] += from[e] * weight;
+    }
+    const float scale = output_scale(total);
+    const float lse = row_lse(p, best, total);
+    const int token = row / group;
+    const int head = kv_head * group + row % group;
+    if (partial) {
+      const long long out_row =
+          static_cast<long long>(split) * p.batch * p.seqlen_q * p.heads_q +
+          (static_cast<long long>(batch) * p.seqlen_q + token) * p.heads_q + head;
+      float4* to = reinterpret_cast<float4*>(p.o_partial + out_row * HeadDim + c);
+      to[0] = make_float4(acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
+      to[1] = make_float4(acc[4] * scale, acc[5] * scale, acc[6] * scale, acc[7] * scale);
+      if (c == 0) p.lse_partial[out_row] = lse;
+    } else {
+      uint4 packed;
+      packed.x = pack2<T>(acc[0] * scale, acc[1] * scale);
+      packed.y = pack2<T>(acc[2] * scale, acc[3] * scale);
+      packed.z = pack2<T>(acc[4] * scale, acc[5] * scale);
+      packed.w = pack2<T>(acc[6] * scale, acc[7] * scale);
+      T* to = static_cast<T*>(p.o) + batch * p.o_stride_b + token * p.o_stride_s +
+              head * p.o_stride_h + c;
+      *reinterpret_cast<uint4*>(to) = packed;
+      if (c == 0 && p.lse != nullptr) store_row_lse(p, batch, head, token, best, total);
+    }
+  }
+}
+
+}  // namespace flashjit

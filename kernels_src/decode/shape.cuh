@@ -1,0 +1,38 @@
+// Geometry of the decode kernel (decode/kernel.cu): threads and shared-memory layout. Plain C++
+// read by NVRTC (the kernel) and by g++ (src/families/decode), so the launch cannot disagree with
+// the kernel.
+#pragma once
+
+#include "common/host_device.cuh"
+
+namespace flashjit {
+
+struct DecodeShape {
+  int head_dim, tile_m, tile_n, stages;
+
+  static constexpr int kWarps = 4;  // each owns tile_n / 4 keys of every K/V tile
+  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kElementBytes = 2;  // bf16 and fp16
+  static constexpr int kMaxRowsPerKvHead = 64;  // larger problems are prefill's
+
+  // 16 bytes of row padding: the 8 rows of one ldmatrix phase hit 8 distinct bank groups.
+  FLASHJIT_HOST_DEVICE constexpr int pitch() const { return head_dim + 8; }
+  FLASHJIT_HOST_DEVICE constexpr int keys_per_warp() const { return tile_n / kWarps; }
+  FLASHJIT_HOST_DEVICE constexpr int q_bytes() const { return tile_m * pitch() * kElementBytes; }
+  // One pipeline stage: a K tile then a V tile.
+  FLASHJIT_HOST_DEVICE constexpr int stage_elements() const { return 2 * tile_n * pitch(); }
+  FLASHJIT_HOST_DEVICE constexpr int ring_bytes() const {
+    return stages * stage_elements() * kElementBytes;
+  }
+  // After the key loop the ring holds the warps' partial results for their merge: fp32 outputs
+  // (rows padded by 8 floats) and each row's max and sum.
+  FLASHJIT_HOST_DEVICE constexpr int merge_pitch() const { return head_dim + 8; }
+  FLASHJIT_HOST_DEVICE constexpr int merge_bytes() const {
+    return kWarps * tile_m * (merge_pitch() + 2) * 4;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
+    return q_bytes() + (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes());
+  }
+};
+
+}  // namespace flashjit

@@ -1,0 +1,38 @@
+// The engine's own split-KV scratch: one device buffer per (context, stream), grown on the call
+// that first needs more and reused in stream order after that, so warm forwards never allocate.
+// A buffer that grows is kept until the engine goes (earlier launches may still read it).
+#pragma once
+
+#include <cuda.h>
+
+#include <cstddef>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace flashjit::detail {
+
+class Workspaces {
+ public:
+  Workspaces() = default;
+  ~Workspaces();
+  Workspaces(const Workspaces&) = delete;
+  Workspaces& operator=(const Workspaces&) = delete;
+
+  // At least `bytes` of device memory for launches on `stream` in `context` (current on the
+  // calling thread). Throws Error(cuda_error) when the allocation fails.
+  void* get(CUcontext context, CUstream stream, std::size_t bytes);
+
+ private:
+  struct Buffer {
+    CUcontext context = nullptr;
+    CUdeviceptr address = 0;
+    std::size_t bytes = 0;
+  };
+  std::mutex mutex_;
+  std::map<std::pair<CUcontext, CUstream>, Buffer> buffers_;
+  std::vector<Buffer> retired_;
+};
+
+}  // namespace flashjit::detail

@@ -1,0 +1,98 @@
+// Host side of kernels_src/decode/kernel.cu: split-KV decode with GQA packing over dense or paged
+// KV caches (decode/shape.cuh). The split heuristic lives in split_heuristic.cpp.
+#include <fmt/format.h>
+
+#include "core/arch.hpp"
+#include "decode/shape.cuh"
+#include "families/decode/split_heuristic.hpp"
+#include "families/query_tile.hpp"
+
+namespace flashjit::detail {
+namespace {
+
+DecodeShape shape_of(const Variant& v) { return {v.head_dim, v.tile_m, v.tile_n, v.stages}; }
+
+int decode_shared_bytes(const Variant& v) { return shape_of(v).shared_bytes(); }
+
+std::string decode_check(const Variant& v) {
+  if (v.tile_m != 16 && v.tile_m != 32)
+    return fmt::format("tile_m {} must be 16 or 32 (query rows per KV head in one CTA)", v.tile_m);
+  if (v.tile_m == 32 && v.head_dim > 128)
+    return fmt::format(
+        "tile_m 32 with head_dim {} needs more than 255 registers per thread for the output "
+        "accumulator: use tile_m 16",
+        v.head_dim);
+  if (v.tile_n != 64 && v.tile_n != 128)
+    return fmt::format("tile_n {} must be 64 or 128 (4 warps of 16 or 32 keys)", v.tile_n);
+  if (v.stages < 2 || v.stages > 6) return fmt::format("stages {} must be in [2, 6]", v.stages);
+  return {};
+}
+
+// Two tiles per head dim and arch: 16 rows (decode, GQA up to 16:1) and 32 rows (speculative
+// decode). On Hopper-class parts three stages keep two CTAs per SM with two stages in flight
+// each; d256 on parts with 99 KB per block does not fit (dense problems fall back to mma).
+TileTable decode_tiles(std::string_view arch, int head_dim, bool) {
+  const int number = arch_number(arch);
+  const bool hopper_class = number >= 90 && number < 120;  // 227 KB of shared memory per block
+  const int tile_n = head_dim == 64 ? 128 : 64;
+  const int stages = hopper_class && head_dim <= 128 ? 3 : 2;
+  if (head_dim > 128) return TileTable::single({16, tile_n, stages});  // registers: see check
+  TileTable table;
+  table.rules[0] = {INT_MAX, TileConfig{16, tile_n, stages}, 16};
+  table.rules[1] = {INT_MAX, TileConfig{32, tile_n, stages}, INT_MAX};
+  table.count = 2;
+  return table;
+}
+
+// Dense caches with many rows per KV head are prefill's, unless they need seqused_k, which only
+// this family takes.
+std::string decode_unsupported(const ForwardProblem& problem) {
+  if (!problem.paged && !problem.has_seqused &&
+      problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead)
+    return fmt::format(
+        "takes at most {} query rows per KV head (seqlen_q x heads_q / heads_kv) from a dense "
+        "cache, this problem has {}",
+        DecodeShape::kMaxRowsPerKvHead, problem.rows_per_kv_head());
+  return {};
+}
+
+LaunchPlan decode_plan(const Variant& v, const ForwardProblem& problem, const DeviceInfo& device) {
+  const int splits = decode_num_splits(v, problem, device);
+  const int row_blocks = (problem.rows_per_kv_head() + v.tile_m - 1) / v.tile_m;
+  LaunchPlan plan;
+  plan.grid = {static_cast<unsigned>(row_blocks * splits), static_cast<unsigned>(problem.heads_kv),
+               static_cast<unsigned>(problem.batch)};
+  plan.block = {DecodeShape::kThreads, 1, 1};
+  plan.shared_bytes = static_cast<unsigned>(decode_shared_bytes(v));
+  return plan;
+}
+
+std::string decode_arguments(const Variant& v) {
+  return fmt::format("{}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages, v.causal,
+                     v.paged);
+}
+
+// 16-byte vectors per row must divide the 128 threads' copy passes.
+constexpr int kDecodeHeadDims[] = {64, 128, 256};
+
+}  // namespace
+
+constinit extern const KernelFamily kDecodeFamily = {
+    .role = FamilyRole::attention,
+    .features = kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv,
+    .name = "decode",
+    .summary = "split-KV decode with GQA packing, dense or paged KV (mma.sync)",
+    .source_file = "decode/kernel.cu",
+    .kernel_template = "flashjit::fmha_decode_kernel",
+    .head_dims = kDecodeHeadDims,
+    .runs_on = runs_on_sm80_or_later,
+    .check_tiles = decode_check,
+    .shared_bytes = decode_shared_bytes,
+    .tile_table = decode_tiles,
+    .unsupported_reason = decode_unsupported,
+    .plan = decode_plan,
+    .template_arguments = decode_arguments,
+    .num_splits = decode_num_splits,
+};
+
+}  // namespace flashjit::detail

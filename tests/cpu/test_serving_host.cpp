@@ -1,0 +1,215 @@
+// The host side of serving (no GPU): decode and merge variants, the split-KV heuristic and plan,
+// dispatch of decode-shaped and paged problems, and KVCache validation.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "api/dispatch.hpp"
+#include "api/split_kv.hpp"
+#include "api/validate.hpp"
+#include "families/decode/split_heuristic.hpp"
+#include "families/merge/merge.hpp"
+#include "families/registry.hpp"
+#include "flashjit/flashjit.hpp"
+
+using namespace flashjit;
+
+namespace {
+
+void* fake(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
+const auto* kTable = reinterpret_cast<const std::int32_t*>(0x900000);
+const auto* kLengths = reinterpret_cast<const std::int32_t*>(0xa00000);
+
+DeviceInfo h200() {
+  DeviceInfo d;
+  d.arch = "sm_90a";
+  d.multiprocessors = 132;
+  d.max_shared_per_block_optin = 227 * 1024;
+  return d;
+}
+
+// bf16 d128, 32 query heads over 8 KV heads: the decode table of the serving issue.
+detail::ForwardProblem decode_problem(int batch, int seqlen_q, int seqlen_k, bool causal = false,
+                                      int num_splits = 0) {
+  const auto q = TensorView::bshd(fake(0x100000), DType::bf16, batch, seqlen_q, 32, 128);
+  const auto kv = TensorView::bshd(fake(0x200000), DType::bf16, batch, seqlen_k, 8, 128);
+  ForwardOptions options;
+  options.causal = causal;
+  options.num_splits = num_splits;
+  return detail::validate_forward(q, KVCache::dense(kv, kv), q, options);
+}
+
+struct PagedArgs {
+  TensorView q = TensorView::bshd(fake(0x100000), DType::bf16, 4, 1, 32, 128);
+  TensorView pages = TensorView::bshd(fake(0x200000), DType::bf16, 1000, 16, 8, 128);
+  KVCache kv = KVCache::paged(pages, pages, kTable, 64, kLengths);
+  ForwardOptions options;
+};
+
+std::string rejection(const PagedArgs& a) {
+  try {
+    detail::validate_forward(a.q, a.kv, a.q, a.options);
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    return e.what();
+  }
+  return "(accepted)";
+}
+
+const detail::KernelFamily& family(const char* name) { return detail::family_named(name, "family"); }
+
+}  // namespace
+
+TEST_CASE("decode and merge variant names parse back; feature suffixes keep their order") {
+  for (const char* name :
+       {"decode.sm90a.bf16.d128.m16n64s3", "decode.sm90a.bf16.d128.m32n64s3.causal.paged",
+        "decode.sm80.fp16.d64.m16n128s2.paged", "merge.sm90a.bf16.d128.m4n1s1"}) {
+    CAPTURE(name);
+    CHECK(Variant::parse(name).name() == name);
+  }
+  CHECK(Variant::parse("decode.sm90a.bf16.d128.m16n64s3.paged").paged);
+  CHECK_FALSE(Variant::parse("decode.sm90a.bf16.d128.m16n64s3.causal").paged);
+  CHECK_THROWS_WITH_AS(Variant::parse("decode.sm90a.bf16.d128.m16n64s3.paged.causal"),
+                       doctest::Contains("features field"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("decode.sm90a.bf16.d128.m16n64s3.paged.paged"),
+                       doctest::Contains("features field"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d128.m128n128s2.paged"),
+                       doctest::Contains("does not read paged KV caches"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("decode.sm90a.bf16.d256.m32n64s2"),
+                       doctest::Contains("use tile_m 16"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.causal"),
+                       doctest::Contains("no mask"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m8n1s1"),
+                       doctest::Contains("m4n1s1"), Error);
+}
+
+TEST_CASE("precompile's defaults include paged decode and merge variants, never paged prefill") {
+  int decode = 0, paged = 0, merge = 0;
+  for (const Variant& v : default_variants("sm_90a")) {
+    decode += v.family == "decode";
+    paged += v.paged;
+    merge += v.family == "merge";
+    if (v.paged) CHECK(v.family == "decode");
+    CHECK_NOTHROW(detail::check_variant(v));
+  }
+  CHECK(decode == 40);  // 2 dtypes x 2 masks x 2 caches x (2 + 2 + 1) tiles over d64/d128/d256
+  CHECK(paged == 20);
+  CHECK(merge == 12);   // 2 dtypes x 6 head dims
+  // d256 decode does not fit the 99 KB of an sm_86 block, so it is not built there.
+  for (const Variant& v : default_variants("sm_86"))
+    if (v.family == "decode") CHECK(v.head_dim != 256);
+}
+
+TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to wgmma") {
+  const DeviceInfo gpu = h200();
+  const Variant one = detail::select_variant(decode_problem(64, 1, 8192), gpu, nullptr);
+  CHECK(one.name() == "decode.sm90a.bf16.d128.m16n64s3");
+  const Variant spec = detail::select_variant(decode_problem(64, 8, 8192, true), gpu, nullptr);
+  CHECK(spec.name() == "decode.sm90a.bf16.d128.m32n64s3.causal");
+  CHECK(detail::select_variant(decode_problem(8, 512, 8192, true), gpu, nullptr).family ==
+        "wgmma");
+  PagedArgs a;
+  const auto paged = detail::validate_forward(a.q, a.kv, a.q, a.options);
+  CHECK(detail::select_variant(paged, gpu, nullptr).name() ==
+        "decode.sm90a.bf16.d128.m16n64s3.paged");
+  // Forcing a family without the feature names what is missing.
+  CHECK_THROWS_WITH_AS(detail::select_variant(paged, gpu, &family("wgmma")),
+                       doctest::Contains("reads no paged KV cache"), Error);
+  CHECK_THROWS_WITH_AS(detail::forced_family(std::string("merge")),
+                       doctest::Contains("expected an attention family"), Error);
+}
+
+TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many for one sequence") {
+  const DeviceInfo gpu = h200();
+  auto splits = [&](int batch, int seqlen_q, int seqlen_k) {
+    const auto problem = decode_problem(batch, seqlen_q, seqlen_k);
+    return detail::decode_num_splits(detail::select_variant(problem, gpu, nullptr), problem, gpu);
+  };
+  // 2 CTAs of ~106 KB fit an SM: 264 slots.
+  CHECK(detail::decode_ctas_per_sm(106 * 1024, gpu) == 2);
+  CHECK(splits(64, 1, 8192) == 1);     // 512 CTAs: two full waves already
+  CHECK(splits(8, 1, 32768) == 4);     // 64 x 4 = 256 CTAs: one wave
+  CHECK(splits(1, 1, 131072) == 33);   // 8 x 33 = 264 CTAs
+  CHECK(splits(1, 1, 64) == 1);        // one key tile cannot be split
+  // The caller's count wins; the plan sizes the workspace for it.
+  const auto forced = decode_problem(2, 3, 1000, false, 5);
+  const Variant v = detail::select_variant(forced, gpu, nullptr);
+  const detail::SplitPlan plan = detail::plan_splits(family("decode"), v, forced, gpu);
+  CHECK(plan.num_splits == 5);
+  CHECK(plan.split_tiles == 4);  // 16 tiles of 64 keys over 5 splits
+  const std::size_t rows = 2 * 3 * 32 * 5;
+  CHECK(plan.lse_offset == (rows * 128 * 4 + 255) / 256 * 256);
+  CHECK(plan.workspace_bytes == plan.lse_offset + (rows * 4 + 255) / 256 * 256);
+  // A family without split-KV: one split, no workspace.
+  const auto prefill = decode_problem(1, 1000, 1000);
+  const Variant w = detail::select_variant(prefill, gpu, nullptr);
+  CHECK(detail::plan_splits(family(w.family.c_str()), w, prefill, gpu).workspace_bytes == 0);
+}
+
+TEST_CASE("a paged KV cache is validated before any launch, naming the argument") {
+  PagedArgs ok;
+  const auto problem = detail::validate_forward(ok.q, ok.kv, ok.q, ok.options);
+  CHECK(problem.paged);
+  CHECK(problem.seqlen_k == 64 * 16);
+  CHECK(problem.params.page_size == 16);
+  CHECK(problem.params.page_table_stride == 64);
+
+  PagedArgs odd_page;
+  odd_page.pages = TensorView::bshd(fake(0x200000), DType::bf16, 1000, 12, 8, 128);
+  odd_page.kv = KVCache::paged(odd_page.pages, odd_page.pages, kTable, 64);
+  CHECK(rejection(odd_page).find("page_size) is 12: expected a positive multiple of 8") !=
+        std::string::npos);
+
+  PagedArgs no_table;
+  no_table.kv.page_table = nullptr;
+  CHECK(rejection(no_table).find("kv.page_table is null") != std::string::npos);
+
+  PagedArgs columns;
+  columns.kv.pages_per_seq = 0;
+  CHECK(rejection(columns).find("kv.pages_per_seq is 0") != std::string::npos);
+
+  PagedArgs stride;
+  stride.kv.page_table_stride = 10;
+  CHECK(rejection(stride).find("kv.page_table_stride is 10") != std::string::npos);
+
+  PagedArgs shapes;
+  shapes.kv.v = TensorView::bshd(fake(0x300000), DType::bf16, 1000, 32, 8, 128);
+  CHECK(rejection(shapes).find("kv.v.shape[1]") != std::string::npos);
+
+  PagedArgs lengths;
+  lengths.kv.seqused_k = reinterpret_cast<const std::int32_t*>(0xa00002);
+  CHECK(rejection(lengths).find("kv.seqused_k") != std::string::npos);
+
+  for (int splits : {-1, 129}) {
+    PagedArgs a;
+    a.options.num_splits = splits;
+    CHECK(rejection(a).find("options.num_splits is") != std::string::npos);
+  }
+  PagedArgs workspace;
+  workspace.options.workspace = fake(0x100010);
+  CHECK(rejection(workspace).find("options.workspace") != std::string::npos);
+
+  PagedArgs hnd;  // the HND layout is the same pages through other strides
+  hnd.pages = TensorView::bhsd(fake(0x200000), DType::bf16, 1000, 16, 8, 128);
+  hnd.kv = KVCache::paged(hnd.pages, hnd.pages, kTable, 64);
+  CHECK(detail::validate_forward(hnd.q, hnd.kv, hnd.q, hnd.options).params.k_stride_s == 128);
+}
+
+TEST_CASE("merge_attention_states arguments: equal shapes and strides, LSE buffers") {
+  const auto a = TensorView::bshd(fake(0x100000), DType::bf16, 2, 10, 4, 128);
+  const auto b = TensorView::bshd(fake(0x200000), DType::bf16, 2, 10, 4, 128);
+  auto* lse_a = reinterpret_cast<const float*>(0x300000);
+  auto* lse_b = reinterpret_cast<const float*>(0x300400);
+  const MergeParams m = detail::validate_merge(a, lse_a, b, lse_b, a, nullptr);
+  CHECK(m.o_stride_state == (0x200000 - 0x100000) / 2);
+  CHECK(m.lse_stride_state == 0x400 / 4);
+  CHECK(m.num_states == 2);
+  CHECK_THROWS_WITH_AS(detail::validate_merge(a, nullptr, b, lse_b, a, nullptr),
+                       doctest::Contains("lse_a is null"), Error);
+  const auto other = TensorView::bhsd(fake(0x200000), DType::bf16, 2, 10, 4, 128);
+  CHECK_THROWS_WITH_AS(detail::validate_merge(a, lse_a, other, lse_b, a, nullptr),
+                       doctest::Contains("out_b.stride[1]"), Error);
+  CHECK(detail::merge_plan(10).grid[0] == 3);  // 4 rows per CTA
+  CHECK(detail::merge_variant("sm_90a", DType::fp16, 64).name() == "merge.sm90a.fp16.d64.m4n1s1");
+}

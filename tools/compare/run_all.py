@@ -1,0 +1,103 @@
+"""The run over all cases: each case in turn (attention or KV), a crash kept as its error,
+results.json rewritten as cases finish; then the summaries, the plots and table.txt."""
+
+import time
+import traceback
+
+from . import gpu
+from .decode_cases import is_kv_case
+from .decode_report import kv_case_rows, kv_summarize, kv_summary_line
+from .plots import plot_results
+from .report import (case_rows, fmt_num, format_row, short, summarize, summary_lines,
+                     table_header, write_json)
+from .run_case import case_entry, run_case
+from .run_decode import run_kv_case
+
+
+def run_cases(ctx, out, out_dir, document):
+    """Every case in turn, its rows printed and results.json rewritten as it finishes; a case
+    after the deadline, or after the CUDA context died, is listed as skipped. Returns the
+    entries of the attention cases and of the KV cases (results.json: cases, kv_cases)."""
+    args = ctx["args"]
+    results, kv_results = [], []
+    aborted = None
+    for index, case in enumerate(args.cases):
+        kv = is_kv_case(case)
+        if not kv and not results:
+            out()
+            for line in table_header():  # above the first attention case's rows
+                out(line)
+        if aborted or time.monotonic() > ctx["deadline"]:
+            why = aborted or f"deadline ({args.deadline:g} s) reached"
+            fields = {"impls": {}} if kv else {"flashjit": {}, "sdpa": {}}
+            r = case_entry(index, case, **fields, skipped=why, notes=[f"skipped: {why}"])
+            (kv_results if kv else results).append(r)
+            out(kv_case_rows(r)[0] if kv else format_row([str(index), case.label(), "", "skip"]))
+            continue
+        r, aborted = run_guarded(index, case, ctx)
+        (kv_results if kv else results).append(r)
+        if kv:
+            out()
+        for line in kv_case_rows(r) if kv else case_rows(r):
+            out(line)
+        if out_dir:
+            document["cases"], document["kv_cases"] = results, kv_results
+            write_json(out_dir / "results.json", document)
+    return results, kv_results
+
+
+def run_guarded(index, case, ctx):
+    """run_case (run_kv_case) with a crash kept as the case's error: (entry, None), or (entry,
+    why no further case can run) when the CUDA context is unusable after it."""
+    kv = is_kv_case(case)
+    try:
+        return (run_kv_case if kv else run_case)(index, case, ctx), None
+    except Exception as e:  # keep the run going; a dead CUDA context stops it
+        traceback.print_exc()
+        fields = {"impls": {}} if kv else {"flashjit": {}, "sdpa": {}}
+        r = case_entry(index, case, **fields, notes=[],
+                       error=f"{type(e).__name__}: {short(e, 300)}")
+        try:
+            gpu.sync()
+        except Exception as e2:
+            return r, f"CUDA context unusable after case {index} ({short(e2, 120)})"
+        return r, None
+
+
+def finish_report(ctx, results, kv_results, document, out, out_dir, start):
+    """Summary, the final results.json, the plots and table.txt; returns the summary."""
+    families = ctx["families"]
+    summary = summarize(results, families)
+    if kv_results:
+        summary["kv"] = kv_summarize(kv_results)
+        summary["failed_checks_total"] += summary["kv"]["failed_checks"]
+    compile_info = document["compile"]
+    first_calls = sum(c.get("first_call_ms", 0) for r in results for c in r["flashjit"].values())
+    first_calls += sum(c.get("first_call_ms", 0) for r in kv_results for c in r["impls"].values()
+                       if c.get("first_call_ms"))
+    compile_info["first_calls_ms"] = first_calls
+    document["cases"], document["kv_cases"] = results, kv_results
+    document["summary"] = summary
+    wall = time.monotonic() - start
+    document["wall_s"] = wall
+    out()
+    out(f"first flashjit calls (module load; NVRTC only where precompile missed): "
+        f"{first_calls / 1e3:.2f} s in total")
+    if out_dir:
+        write_json(out_dir / "results.json", document)
+        env = document["environment"]
+        subtitle = (f"{env.get('gpu', '?')}, torch {env['torch']}, cuDNN {env['cudnn']}, "
+                    f"flashjit {env['flashjit']}")
+        written = plot_results(results, families, ctx["ladder"], out_dir, subtitle) \
+            if results else []
+        out(f"wrote {out_dir / 'results.json'}" + "".join(f", {w}" for w in written))
+    if kv_results:
+        out(kv_summary_line(summary["kv"]))
+    for line in summary_lines(summary, families, compile_info, wall) if results else []:
+        out(line)
+    if not results:
+        out(f"failed checks {summary['failed_checks_total']}; compile "
+            f"{fmt_num(compile_info.get('seconds'), '.1f')} s; wall {wall:.0f} s")
+    if out_dir:
+        (out_dir / "table.txt").write_text("\n".join(out.lines) + "\n")
+    return summary
