@@ -2,11 +2,13 @@
 // problems with ragged sequence lengths and GQA (plus fully masked rows when causal), each tensor
 // in an allocation of exactly its size, so that tools/sanitize.sh can run compute-sanitizer over
 // all of the kernel code in one go. Exits non-zero on any error, any output left unwritten or
-// non-finite, or a default variant that no problem reached.
+// non-finite, or a default variant that no problem reached. `flashjit_every_variant decode` runs
+// only the families whose names start with "decode".
 #include <fmt/format.h>
 
 #include <cmath>
 #include <cstdint>
+#include <algorithm>
 #include <random>
 #include <string>
 #include <vector>
@@ -34,6 +36,58 @@ constexpr Problem kProblems[] = {
     {1, 2, 2, 1, 1, false},
 };
 
+// Decode kernels read a KV cache with seqused_k (so every row count is theirs), paged ones through
+// a shuffled page table of 16-row pages; the merge kernel merges two random states.
+constexpr int kPageSize = 16;
+
+// The cache a decode variant reads for problem p over k/v: random lengths up to seqlen_k, pages
+// for a paged variant (copies of the dense rows, the page table shuffled). `buffers` keeps the
+// device arrays alive.
+KVCache decode_cache(Engine& engine, const Variant& variant, const Problem& p,
+                     const test::DeviceProblem& problem, std::mt19937& rng,
+                     std::vector<DeviceBuffer>& buffers) {
+  std::vector<std::int32_t> lengths(static_cast<std::size_t>(p.batch));
+  for (auto& length : lengths)
+    length = std::uniform_int_distribution<int>(p.seqlen_k / 2, p.seqlen_k)(rng);
+  auto upload = [&](const void* data, std::size_t bytes) {
+    buffers.emplace_back(engine, bytes);
+    buffers.back().upload(data, bytes);
+    return static_cast<const std::int32_t*>(buffers.back().data());
+  };
+  const std::int32_t* seqused = upload(lengths.data(), lengths.size() * 4);
+  if (!variant.paged) return KVCache::dense(problem.k(), problem.v(), seqused);
+  const int pages_per_seq = (p.seqlen_k + kPageSize - 1) / kPageSize;
+  const int num_pages = p.batch * pages_per_seq;
+  std::vector<std::int32_t> table(static_cast<std::size_t>(num_pages));
+  for (int i = 0; i < num_pages; ++i) table[static_cast<std::size_t>(i)] = i;
+  std::shuffle(table.begin(), table.end(), rng);
+  const std::size_t page_bytes = std::size_t{kPageSize} * p.heads_kv * variant.head_dim * 2;
+  std::vector<std::uint16_t> pages(num_pages * page_bytes / 2);
+  const test::HostTensor& k = problem.host_k();
+  std::vector<std::uint16_t> v_pages = pages;
+  const test::HostTensor& v = problem.host_v();
+  for (int b = 0; b < p.batch; ++b)
+    for (int j = 0; j < pages_per_seq * kPageSize; ++j) {
+      const auto page = static_cast<std::size_t>(
+          table[static_cast<std::size_t>(b * pages_per_seq + j / kPageSize)]);
+      for (int h = 0; h < p.heads_kv; ++h)
+        for (int d = 0; d < variant.head_dim; ++d) {
+          const std::size_t at =
+              ((page * kPageSize + j % kPageSize) * p.heads_kv + h) * variant.head_dim + d;
+          const bool in = j < p.seqlen_k;
+          pages[at] = in ? k.bits[static_cast<std::size_t>(k.offset(b, j, h, d))] : 0;
+          v_pages[at] = in ? v.bits[static_cast<std::size_t>(v.offset(b, j, h, d))] : 0;
+        }
+    }
+  const std::int32_t* page_table = upload(table.data(), table.size() * 4);
+  auto* k_data = const_cast<std::int32_t*>(upload(pages.data(), pages.size() * 2));
+  auto* v_data = const_cast<std::int32_t*>(upload(v_pages.data(), v_pages.size() * 2));
+  return KVCache::paged(
+      TensorView::bshd(k_data, variant.dtype, num_pages, kPageSize, p.heads_kv, variant.head_dim),
+      TensorView::bshd(v_data, variant.dtype, num_pages, kPageSize, p.heads_kv, variant.head_dim),
+      page_table, pages_per_seq, seqused);
+}
+
 // Runs one variant on one problem; returns an error message, empty on success.
 std::string launch(Engine& engine, const Variant& variant, const Problem& p, std::mt19937& rng) {
   using test::HostTensor;
@@ -43,18 +97,37 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
   HostTensor v = HostTensor::make(variant.dtype, p.batch, p.seqlen_k, p.heads_kv, d, p.bhsd);
   for (HostTensor* t : {&q, &k, &v}) t->fill_random(rng);
   const test::DeviceProblem problem(engine, std::move(q), std::move(k), std::move(v));
-  ForwardOptions options;
-  options.causal = variant.causal;
-  options.family = variant.family;
-  // Tile tables are keyed on seqlen_k: force the variant's tiles so these small problems reach
-  // the shapes chosen for long sequences too.
-  options.tiles = TileConfig{variant.tile_m, variant.tile_n, variant.stages};
-  options.lse = problem.lse();
-  const Variant chosen =
-      engine.select_variant(problem.q(), problem.k(), problem.v(), problem.out(), options);
-  if (!(chosen == variant)) return fmt::format("the problem selects {}", chosen.name());
-  engine.forward(problem.q(), problem.k(), problem.v(), problem.out(), options);
-  synchronize(engine);
+  if (variant.family == "merge") {
+    if (p.heads_q != p.heads_kv || p.seqlen_q != p.seqlen_k) return "skip";
+    // k and v as two states of q's shape, with random LSEs (some -inf), merged into out.
+    std::vector<float> lse(static_cast<std::size_t>(p.batch) * p.heads_q * p.seqlen_q * 2);
+    for (std::size_t i = 0; i < lse.size(); ++i)
+      lse[i] = i % 7 == 3 ? -INFINITY : std::uniform_real_distribution<float>(-3, 3)(rng);
+    DeviceBuffer lse_device(engine, lse.size() * 4);
+    lse_device.upload(lse.data(), lse.size() * 4);
+    const auto* lse_a = static_cast<const float*>(lse_device.data());
+    engine.merge_attention_states(problem.k(), lse_a, problem.v(), lse_a + lse.size() / 2,
+                                  problem.out(), problem.lse());
+    synchronize(engine);
+  } else {
+    std::vector<DeviceBuffer> buffers;
+    const bool decode = variant.family.starts_with("decode");
+    const KVCache kv = decode ? decode_cache(engine, variant, p, problem, rng, buffers)
+                              : KVCache::dense(problem.k(), problem.v());
+    ForwardOptions options;
+    options.causal = variant.causal;
+    options.family = variant.family;
+    // Tile tables are keyed on seqlen_k: force the variant's tiles so these small problems reach
+    // the shapes chosen for long sequences too.
+    options.tiles = TileConfig{variant.tile_m, variant.tile_n, variant.stages};
+    options.lse = problem.lse();
+    // Decode: split too, so the merge of split partials runs under the sanitizers as well.
+    if (decode) options.num_splits = 3;
+    const Variant chosen = engine.select_variant(problem.q(), kv, problem.out(), options);
+    if (!(chosen == variant)) return fmt::format("the problem selects {}", chosen.name());
+    engine.forward(problem.q(), kv, problem.out(), options);
+    synchronize(engine);
+  }
 
   for (std::uint16_t bits : problem.output().bits)
     if (!std::isfinite(test::to_float(variant.dtype, bits)))
@@ -64,10 +137,13 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
 
 }  // namespace
 
-int main() {
+// argv[1] (optional): run only the families whose names start with it (e.g. "decode", "merge").
+int main(int argc, char** argv) {
   try {
     Engine engine(0);
-    const std::vector<Variant> variants = default_variants(engine.device().arch);
+    std::vector<Variant> variants = default_variants(engine.device().arch);
+    if (argc > 1)
+      std::erase_if(variants, [&](const Variant& v) { return !v.family.starts_with(argv[1]); });
     fmt::print("{} ({}): {} default variants\n", engine.device().name, engine.device().arch,
                variants.size());
     // Compiled up front, all cores at once: the sanitizers look at launches, not at NVRTC.
@@ -89,6 +165,7 @@ int main() {
         } catch (const Error& e) {
           error = e.what();
         }
+        if (error == "skip") continue;  // the merge runs on problems of equal shapes only
         if (error.empty()) {
           ++reached;
           ++launches;

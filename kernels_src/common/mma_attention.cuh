@@ -11,11 +11,12 @@
 
 namespace flashjit {
 
-// s = Q·Kᵀ for the warp's MT row tiles and the NT n8 key tiles of one K tile. q_addr and k_addr
-// are this lane's ldmatrix addresses for row/key 0, column 0 of the tile; Q fragments are re-read
-// per k16 step (holding them all would cost HeadDim/2·MT registers).
-template <typename T, int HeadDim, int MT, int NT, int Pitch>
-__device__ __forceinline__ void gemm_qk(float (&s)[MT][NT][4], unsigned q_addr, unsigned k_addr) {
+// s = Q·Kᵀ for the warp's MT row tiles and the NT n8 key tiles of one K tile. q_at(mt, kk) and
+// k_at(np, kk) give this lane's ldmatrix address for m-tile mt / key pair np (16 keys) at k16 step
+// kk, so a tile may be padded or swizzled; Q fragments are re-read per k16 step (holding them all
+// would cost HeadDim/2·MT registers).
+template <typename T, int HeadDim, int MT, int NT, typename QAt, typename KAt>
+__device__ __forceinline__ void gemm_qk_at(float (&s)[MT][NT][4], QAt q_at, KAt k_at) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -26,11 +27,11 @@ __device__ __forceinline__ void gemm_qk(float (&s)[MT][NT][4], unsigned q_addr, 
   for (int kk = 0; kk < HeadDim / 16; ++kk) {
     unsigned a[MT][4];
 #pragma unroll
-    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_addr + (mt * 16 * Pitch + kk * 16) * 2);
+    for (int mt = 0; mt < MT; ++mt) ldmatrix_x4(a[mt], q_at(mt, kk));
 #pragma unroll
     for (int np = 0; np < NT / 2; ++np) {
       unsigned b[4];  // b[0], b[1]: keys 16np..16np+7; b[2], b[3]: keys 16np+8..16np+15
-      ldmatrix_x4(b, k_addr + (np * 16 * Pitch + kk * 16) * 2);
+      ldmatrix_x4(b, k_at(np, kk));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma_16x8x16<T>(s[mt][2 * np], a[mt], b[0], b[1]);
@@ -40,16 +41,25 @@ __device__ __forceinline__ void gemm_qk(float (&s)[MT][NT][4], unsigned q_addr, 
   }
 }
 
-// o += P·V; v_addr is this lane's ldmatrix.trans address for key 0, dim 0 of the V tile.
-template <typename T, int MT, int NT, int DT, int Pitch>
-__device__ __forceinline__ void gemm_pv(float (&o)[MT][DT][4], const unsigned (&pr)[MT][NT / 2][4],
-                                        unsigned v_addr) {
+// gemm_qk_at over tiles with rows of Pitch elements: q_addr and k_addr are this lane's ldmatrix
+// addresses for row/key 0, column 0.
+template <typename T, int HeadDim, int MT, int NT, int Pitch>
+__device__ __forceinline__ void gemm_qk(float (&s)[MT][NT][4], unsigned q_addr, unsigned k_addr) {
+  gemm_qk_at<T, HeadDim, MT, NT>(
+      s, [&](int mt, int kk) { return q_addr + (mt * 16 * Pitch + kk * 16) * 2; },
+      [&](int np, int kk) { return k_addr + (np * 16 * Pitch + kk * 16) * 2; });
+}
+
+// o += P·V; v_at(kk, dp) is this lane's ldmatrix.trans address for keys 16kk.., dims 16dp...
+template <typename T, int MT, int NT, int DT, typename VAt>
+__device__ __forceinline__ void gemm_pv_at(float (&o)[MT][DT][4],
+                                           const unsigned (&pr)[MT][NT / 2][4], VAt v_at) {
 #pragma unroll
   for (int kk = 0; kk < NT / 2; ++kk) {
 #pragma unroll
     for (int dp = 0; dp < DT / 2; ++dp) {
       unsigned b[4];  // b[0], b[1]: dims 16dp..16dp+7; b[2], b[3]: dims 16dp+8..16dp+15
-      ldmatrix_x4_trans(b, v_addr + (kk * 16 * Pitch + dp * 16) * 2);
+      ldmatrix_x4_trans(b, v_at(kk, dp));
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt) {
         mma_16x8x16<T>(o[mt][2 * dp], pr[mt][kk], b[0], b[1]);
@@ -57,6 +67,15 @@ __device__ __forceinline__ void gemm_pv(float (&o)[MT][DT][4], const unsigned (&
       }
     }
   }
+}
+
+// gemm_pv_at over a V tile with rows of Pitch elements; v_addr: this lane's address for key 0,
+// dim 0.
+template <typename T, int MT, int NT, int DT, int Pitch>
+__device__ __forceinline__ void gemm_pv(float (&o)[MT][DT][4], const unsigned (&pr)[MT][NT / 2][4],
+                                        unsigned v_addr) {
+  gemm_pv_at<T, MT, NT, DT>(
+      o, pr, [&](int kk, int dp) { return v_addr + (kk * 16 * Pitch + dp * 16) * 2; });
 }
 
 // Online softmax step: folds the tile's scores s into the running max and sum of each of the

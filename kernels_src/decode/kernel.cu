@@ -8,13 +8,17 @@
 // LSE. Inside a CTA the warps divide each K/V tile (tile_n / 4 keys each) and keep independent
 // online-softmax states over their keys, so no warp waits for another until the end, where the
 // four states are merged through shared memory. K and V stream through a ring of `Stages` stages
-// filled by cp.async, one commit group per tile; a paged cache is gathered row by row through its
-// page table (16-byte copies, so any page size that is a multiple of 8 rows works).
+// filled by cp.async, one commit group per tile, gathering a paged cache row by row through its
+// page table (16-byte copies, so any page size that is a multiple of 8 rows works). On Hopper
+// (Tma) one thread fills each stage with TMA boxes instead (whole tiles of a dense cache, or
+// page-sized runs of rows of a paged one), completing on the stage's mbarrier, into 128-byte-
+// swizzled chunks that ldmatrix reads without bank conflicts.
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
+#include "common/sm90_tma.cuh"
 #include "common/types.cuh"
 #include "decode/shape.cuh"
 
@@ -34,9 +38,12 @@ __device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int 
   return {__ldg(p.page_table + batch * p.page_table_stride + index), key - index * p.page_size};
 }
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged>
-__global__ void __launch_bounds__(DecodeShape::kThreads) fmha_decode_kernel(const FmhaParams p) {
-  constexpr DecodeShape kShape{HeadDim, TileM, TileN, Stages};
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged,
+          bool Tma>
+__global__ void __launch_bounds__(DecodeShape::kThreads)
+    fmha_decode_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor k_map,
+                       const __grid_constant__ TmaDescriptor v_map) {
+  constexpr DecodeShape kShape{HeadDim, TileM, TileN, Stages, Tma};
   constexpr int kThreads = DecodeShape::kThreads;
   constexpr int kPitch = kShape.pitch();
   constexpr int kWarpKeys = kShape.keys_per_warp();
@@ -50,8 +57,16 @@ __global__ void __launch_bounds__(DecodeShape::kThreads) fmha_decode_kernel(cons
   static_assert(Stages >= 2, "one stage in flight while another is read");
 
   extern __shared__ __align__(16) unsigned char smem[];
-  T* q_tile = reinterpret_cast<T*>(smem);
-  T* ring = q_tile + TileM * kPitch;  // stage i: K tile at i * stage, V tile after it
+  unsigned long long* full = reinterpret_cast<unsigned long long*>(smem);  // Tma: per stage
+  T* q_tile = reinterpret_cast<T*>(smem + kShape.barrier_bytes());
+  // Stage i: K tile at i * stage, V tile after it; TMA's swizzle wants them 1024-byte aligned.
+  T* ring = q_tile + TileM * kPitch;
+  if (Tma) {
+    const unsigned offset = smem_address(ring) % DecodeShape::kSwizzleAlign;
+    if (offset != 0)
+      ring = reinterpret_cast<T*>(reinterpret_cast<unsigned char*>(ring) +
+                                  DecodeShape::kSwizzleAlign - offset);
+  }
 
   const int row_blocks = (p.seqlen_q * p.heads_per_kv + TileM - 1) / TileM;
   const int row_block = blockIdx.x % row_blocks;
@@ -103,7 +118,31 @@ __global__ void __launch_bounds__(DecodeShape::kThreads) fmha_decode_kernel(cons
   // zero-filled (reading nothing), so padding never brings NaN into P·V.
   auto load_tile = [&](int tile, int stage) {
     T* k_smem = ring + stage * kShape.stage_elements();
-    T* v_smem = k_smem + TileN * kPitch;
+    T* v_smem = k_smem + kShape.tile_elements();
+    if constexpr (Tma) {
+      // Thread 0 only. Boxes wholly past the sequence are skipped (their page table entries may
+      // be anything); the rows they would have filled are zeroed after the stage lands.
+      const int box_rows = Paged ? kShape.page_box_rows(p.page_size) : TileN;
+      constexpr unsigned kChunkBytes = 2 * TileN * DecodeShape::kBoxWidth * 2;  // K and V
+      unsigned bytes = 0;
+      for (int r = 0; r < TileN; r += box_rows)
+        if (tile * TileN + r < seqlen) bytes += kChunkBytes / TileN * box_rows;
+      mbarrier_arrive_expect_tx(&full[stage], bytes * (HeadDim / DecodeShape::kBoxWidth));
+      for (int r = 0; r < TileN; r += box_rows) {
+        const int key = tile * TileN + r;
+        if (key >= seqlen) break;
+        const KvRow at = locate_key<Paged>(p, batch, key, page_shift);
+#pragma unroll
+        for (int c = 0; c < HeadDim / DecodeShape::kBoxWidth; ++c) {
+          const int offset = (c * TileN + r) * DecodeShape::kBoxWidth;
+          tma_load_4d(k_smem + offset, &k_map, &full[stage], c * DecodeShape::kBoxWidth, at.row,
+                      kv_head, static_cast<int>(at.block));
+          tma_load_4d(v_smem + offset, &v_map, &full[stage], c * DecodeShape::kBoxWidth, at.row,
+                      kv_head, static_cast<int>(at.block));
+        }
+      }
+      return;
+    }
 #pragma unroll
     for (int pass = 0; pass < TileN / kPassRows; ++pass) {
       const int r = pass * kPassRows + copy_row;
@@ -121,11 +160,27 @@ __global__ void __launch_bounds__(DecodeShape::kThreads) fmha_decode_kernel(cons
   };
 
   // Prologue: Q with tile_begin, then up to Stages - 1 tiles, one commit group each (empty past
-  // the end, so the wait below always counts Stages - 2 newer groups).
+  // the end, so the wait below always counts Stages - 2 newer groups). With TMA, thread 0 sets up
+  // the stage barriers and issues the tiles; Q stays a cp.async group.
+  if constexpr (Tma) {
+    if (threadIdx.x == 0) {
+      tma_prefetch_descriptor(&k_map);
+      tma_prefetch_descriptor(&v_map);
 #pragma unroll
-  for (int i = 0; i < Stages - 1; ++i) {
-    if (tile_begin + i < tile_end) load_tile(tile_begin + i, i);
+      for (int i = 0; i < Stages; ++i) mbarrier_init(&full[i], 1);
+      mbarrier_init_fence();
+#pragma unroll
+      for (int i = 0; i < Stages - 1; ++i)
+        if (tile_begin + i < tile_end) load_tile(tile_begin + i, i);
+    }
     cp_async_commit();
+    __syncthreads();  // the barriers are initialized before anyone waits on them
+  } else {
+#pragma unroll
+    for (int i = 0; i < Stages - 1; ++i) {
+      if (tile_begin + i < tile_end) load_tile(tile_begin + i, i);
+      cp_async_commit();
+    }
   }
 
   // Every lane's rows: h = 0 is row lane/4 of m-tile mt, h = 1 row lane/4 + 8; their key limits
@@ -137,12 +192,24 @@ __global__ void __launch_bounds__(DecodeShape::kThreads) fmha_decode_kernel(cons
     for (int h = 0; h < 2; ++h) row_key_end[mt][h] = key_end(row0 + mt * 16 + h * 8 + lane / 4);
 
   const unsigned q_addr = smem_address(q_tile + (lane % 16) * kPitch + (lane / 16) * 8);
+  constexpr unsigned kStageBytes = kShape.stage_elements() * sizeof(T);
+  // Padded tiles: this lane's ldmatrix addresses for key 0, column 0 of stage 0.
   const unsigned k_addr = smem_address(ring + (warp * kWarpKeys + lane % 8 + (lane / 16) * 8) *
                                                   kPitch + ((lane / 8) % 2) * 8);
   const unsigned v_addr = smem_address(ring + TileN * kPitch +
                                        (warp * kWarpKeys + lane % 8 + ((lane / 8) % 2) * 8) *
                                            kPitch + (lane / 16) * 8);
-  constexpr unsigned kStageBytes = kShape.stage_elements() * sizeof(T);
+  // Swizzled tiles: 16-byte unit u of row r of a chunk sits at r * 128 + ((u ^ r % 8) * 16); the
+  // 8 rows of one ldmatrix phase are 8 consecutive keys, so r % 8 is lane % 8 for every address.
+  constexpr unsigned kChunkBytes = TileN * DecodeShape::kBoxWidth * 2;
+  const unsigned ring_addr = smem_address(ring);
+  const unsigned k_row = ring_addr + (warp * kWarpKeys + lane % 8 + (lane / 16) * 8) * 128;
+  const unsigned v_row = ring_addr + kShape.tile_elements() * 2 +
+                         (warp * kWarpKeys + lane % 8 + ((lane / 8) % 2) * 8) * 128;
+  const unsigned swizzle = lane % 8;
+  auto unit_offset = [&](int unit) {  // unit: 16-byte column of a row, 0 .. HeadDim / 8
+    return (unit / 8) * kChunkBytes + (((unit % 8) ^ swizzle) << 4);
+  };
 
   float o[MT][DT][4];
   float row_max[MT][2], row_sum[MT][2];
@@ -161,13 +228,41 @@ __global__ void __launch_bounds__(DecodeShape::kThreads) fmha_decode_kernel(cons
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = (tile - tile_begin) % Stages;
-    cp_async_wait<Stages - 2>();
+    if constexpr (Tma) {
+      cp_async_wait<0>();  // Q (the first time)
+      mbarrier_wait(&full[stage], ((tile - tile_begin) / Stages) & 1);
+      // Rows past the sequence hold whatever the skipped boxes or the cache had there: zero V's
+      // (masked scores give P = 0, and 0 x NaN would still be NaN).
+      const int valid = seqlen - tile * TileN;
+      if (valid < TileN) {
+        unsigned char* v_tile = reinterpret_cast<unsigned char*>(
+            ring + stage * kShape.stage_elements() + kShape.tile_elements());
+        constexpr int kUnitsPerRow = HeadDim / 8;
+        for (int i = threadIdx.x; i < (TileN - valid) * kUnitsPerRow; i += kThreads) {
+          const int row = valid + i / kUnitsPerRow, unit = i % kUnitsPerRow;
+          *reinterpret_cast<uint4*>(v_tile + (unit / 8) * kChunkBytes + row * 128 +
+                                    (unit % 8) * 16) = make_uint4(0, 0, 0, 0);
+        }
+      }
+    } else {
+      cp_async_wait<Stages - 2>();
+    }
     __syncthreads();  // the tile has landed for all; every warp is done with the previous one
-    if (tile + Stages - 1 < tile_end) load_tile(tile + Stages - 1, (stage + Stages - 1) % Stages);
-    cp_async_commit();
+    if (tile + Stages - 1 < tile_end && (!Tma || threadIdx.x == 0))
+      load_tile(tile + Stages - 1, (stage + Stages - 1) % Stages);
+    if (!Tma) cp_async_commit();
 
     float s[MT][NT][4];
-    gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage * kStageBytes);
+    if constexpr (Tma) {
+      const unsigned k_stage = k_row + stage * kStageBytes;
+      gemm_qk_at<T, HeadDim, MT, NT>(
+          s, [&](int mt, int kk) { return q_addr + (mt * 16 * kPitch + kk * 16) * 2; },
+          [&](int np, int kk) {
+            return k_stage + np * 16 * 128 + unit_offset(kk * 2 + (lane / 8) % 2);
+          });
+    } else {
+      gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage * kStageBytes);
+    }
     const int lane_key = tile * TileN + warp * kWarpKeys + (lane % 4) * 2;
     // A lane's first row sees the fewest keys (limits grow with the row).
     if (tile * TileN + TileN > row_key_end[0][0]) {
@@ -183,7 +278,14 @@ __global__ void __launch_bounds__(DecodeShape::kThreads) fmha_decode_kernel(cons
     }
     unsigned probs[MT][NT / 2][4];
     online_softmax<T, MT, NT, DT>(s, o, probs, row_max, row_sum, p.scale_log2);
-    gemm_pv<T, MT, NT, DT, kPitch>(o, probs, v_addr + stage * kStageBytes);
+    if constexpr (Tma) {
+      const unsigned v_stage = v_row + stage * kStageBytes;
+      gemm_pv_at<T, MT, NT, DT>(o, probs, [&](int kk, int dp) {
+        return v_stage + kk * 16 * 128 + unit_offset(dp * 2 + lane / 16);
+      });
+    } else {
+      gemm_pv<T, MT, NT, DT, kPitch>(o, probs, v_addr + stage * kStageBytes);
+    }
   }
 
   // Merge the four warps' states: each writes its unnormalized output and row statistics over

@@ -9,18 +9,27 @@ namespace flashjit {
 
 struct DecodeShape {
   int head_dim, tile_m, tile_n, stages;
+  // K/V tiles loaded by TMA (Hopper) into 128-byte-swizzled [head_dim / 64][tile_n][64] chunks;
+  // else by cp.async into rows padded by 16 bytes.
+  bool tma = false;
 
   static constexpr int kWarps = 4;  // each owns tile_n / 4 keys of every K/V tile
   static constexpr int kThreads = kWarps * 32;
   static constexpr int kElementBytes = 2;  // bf16 and fp16
   static constexpr int kMaxRowsPerKvHead = 64;  // larger problems are prefill's
+  static constexpr int kBoxWidth = 64;          // TMA: elements per swizzled chunk row (128 B)
+  static constexpr int kSwizzleAlign = 1024;    // TMA: the swizzle pattern's period
 
-  // 16 bytes of row padding: the 8 rows of one ldmatrix phase hit 8 distinct bank groups.
+  // Elements per shared Q row (and cp.async K/V row): 16 bytes of padding put the 8 rows of one
+  // ldmatrix phase in 8 distinct bank groups.
   FLASHJIT_HOST_DEVICE constexpr int pitch() const { return head_dim + 8; }
   FLASHJIT_HOST_DEVICE constexpr int keys_per_warp() const { return tile_n / kWarps; }
   FLASHJIT_HOST_DEVICE constexpr int q_bytes() const { return tile_m * pitch() * kElementBytes; }
-  // One pipeline stage: a K tile then a V tile.
-  FLASHJIT_HOST_DEVICE constexpr int stage_elements() const { return 2 * tile_n * pitch(); }
+  // One K (or V) tile, and one pipeline stage: a K tile then a V tile.
+  FLASHJIT_HOST_DEVICE constexpr int tile_elements() const {
+    return tile_n * (tma ? head_dim : pitch());
+  }
+  FLASHJIT_HOST_DEVICE constexpr int stage_elements() const { return 2 * tile_elements(); }
   FLASHJIT_HOST_DEVICE constexpr int ring_bytes() const {
     return stages * stage_elements() * kElementBytes;
   }
@@ -30,8 +39,20 @@ struct DecodeShape {
   FLASHJIT_HOST_DEVICE constexpr int merge_bytes() const {
     return kWarps * tile_m * (merge_pitch() + 2) * 4;
   }
+  // TMA: one mbarrier per stage ahead of Q (rounded up to keep Q's cp.async rows 16-byte
+  // aligned), and room to align the ring to the swizzle period.
+  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const {
+    return tma ? (stages * 8 + 15) / 16 * 16 : 0;
+  }
   FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
-    return q_bytes() + (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes());
+    return barrier_bytes() + q_bytes() + (tma ? kSwizzleAlign - 16 : 0) +
+           (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes());
+  }
+  // TMA: keys per box of a paged cache: the largest power of two dividing both the page size and
+  // the tile, so a box never crosses a page (a dense cache takes whole tiles).
+  FLASHJIT_HOST_DEVICE constexpr int page_box_rows(int page_size) const {
+    const int low_bit = page_size & -page_size;
+    return low_bit < tile_n ? low_bit : tile_n;
   }
 };
 

@@ -21,6 +21,7 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   key.causal = problem.causal;
   key.paged = problem.paged;
   key.page_size = problem.page_size;
+  key.num_pages = problem.num_pages;
   key.has_seqused = problem.has_seqused;
   key.num_splits = problem.num_splits;
   if (tiles) {

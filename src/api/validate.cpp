@@ -151,6 +151,7 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   problem.causal = options.causal;
   problem.paged = paged;
   problem.page_size = paged ? static_cast<int>(k.shape[1]) : 0;
+  problem.num_pages = paged ? static_cast<int>(k.shape[0]) : 0;
   problem.has_seqused = kv.seqused_k != nullptr;
   if (options.num_splits < 0 || options.num_splits > kMaxSplits)
     reject(fmt::format("options.num_splits is {}: expected 0 (the heuristic) or 1 to {}",

@@ -14,6 +14,7 @@ struct ForwardProblem {
   bool causal = false;
   bool paged = false;
   int page_size = 0;          // paged only
+  int num_pages = 0;          // paged only: pages in the cache (TMA maps bound them)
   bool has_seqused = false;   // seqused_k given
   int num_splits = 0;         // ForwardOptions::num_splits: 0 = the heuristic's
   float softmax_scale = 1.f;

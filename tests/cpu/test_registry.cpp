@@ -16,8 +16,8 @@ using namespace flashjit;
 TEST_CASE("families() lists each registered family once, fastest first, with archs and dims") {
   const auto& list = families();
   REQUIRE(list.size() == detail::registered_families().size());
-  CHECK(list.front().name == "decode");  // the first choice for the few query rows it takes
-  CHECK(list[1].name == "wgmma");        // then Hopper prefill
+  CHECK(list.front().name == "decode_tma");  // Hopper's choice for the few query rows it takes
+  CHECK(list[2].name == "wgmma");            // then Hopper prefill
   std::set<std::string> names;
   std::set<int> dims;
   for (const FamilyInfo& family : list) {
@@ -45,7 +45,7 @@ TEST_CASE("a head dim the family has no kernel for is refused by name, as forwar
   CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d192.m128n64s2"),
                        doctest::Contains("family wgmma has no head_dim 192"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("warp.sm90a.bf16.d128.m128n64s2"),
-                       doctest::Contains("'warp' is unknown: expected one of decode, wgmma, mma, simt, merge"),
+                       doctest::Contains("'warp' is unknown: expected one of decode_tma, decode, wgmma, mma, simt, merge"),
                        Error);
 }
 

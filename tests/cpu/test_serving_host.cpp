@@ -63,7 +63,7 @@ const detail::KernelFamily& family(const char* name) { return detail::family_nam
 
 TEST_CASE("decode and merge variant names parse back; feature suffixes keep their order") {
   for (const char* name :
-       {"decode.sm90a.bf16.d128.m16n64s3", "decode.sm90a.bf16.d128.m32n64s3.causal.paged",
+       {"decode_tma.sm90a.bf16.d128.m16n64s3", "decode.sm90a.bf16.d128.m32n64s3.causal.paged",
         "decode.sm80.fp16.d64.m16n128s2.paged", "merge.sm90a.bf16.d128.m4n1s1"}) {
     CAPTURE(name);
     CHECK(Variant::parse(name).name() == name);
@@ -87,32 +87,42 @@ TEST_CASE("decode and merge variant names parse back; feature suffixes keep thei
 TEST_CASE("precompile's defaults include paged decode and merge variants, never paged prefill") {
   int decode = 0, paged = 0, merge = 0;
   for (const Variant& v : default_variants("sm_90a")) {
-    decode += v.family == "decode";
+    decode += v.family == "decode" || v.family == "decode_tma";
     paged += v.paged;
     merge += v.family == "merge";
-    if (v.paged) CHECK(v.family == "decode");
+    if (v.paged) CHECK(v.family.starts_with("decode"));
     CHECK_NOTHROW(detail::check_variant(v));
   }
-  CHECK(decode == 40);  // 2 dtypes x 2 masks x 2 caches x (2 + 2 + 1) tiles over d64/d128/d256
-  CHECK(paged == 20);
+  // Each of the two decode kernels: 2 dtypes x 2 masks x 2 caches x (2 + 2 + 1) tiles over
+  // d64/d128/d256.
+  CHECK(decode == 80);
+  CHECK(paged == 40);
   CHECK(merge == 12);   // 2 dtypes x 6 head dims
   // d256 decode does not fit the 99 KB of an sm_86 block, so it is not built there.
-  for (const Variant& v : default_variants("sm_86"))
+  for (const Variant& v : default_variants("sm_86")) {
+    CHECK(v.family != "decode_tma");
     if (v.family == "decode") CHECK(v.head_dim != 256);
+  }
 }
 
 TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to wgmma") {
   const DeviceInfo gpu = h200();
   const Variant one = detail::select_variant(decode_problem(64, 1, 8192), gpu, nullptr);
-  CHECK(one.name() == "decode.sm90a.bf16.d128.m16n64s3");
+  CHECK(one.name() == "decode_tma.sm90a.bf16.d128.m16n64s3");
   const Variant spec = detail::select_variant(decode_problem(64, 8, 8192, true), gpu, nullptr);
-  CHECK(spec.name() == "decode.sm90a.bf16.d128.m32n64s3.causal");
+  CHECK(spec.name() == "decode_tma.sm90a.bf16.d128.m32n64s3.causal");
   CHECK(detail::select_variant(decode_problem(8, 512, 8192, true), gpu, nullptr).family ==
         "wgmma");
   PagedArgs a;
   const auto paged = detail::validate_forward(a.q, a.kv, a.q, a.options);
   CHECK(detail::select_variant(paged, gpu, nullptr).name() ==
-        "decode.sm90a.bf16.d128.m16n64s3.paged");
+        "decode_tma.sm90a.bf16.d128.m16n64s3.paged");
+  // Elsewhere the cp.async kernel of the same family takes it.
+  DeviceInfo a100 = gpu;
+  a100.arch = "sm_80";
+  a100.max_shared_per_block_optin = 163 * 1024;
+  CHECK(detail::select_variant(paged, a100, nullptr).name() ==
+        "decode.sm80.bf16.d128.m16n64s2.paged");
   // Forcing a family without the feature names what is missing.
   CHECK_THROWS_WITH_AS(detail::select_variant(paged, gpu, &family("wgmma")),
                        doctest::Contains("reads no paged KV cache"), Error);
@@ -124,7 +134,9 @@ TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many f
   const DeviceInfo gpu = h200();
   auto splits = [&](int batch, int seqlen_q, int seqlen_k) {
     const auto problem = decode_problem(batch, seqlen_q, seqlen_k);
-    return detail::decode_num_splits(detail::select_variant(problem, gpu, nullptr), problem, gpu);
+    const Variant v = detail::select_variant(problem, gpu, nullptr);
+    CHECK(detail::decode_ctas_per_sm(family(v.family.c_str()).shared_bytes(v), gpu) == 2);
+    return detail::decode_num_splits(v, problem, gpu);
   };
   // 2 CTAs of ~106 KB fit an SM: 264 slots.
   CHECK(detail::decode_ctas_per_sm(106 * 1024, gpu) == 2);
@@ -137,6 +149,7 @@ TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many f
   const Variant v = detail::select_variant(forced, gpu, nullptr);
   const detail::SplitPlan plan = detail::plan_splits(family("decode"), v, forced, gpu);
   CHECK(plan.num_splits == 5);
+  CHECK(v.family == "decode_tma");
   CHECK(plan.split_tiles == 4);  // 16 tiles of 64 keys over 5 splits
   const std::size_t rows = 2 * 3 * 32 * 5;
   CHECK(plan.lse_offset == (rows * 128 * 4 + 255) / 256 * 256);

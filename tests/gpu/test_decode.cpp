@@ -111,7 +111,7 @@ std::optional<KvRun> run_kv(KvDeviceProblem& p, const KvCase& c, ForwardOptions 
     engine().forward(p.q(), kv, p.out(), options);
     synchronize(engine());
   } catch (const Error& e) {
-    const bool other_family = options.family && *options.family != "decode";
+    const bool other_family = options.family && !options.family->starts_with("decode");
     if (e.code() == ErrorCode::unsupported && (other_family || !decode_expected(c)))
       MESSAGE(fmt::format("not run: {}: {}", describe(c, options), e.what()));
     else
@@ -138,8 +138,16 @@ void check_splits(const KvRun& r, int requested, const KvCase& c) {
 
 void check_decode_variant(const KvRun& r, const KvCase& c) {
   if (!decode_expected(c)) return;
-  CHECK(r.variant.family == "decode");
+  CHECK(r.variant.family.starts_with("decode"));  // decode_tma on Hopper, decode elsewhere
   CHECK(r.variant.paged == c.paged());
+}
+
+// The decode kernels to run each case with: the dispatcher's (TMA loads on Hopper), and the
+// cp.async one forced, which Hopper would otherwise never run.
+std::vector<std::optional<std::string>> decode_kernels() {
+  std::vector<std::optional<std::string>> kernels = {std::nullopt};
+  if (engine().device().arch == "sm_90a") kernels.push_back("decode");
+  return kernels;
 }
 
 KvCase dense(int b, int hq, int hkv, int sq, int sk, int d, bool causal, DType dtype = DType::bf16,
@@ -245,26 +253,29 @@ TEST_CASE("decode: dense caches, seqlen_q 1 to 16, GQA 1:1 to 8:1, forced and he
     const std::vector<int> split_counts =
         decode ? std::vector<int>{1, 3, 17, 0} : std::vector<int>{0};
     for (int splits : split_counts) {
-      ForwardOptions options;
-      options.num_splits = splits;
-      const std::string what = describe(c, options);
-      CAPTURE(what);
-      const auto r = run_kv(p, c, options);
-      if (!r) continue;
-      const std::string variant = r->variant.name();
-      CAPTURE(variant);
-      check_against(r->out, r->lse, ref, c.dtype);
-      check_splits(*r, splits, c);
-      check_decode_variant(*r, c);
-      // Unsplit, these would be a handful of CTAs on a GPU of 40 or more SMs.
-      if (decode && splits == 0 && c.batch * c.heads_kv <= 4 && c.capacity >= 1000 &&
-          engine().device().multiprocessors >= 40)
-        CHECK_MESSAGE(r->num_splits > 1, "the heuristic does not split a long, narrow decode");
-      MESSAGE(fmt::format("{:<45} {:<70} splits {}", variant, what, r->num_splits));
+      for (const auto& kernel : decode_kernels()) {
+        ForwardOptions options;
+        options.num_splits = splits;
+        options.family = kernel;
+        const std::string what = describe(c, options);
+        CAPTURE(what);
+        const auto r = run_kv(p, c, options);
+        if (!r) continue;
+        const std::string variant = r->variant.name();
+        CAPTURE(variant);
+        check_against(r->out, r->lse, ref, c.dtype);
+        check_splits(*r, splits, c);
+        check_decode_variant(*r, c);
+        // Unsplit, these would be a handful of CTAs on a GPU of 40 or more SMs.
+        if (decode && splits == 0 && c.batch * c.heads_kv <= 4 && c.capacity >= 1000 &&
+            engine().device().multiprocessors >= 40)
+          CHECK_MESSAGE(r->num_splits > 1, "the heuristic does not split a long, narrow decode");
+        MESSAGE(fmt::format("{:<45} {:<70} splits {}", variant, what, r->num_splits));
+      }
     }
     // The other attention families through the same KVCache entry point (dense, no seqused_k).
     for (const std::string& family : family_names()) {
-      if (family == "decode" || family == "merge") continue;  // above; merge is no attention
+      if (family.starts_with("decode")) continue;  // above
       ForwardOptions options;
       options.family = family;
       const std::string what = describe(c, options);
@@ -295,29 +306,32 @@ TEST_CASE("decode: seqused_k gives each sequence its own length; length 0 gives 
     const Reference ref = host.reference();
     KvDeviceProblem p(engine(), host);
     for (int splits : {0, 1, 17}) {
-      ForwardOptions options;
-      options.num_splits = splits;
-      const std::string what = describe(c, options);
-      CAPTURE(what);
-      const auto r = run_kv(p, c, options);
-      if (!r) continue;
-      const std::string variant = r->variant.name();
-      CAPTURE(variant);
-      const int empty = check_against(r->out, r->lse, ref, c.dtype);
-      // The length-0 sequence's rows, plus (causal, 4 queries) the 3 rows of the length-1 one
-      // that see no key.
-      CHECK(empty == c.heads_q * c.seqlen_q + (c.causal ? c.heads_q * 3 : 0));
-      check_splits(*r, splits, c);
-      check_decode_variant(*r, c);
-      bool zero = true, minus_infinity = true;
-      for (int h = 0; h < c.heads_q; ++h)
-        for (int i = 0; i < c.seqlen_q; ++i) {
-          zero = zero && row_is_zero(r->out, empty_sequence, i, h);
-          const float lse = r->lse[static_cast<std::size_t>(lse_index(c, empty_sequence, h, i))];
-          minus_infinity = minus_infinity && std::isinf(lse) && lse < 0;
-        }
-      CHECK_MESSAGE(zero, "a sequence with seqused_k 0 has a row that is not 0");
-      CHECK_MESSAGE(minus_infinity, "a sequence with seqused_k 0 has an LSE that is not -inf");
+      for (const auto& kernel : decode_kernels()) {
+        ForwardOptions options;
+        options.num_splits = splits;
+        options.family = kernel;
+        const std::string what = describe(c, options);
+        CAPTURE(what);
+        const auto r = run_kv(p, c, options);
+        if (!r) continue;
+        const std::string variant = r->variant.name();
+        CAPTURE(variant);
+        const int empty = check_against(r->out, r->lse, ref, c.dtype);
+        // The length-0 sequence's rows, plus (causal, 4 queries) the 3 rows of the length-1 one
+        // that see no key.
+        CHECK(empty == c.heads_q * c.seqlen_q + (c.causal ? c.heads_q * 3 : 0));
+        check_splits(*r, splits, c);
+        check_decode_variant(*r, c);
+        bool zero = true, minus_infinity = true;
+        for (int h = 0; h < c.heads_q; ++h)
+          for (int i = 0; i < c.seqlen_q; ++i) {
+            zero = zero && row_is_zero(r->out, empty_sequence, i, h);
+            const float lse = r->lse[static_cast<std::size_t>(lse_index(c, empty_sequence, h, i))];
+            minus_infinity = minus_infinity && std::isinf(lse) && lse < 0;
+          }
+        CHECK_MESSAGE(zero, "a sequence with seqused_k 0 has a row that is not 0");
+        CHECK_MESSAGE(minus_infinity, "a sequence with seqused_k 0 has an LSE that is not -inf");
+      }
     }
   }
 }
@@ -359,18 +373,21 @@ TEST_CASE("decode: paged KV caches (NHD and HND, shuffled page tables) match the
     const Reference ref = host.reference();
     KvDeviceProblem p(engine(), host);
     for (int splits : {0, 5}) {
-      ForwardOptions options;
-      options.num_splits = splits;
-      const std::string what = describe(c, options);
-      CAPTURE(what);
-      const auto r = run_kv(p, c, options);
-      if (!r) continue;
-      const std::string variant = r->variant.name();
-      CAPTURE(variant);
-      check_against(r->out, r->lse, ref, c.dtype);
-      check_splits(*r, splits, c);
-      check_decode_variant(*r, c);
-      MESSAGE(fmt::format("{:<45} {:<90} splits {}", variant, what, r->num_splits));
+      for (const auto& kernel : decode_kernels()) {
+        ForwardOptions options;
+        options.num_splits = splits;
+        options.family = kernel;
+        const std::string what = describe(c, options);
+        CAPTURE(what);
+        const auto r = run_kv(p, c, options);
+        if (!r) continue;
+        const std::string variant = r->variant.name();
+        CAPTURE(variant);
+        check_against(r->out, r->lse, ref, c.dtype);
+        check_splits(*r, splits, c);
+        check_decode_variant(*r, c);
+        MESSAGE(fmt::format("{:<45} {:<90} splits {}", variant, what, r->num_splits));
+      }
     }
   }
 }
@@ -626,7 +643,7 @@ TEST_CASE("CUDA graphs: a warm paged decode, captured once, replays on new input
       options.workspace_bytes = need;
     }
     const Variant variant = engine().select_variant(p.q(), p.kv(), p.out(), options);
-    CHECK(variant.family == "decode");
+    CHECK(variant.family.starts_with("decode"));
     CHECK(variant.paged);
     MESSAGE(fmt::format("{}: {} splits {} workspace {} B", setup.what, variant.name(),
                         engine().select_num_splits(p.q(), p.kv(), p.out(), options), need));

@@ -6,11 +6,19 @@
 #include "decode/shape.cuh"
 #include "families/decode/split_heuristic.hpp"
 #include "families/query_tile.hpp"
+#include "families/tma_map.hpp"
 
 namespace flashjit::detail {
+
+DecodeShape decode_shape(const Variant& v) {
+  return {v.head_dim, v.tile_m, v.tile_n, v.stages, v.family == "decode_tma"};
+}
+
 namespace {
 
-DecodeShape shape_of(const Variant& v) { return {v.head_dim, v.tile_m, v.tile_n, v.stages}; }
+bool loads_with_tma(const Variant& v) { return decode_shape(v).tma; }
+
+DecodeShape shape_of(const Variant& v) { return decode_shape(v); }
 
 int decode_shared_bytes(const Variant& v) { return shape_of(v).shared_bytes(); }
 
@@ -56,6 +64,25 @@ std::string decode_unsupported(const ForwardProblem& problem) {
   return {};
 }
 
+// K and V maps for the TMA kernel (boxes of 64 x rows: whole tiles, or page-sized runs), zeros
+// for the cp.async one (its signature is the same; it never reads them).
+void add_kv_maps(LaunchPlan& plan, const Variant& v, const ForwardProblem& problem) {
+  if (!loads_with_tma(v)) {
+    plan.maps.resize(2);
+    return;
+  }
+  const FmhaParams& p = problem.params;
+  const int rows = problem.paged ? problem.page_size : problem.seqlen_k;
+  const int blocks = problem.paged ? problem.num_pages : problem.batch;
+  const int box_rows = problem.paged ? shape_of(v).page_box_rows(problem.page_size) : v.tile_n;
+  plan.maps.push_back(tensor_map(MapOperand::k, p.k, problem.dtype, problem.head_dim, rows,
+                                 problem.heads_kv, blocks, p.k_stride_s, p.k_stride_h, p.k_stride_b,
+                                 box_rows));
+  plan.maps.push_back(tensor_map(MapOperand::v, p.v, problem.dtype, problem.head_dim, rows,
+                                 problem.heads_kv, blocks, p.v_stride_s, p.v_stride_h, p.v_stride_b,
+                                 box_rows));
+}
+
 LaunchPlan decode_plan(const Variant& v, const ForwardProblem& problem, const DeviceInfo& device) {
   const int splits = decode_num_splits(v, problem, device);
   const int row_blocks = (problem.rows_per_kv_head() + v.tile_m - 1) / v.tile_m;
@@ -64,18 +91,50 @@ LaunchPlan decode_plan(const Variant& v, const ForwardProblem& problem, const De
                static_cast<unsigned>(problem.batch)};
   plan.block = {DecodeShape::kThreads, 1, 1};
   plan.shared_bytes = static_cast<unsigned>(decode_shared_bytes(v));
+  add_kv_maps(plan, v, problem);
   return plan;
 }
 
 std::string decode_arguments(const Variant& v) {
-  return fmt::format("{}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages, v.causal,
-                     v.paged);
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages,
+                     v.causal, v.paged, loads_with_tma(v));
 }
 
 // 16-byte vectors per row must divide the 128 threads' copy passes.
 constexpr int kDecodeHeadDims[] = {64, 128, 256};
 
+// TMA boxes need strides below 2^40 bytes; beyond that the cp.async family runs it.
+std::string decode_tma_unsupported(const ForwardProblem& problem) {
+  const FmhaParams& p = problem.params;
+  for (long long stride : {p.k_stride_b, p.k_stride_s, p.k_stride_h, p.v_stride_b, p.v_stride_s,
+                           p.v_stride_h})
+    if (stride * 2 >= kMaxTmaStride)
+      return fmt::format("a K/V stride of {} elements is past TMA's 2^40-byte limit", stride);
+  return decode_unsupported(problem);
+}
+
+bool runs_on_hopper(std::string_view arch) { return arch == "sm_90a"; }
+
 }  // namespace
+
+// Hopper: the same kernel with TMA loads; first in the registry, so it wins where it runs.
+constinit extern const KernelFamily kDecodeTmaFamily = {
+    .role = FamilyRole::attention,
+    .features = kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv,
+    .name = "decode_tma",
+    .summary = "split-KV decode as decode, with TMA loads (Hopper, sm_90a)",
+    .source_file = "decode/kernel.cu",
+    .kernel_template = "flashjit::fmha_decode_kernel",
+    .head_dims = kDecodeHeadDims,
+    .runs_on = runs_on_hopper,
+    .check_tiles = decode_check,
+    .shared_bytes = decode_shared_bytes,
+    .tile_table = decode_tiles,
+    .unsupported_reason = decode_tma_unsupported,
+    .plan = decode_plan,
+    .template_arguments = decode_arguments,
+    .num_splits = decode_num_splits,
+};
 
 constinit extern const KernelFamily kDecodeFamily = {
     .role = FamilyRole::attention,

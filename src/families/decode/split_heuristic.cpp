@@ -26,7 +26,7 @@ int decode_ctas_per_sm(int shared_bytes, const DeviceInfo& device) {
 
 int decode_num_splits(const Variant& v, const ForwardProblem& problem, const DeviceInfo& device) {
   if (problem.num_splits > 0) return problem.num_splits;
-  const DecodeShape shape{v.head_dim, v.tile_m, v.tile_n, v.stages};
+  const DecodeShape shape = decode_shape(v);
   const long long row_blocks = ceil_div(problem.rows_per_kv_head(), v.tile_m);
   const long long ctas = static_cast<long long>(problem.batch) * problem.heads_kv * row_blocks;
   const int tiles = std::max(1, ceil_div(problem.seqlen_k, v.tile_n));

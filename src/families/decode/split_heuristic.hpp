@@ -2,6 +2,7 @@
 #pragma once
 
 #include "core/problem.hpp"
+#include "decode/shape.cuh"
 #include "flashjit/flashjit.hpp"
 
 namespace flashjit::detail {
@@ -11,6 +12,8 @@ namespace flashjit::detail {
 // when batch x KV heads already fill the GPU, many for one long sequence (docs/serving.md).
 int decode_num_splits(const Variant& variant, const ForwardProblem& problem,
                       const DeviceInfo& device);
+// The decode kernel's geometry for a variant of either decode family (defined in decode.cpp).
+DecodeShape decode_shape(const Variant& variant);
 // CTAs of `shared_bytes` each that fit on one SM of the device at once.
 int decode_ctas_per_sm(int shared_bytes, const DeviceInfo& device);
 
