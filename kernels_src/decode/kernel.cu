@@ -10,7 +10,7 @@
 // four states are merged through shared memory. K and V stream through a ring of `Stages` stages
 // filled by cp.async, one commit group per tile, gathering a paged cache row by row through its
 // page table (16-byte copies, so any page size that is a multiple of 8 rows works). On Hopper
-// (Tma) one thread fills each stage with TMA boxes instead (whole tiles of a dense cache, or
+// (Tma) warp 0 fills each stage with TMA boxes instead (whole tiles of a dense cache, or
 // page-sized runs of rows of a paged one), completing on the stage's mbarrier, into 128-byte-
 // swizzled chunks that ldmatrix reads without bank conflicts.
 #include "common/epilogue.cuh"
@@ -120,20 +120,26 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     T* k_smem = ring + stage * kShape.stage_elements();
     T* v_smem = k_smem + kShape.tile_elements();
     if constexpr (Tma) {
-      // Thread 0 only. Boxes wholly past the sequence are skipped (their page table entries may
-      // be anything); the rows they would have filled are zeroed after the stage lands.
+      // Warp 0 only: lane 0 announces the stage's bytes, then each lane issues the boxes of its
+      // runs of rows, so the page table reads of one tile are in flight together. Boxes wholly
+      // past the sequence are skipped (their page table entries may be anything); the rows they
+      // would have filled are zeroed after the stage lands.
       const int box_rows = Paged ? kShape.page_box_rows(p.page_size) : TileN;
-      constexpr unsigned kChunkBytes = 2 * TileN * DecodeShape::kBoxWidth * 2;  // K and V
-      unsigned bytes = 0;
-      for (int r = 0; r < TileN; r += box_rows)
-        if (tile * TileN + r < seqlen) bytes += kChunkBytes / TileN * box_rows;
-      mbarrier_arrive_expect_tx(&full[stage], bytes * (HeadDim / DecodeShape::kBoxWidth));
-      for (int r = 0; r < TileN; r += box_rows) {
+      const int boxes = TileN / box_rows;
+      constexpr int kChunks = HeadDim / DecodeShape::kBoxWidth;
+      if (lane == 0) {
+        const int live = min(boxes, (seqlen - tile * TileN + box_rows - 1) / box_rows);
+        mbarrier_arrive_expect_tx(&full[stage], live * box_rows * kChunks *
+                                                    DecodeShape::kBoxWidth * 2 * 2);  // K and V
+      }
+      __syncwarp();
+      for (int box = lane; box < boxes; box += 32) {
+        const int r = box * box_rows;
         const int key = tile * TileN + r;
         if (key >= seqlen) break;
         const KvRow at = locate_key<Paged>(p, batch, key, page_shift);
 #pragma unroll
-        for (int c = 0; c < HeadDim / DecodeShape::kBoxWidth; ++c) {
+        for (int c = 0; c < kChunks; ++c) {
           const int offset = (c * TileN + r) * DecodeShape::kBoxWidth;
           tma_load_4d(k_smem + offset, &k_map, &full[stage], c * DecodeShape::kBoxWidth, at.row,
                       kv_head, static_cast<int>(at.block));
@@ -169,12 +175,14 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
 #pragma unroll
       for (int i = 0; i < Stages; ++i) mbarrier_init(&full[i], 1);
       mbarrier_init_fence();
+    }
+    __syncthreads();  // the barriers are initialized before anyone uses them
+    if (warp == 0) {
 #pragma unroll
       for (int i = 0; i < Stages - 1; ++i)
         if (tile_begin + i < tile_end) load_tile(tile_begin + i, i);
     }
     cp_async_commit();
-    __syncthreads();  // the barriers are initialized before anyone waits on them
   } else {
 #pragma unroll
     for (int i = 0; i < Stages - 1; ++i) {
@@ -248,7 +256,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       cp_async_wait<Stages - 2>();
     }
     __syncthreads();  // the tile has landed for all; every warp is done with the previous one
-    if (tile + Stages - 1 < tile_end && (!Tma || threadIdx.x == 0))
+    if (tile + Stages - 1 < tile_end && (!Tma || warp == 0))
       load_tile(tile + Stages - 1, (stage + Stages - 1) % Stages);
     if (!Tma) cp_async_commit();
 

@@ -6,7 +6,7 @@ namespace flashjit::detail {
 
 TensorMapArg tensor_map(MapOperand operand, const void* data, DType dtype, int head_dim, int seqlen,
                         int heads, int batch, std::int64_t stride_s, std::int64_t stride_h,
-                        std::int64_t stride_b, int box_rows) {
+                        std::int64_t stride_b, int box_rows, CUtensorMapL2promotion promotion) {
   const cuuint64_t dims[4] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(seqlen),
                               static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(batch)};
   const std::int64_t element_strides[3] = {stride_s, stride_h, stride_b};
@@ -29,7 +29,7 @@ TensorMapArg tensor_map(MapOperand operand, const void* data, DType dtype, int h
           &arg.map,
           dtype == DType::bf16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
           4, const_cast<void*>(data), dims, strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-          CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+          CU_TENSOR_MAP_SWIZZLE_128B, promotion,
           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
       "cuTensorMapEncodeTiled");
   return arg;

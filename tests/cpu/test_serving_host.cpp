@@ -108,15 +108,23 @@ TEST_CASE("precompile's defaults include paged decode and merge variants, never 
 TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to wgmma") {
   const DeviceInfo gpu = h200();
   const Variant one = detail::select_variant(decode_problem(64, 1, 8192), gpu, nullptr);
-  CHECK(one.name() == "decode_tma.sm90a.bf16.d128.m16n64s3");
+  CHECK(one.name() == "decode_tma.sm90a.bf16.d128.m16n128s2");
   const Variant spec = detail::select_variant(decode_problem(64, 8, 8192, true), gpu, nullptr);
   CHECK(spec.name() == "decode_tma.sm90a.bf16.d128.m32n64s3.causal");
   CHECK(detail::select_variant(decode_problem(8, 512, 8192, true), gpu, nullptr).family ==
         "wgmma");
   PagedArgs a;
   const auto paged = detail::validate_forward(a.q, a.kv, a.q, a.options);
+  // Pages of 16 rows: the cp.async kernel gathers them faster than 16-row TMA boxes.
   CHECK(detail::select_variant(paged, gpu, nullptr).name() ==
-        "decode_tma.sm90a.bf16.d128.m16n64s3.paged");
+        "decode.sm90a.bf16.d128.m16n64s3.paged");
+  PagedArgs big_pages;
+  big_pages.pages = TensorView::bshd(fake(0x200000), DType::bf16, 100, 128, 8, 128);
+  big_pages.kv = KVCache::paged(big_pages.pages, big_pages.pages, kTable, 8);
+  CHECK(detail::select_variant(detail::validate_forward(big_pages.q, big_pages.kv, big_pages.q,
+                                                        big_pages.options),
+                               gpu, nullptr)
+            .name() == "decode_tma.sm90a.bf16.d128.m16n128s2.paged");
   // Elsewhere the cp.async kernel of the same family takes it.
   DeviceInfo a100 = gpu;
   a100.arch = "sm_80";
@@ -135,14 +143,14 @@ TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many f
   auto splits = [&](int batch, int seqlen_q, int seqlen_k) {
     const auto problem = decode_problem(batch, seqlen_q, seqlen_k);
     const Variant v = detail::select_variant(problem, gpu, nullptr);
-    CHECK(detail::decode_ctas_per_sm(family(v.family.c_str()).shared_bytes(v), gpu) == 2);
+    // 16 rows: 128-key tiles in two stages (133 KB), one CTA per SM.
+    CHECK(detail::decode_ctas_per_sm(family(v.family.c_str()).shared_bytes(v), gpu) == 1);
     return detail::decode_num_splits(v, problem, gpu);
   };
-  // 2 CTAs of ~106 KB fit an SM: 264 slots.
-  CHECK(detail::decode_ctas_per_sm(106 * 1024, gpu) == 2);
-  CHECK(splits(64, 1, 8192) == 1);     // 512 CTAs: two full waves already
-  CHECK(splits(8, 1, 32768) == 4);     // 64 x 4 = 256 CTAs: one wave
-  CHECK(splits(1, 1, 131072) == 33);   // 8 x 33 = 264 CTAs
+  CHECK(detail::decode_ctas_per_sm(106 * 1024, gpu) == 2);  // 2 CTAs of ~106 KB fit an SM
+  CHECK(splits(64, 1, 8192) == 1);     // 512 CTAs on 132 SMs: four nearly full waves already
+  CHECK(splits(8, 1, 32768) == 2);     // 64 x 2 = 128 CTAs: one wave
+  CHECK(splits(1, 1, 131072) == 16);   // 8 x 16 = 128 CTAs
   CHECK(splits(1, 1, 64) == 1);        // one key tile cannot be split
   // The caller's count wins; the plan sizes the workspace for it.
   const auto forced = decode_problem(2, 3, 1000, false, 5);
@@ -150,7 +158,7 @@ TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many f
   const detail::SplitPlan plan = detail::plan_splits(family("decode"), v, forced, gpu);
   CHECK(plan.num_splits == 5);
   CHECK(v.family == "decode_tma");
-  CHECK(plan.split_tiles == 4);  // 16 tiles of 64 keys over 5 splits
+  CHECK(plan.split_tiles == 2);  // 8 tiles of 128 keys over 5 splits
   const std::size_t rows = 2 * 3 * 32 * 5;
   CHECK(plan.lse_offset == (rows * 128 * 4 + 255) / 256 * 256);
   CHECK(plan.workspace_bytes == plan.lse_offset + (rows * 4 + 255) / 256 * 256);

@@ -54,6 +54,18 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool) {
 
 // Dense caches with many rows per KV head are prefill's, unless they need seqused_k, which only
 // this family takes.
+// Hopper with TMA loads: d128 with 16 rows takes 128-key tiles in two stages (one CTA per SM
+// streaming 64 KB stages: 477 us on the batch-64 case against 482 for 64 x 3); 32 rows keep
+// 64-key tiles (128 would spill: 255 registers); other head dims as decode.
+TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal) {
+  if (head_dim != 128) return decode_tiles(arch, head_dim, causal);
+  TileTable table;
+  table.rules[0] = {INT_MAX, TileConfig{16, 128, 2}, 16};
+  table.rules[1] = {INT_MAX, TileConfig{32, 64, 3}, INT_MAX};
+  table.count = 2;
+  return table;
+}
+
 std::string decode_unsupported(const ForwardProblem& problem) {
   if (!problem.paged && !problem.has_seqused &&
       problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead)
@@ -63,6 +75,10 @@ std::string decode_unsupported(const ForwardProblem& problem) {
         DecodeShape::kMaxRowsPerKvHead, problem.rows_per_kv_head());
   return {};
 }
+
+// K and V are read once: L2 fetches 128 bytes per miss, not 256 (512 -> 482 us on the batch-64
+// decode case, docs/perf-log.md).
+constexpr CUtensorMapL2promotion kStreamingPromotion = CU_TENSOR_MAP_L2_PROMOTION_L2_128B;
 
 // K and V maps for the TMA kernel (boxes of 64 x rows: whole tiles, or page-sized runs), zeros
 // for the cp.async one (its signature is the same; it never reads them).
@@ -77,10 +93,10 @@ void add_kv_maps(LaunchPlan& plan, const Variant& v, const ForwardProblem& probl
   const int box_rows = problem.paged ? shape_of(v).page_box_rows(problem.page_size) : v.tile_n;
   plan.maps.push_back(tensor_map(MapOperand::k, p.k, problem.dtype, problem.head_dim, rows,
                                  problem.heads_kv, blocks, p.k_stride_s, p.k_stride_h, p.k_stride_b,
-                                 box_rows));
+                                 box_rows, kStreamingPromotion));
   plan.maps.push_back(tensor_map(MapOperand::v, p.v, problem.dtype, problem.head_dim, rows,
                                  problem.heads_kv, blocks, p.v_stride_s, p.v_stride_h, p.v_stride_b,
-                                 box_rows));
+                                 box_rows, kStreamingPromotion));
 }
 
 LaunchPlan decode_plan(const Variant& v, const ForwardProblem& problem, const DeviceInfo& device) {
@@ -103,8 +119,16 @@ std::string decode_arguments(const Variant& v) {
 // 16-byte vectors per row must divide the 128 threads' copy passes.
 constexpr int kDecodeHeadDims[] = {64, 128, 256};
 
-// TMA boxes need strides below 2^40 bytes; beyond that the cp.async family runs it.
+// Pages below this many rows are gathered faster by the cp.async kernel than by as many small TMA
+// boxes (batch-64 decode, pages of 16: 538 us against 716; docs/perf-log.md).
+constexpr int kMinTmaPageRows = 64;
+
+// TMA boxes need strides below 2^40 bytes and pages of kMinTmaPageRows or more; else the cp.async
+// family runs it.
 std::string decode_tma_unsupported(const ForwardProblem& problem) {
+  if (problem.paged && problem.page_size < kMinTmaPageRows)
+    return fmt::format("gathers pages of {} rows slower than decode: takes {} or more",
+                       problem.page_size, kMinTmaPageRows);
   const FmhaParams& p = problem.params;
   for (long long stride : {p.k_stride_b, p.k_stride_s, p.k_stride_h, p.v_stride_b, p.v_stride_s,
                            p.v_stride_h})
@@ -129,7 +153,7 @@ constinit extern const KernelFamily kDecodeTmaFamily = {
     .runs_on = runs_on_hopper,
     .check_tiles = decode_check,
     .shared_bytes = decode_shared_bytes,
-    .tile_table = decode_tiles,
+    .tile_table = decode_tma_tiles,
     .unsupported_reason = decode_tma_unsupported,
     .plan = decode_plan,
     .template_arguments = decode_arguments,
