@@ -78,6 +78,25 @@ __device__ __forceinline__ void gemm_pv(float (&o)[MT][DT][4], const unsigned (&
       o, pr, [&](int kk, int dp) { return v_addr + (kk * 16 * Pitch + dp * 16) * 2; });
 }
 
+// The state before the first key: no output, max -inf, sum 0 for each of the lane's rows.
+template <int MT, int DT>
+__device__ __forceinline__ void start_online_softmax(float (&o)[MT][DT][4],
+                                                     float (&row_max)[MT][2],
+                                                     float (&row_sum)[MT][2]) {
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      row_max[mt][h] = neg_inf();
+      row_sum[mt][h] = 0.f;
+    }
+  }
+}
+
 // Online softmax step: folds the tile's scores s into the running max and sum of each of the
 // lane's 2·MT rows (h = 0: row lane/4, h = 1: row lane/4 + 8), rescales o, and writes the
 // probabilities, rounded to T, in A-operand order (k16 step kk = n8 tiles 2kk and 2kk+1). Sums

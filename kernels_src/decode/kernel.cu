@@ -221,18 +221,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
 
   float o[MT][DT][4];
   float row_max[MT][2], row_sum[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int dt = 0; dt < DT; ++dt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) o[mt][dt][e] = 0.f;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      row_max[mt][h] = neg_inf();
-      row_sum[mt][h] = 0.f;
-    }
-  }
+  start_online_softmax<MT, DT>(o, row_max, row_sum);
 
   for (int tile = tile_begin; tile < tile_end; ++tile) {
     const int stage = (tile - tile_begin) % Stages;

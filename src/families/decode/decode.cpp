@@ -139,43 +139,39 @@ std::string decode_tma_unsupported(const ForwardProblem& problem) {
 
 bool runs_on_hopper(std::string_view arch) { return arch == "sm_90a"; }
 
+// The two decode families: one kernel template, told apart by their names (decode_shape).
+constexpr KernelFamily decode_family(std::string_view name, std::string_view summary,
+                                     bool (*runs_on)(std::string_view),
+                                     TileTable (*tiles)(std::string_view, int, bool),
+                                     std::string (*unsupported)(const ForwardProblem&)) {
+  return {
+      .role = FamilyRole::attention,
+      .features = kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv,
+      .name = name,
+      .summary = summary,
+      .source_file = "decode/kernel.cu",
+      .kernel_template = "flashjit::fmha_decode_kernel",
+      .head_dims = kDecodeHeadDims,
+      .runs_on = runs_on,
+      .check_tiles = decode_check,
+      .shared_bytes = decode_shared_bytes,
+      .tile_table = tiles,
+      .unsupported_reason = unsupported,
+      .plan = decode_plan,
+      .template_arguments = decode_arguments,
+      .num_splits = decode_num_splits,
+  };
+}
+
 }  // namespace
 
 // Hopper: the same kernel with TMA loads; first in the registry, so it wins where it runs.
-constinit extern const KernelFamily kDecodeTmaFamily = {
-    .role = FamilyRole::attention,
-    .features = kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv,
-    .name = "decode_tma",
-    .summary = "split-KV decode as decode, with TMA loads (Hopper, sm_90a)",
-    .source_file = "decode/kernel.cu",
-    .kernel_template = "flashjit::fmha_decode_kernel",
-    .head_dims = kDecodeHeadDims,
-    .runs_on = runs_on_hopper,
-    .check_tiles = decode_check,
-    .shared_bytes = decode_shared_bytes,
-    .tile_table = decode_tma_tiles,
-    .unsupported_reason = decode_tma_unsupported,
-    .plan = decode_plan,
-    .template_arguments = decode_arguments,
-    .num_splits = decode_num_splits,
-};
+constinit extern const KernelFamily kDecodeTmaFamily =
+    decode_family("decode_tma", "split-KV decode as decode, with TMA loads (Hopper, sm_90a)",
+                  runs_on_hopper, decode_tma_tiles, decode_tma_unsupported);
 
-constinit extern const KernelFamily kDecodeFamily = {
-    .role = FamilyRole::attention,
-    .features = kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv,
-    .name = "decode",
-    .summary = "split-KV decode with GQA packing, dense or paged KV (mma.sync)",
-    .source_file = "decode/kernel.cu",
-    .kernel_template = "flashjit::fmha_decode_kernel",
-    .head_dims = kDecodeHeadDims,
-    .runs_on = runs_on_sm80_or_later,
-    .check_tiles = decode_check,
-    .shared_bytes = decode_shared_bytes,
-    .tile_table = decode_tiles,
-    .unsupported_reason = decode_unsupported,
-    .plan = decode_plan,
-    .template_arguments = decode_arguments,
-    .num_splits = decode_num_splits,
-};
+constinit extern const KernelFamily kDecodeFamily =
+    decode_family("decode", "split-KV decode with GQA packing, dense or paged KV (mma.sync)",
+                  runs_on_sm80_or_later, decode_tiles, decode_unsupported);
 
 }  // namespace flashjit::detail
