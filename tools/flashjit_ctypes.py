@@ -93,6 +93,19 @@ class FlashjitKvCache(ctypes.Structure):
     ]
 
 
+class FlashjitVarlen(ctypes.Structure):
+    """flashjit_varlen: q/out packed [1, total_q, ...], cu_seqlens_* int32 [batch + 1] on the
+    device (cu_seqlens_k NULL for a paged cache), max_seqlen_* bounding every length."""
+
+    _fields_ = [
+        ("cu_seqlens_q", ctypes.POINTER(ctypes.c_int32)),
+        ("cu_seqlens_k", ctypes.POINTER(ctypes.c_int32)),
+        ("batch", ctypes.c_int32),
+        ("max_seqlen_q", ctypes.c_int32),
+        ("max_seqlen_k", ctypes.c_int32),
+    ]
+
+
 class FlashjitError(RuntimeError):
     """A call returned a status other than FLASHJIT_OK; `message` is flashjit_last_error()."""
 
@@ -294,6 +307,11 @@ class Flashjit:
         head = [ctypes.c_void_p, T, P(FlashjitKvCache), T, P(FlashjitForwardOptions)]
         argtypes = {
             "flashjit_forward_kv": head + [ctypes.c_void_p],
+            "flashjit_forward_varlen": head[:4] + [P(FlashjitVarlen), P(FlashjitForwardOptions),
+                                                   ctypes.c_void_p],
+            "flashjit_workspace_bytes_varlen": head[:4] + [P(FlashjitVarlen),
+                                                           P(FlashjitForwardOptions),
+                                                           P(ctypes.c_uint64)],
             "flashjit_workspace_bytes": head + [P(ctypes.c_uint64), P(ctypes.c_int32)],
             "flashjit_select_variant_kv": head + [ctypes.c_char_p, ctypes.c_int32],
             "flashjit_merge_attention_states": [ctypes.c_void_p, T, P(ctypes.c_float), T,
@@ -404,6 +422,28 @@ class Engine:
         self.forward_kv_raw(*self.kv_args(q, k, v, out, page_table, seqused_k, causal,
                                           softmax_scale, lse, family, tiles, num_splits,
                                           workspace), stream)
+
+    def forward_varlen(self, q, k, v, out, cu_seqlens_q, max_seqlen_q, cu_seqlens_k=None,
+                       max_seqlen_k=0, page_table=None, seqused_k=None, causal=False,
+                       softmax_scale=0.0, lse=None, family=None, num_splits=0, stream=None):
+        """A variable-length batch: q/out [1, total_q, h, d] torch tensors, dense k/v [1,
+        total_k, h_kv, d] with cu_seqlens_k (or pages with page_table, no cu_seqlens_k);
+        cu_seqlens_* int32 [batch + 1] torch tensors on the device; lse [h, total_q] fp32."""
+        q_view, kv, out_view, options = self.kv_args(q, k, v, out, page_table, seqused_k, causal,
+                                                     softmax_scale, lse, family,
+                                                     num_splits=num_splits)
+        varlen = FlashjitVarlen()
+        varlen.cu_seqlens_q = _int32_ptr(_address(cu_seqlens_q, "cu_seqlens_q", "torch.int32"))
+        if cu_seqlens_k is not None:
+            varlen.cu_seqlens_k = _int32_ptr(_address(cu_seqlens_k, "cu_seqlens_k",
+                                                      "torch.int32"))
+        varlen.batch = int(cu_seqlens_q.numel()) - 1
+        varlen.max_seqlen_q, varlen.max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+        status = self.owner.kv_function("flashjit_forward_varlen")(
+            self.handle, ctypes.byref(q_view), ctypes.byref(kv), ctypes.byref(out_view),
+            ctypes.byref(varlen), ctypes.byref(options), stream or None)
+        if status != OK:
+            raise FlashjitError("flashjit_forward_varlen", status, self.owner.last_error())
 
     def workspace_bytes_raw(self, q, kv, out, options):
         """(bytes of workspace, splits) flashjit_forward_kv needs for these structs."""

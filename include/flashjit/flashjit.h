@@ -96,6 +96,18 @@ FLASHJIT_API flashjit_status flashjit_forward(flashjit_engine* engine, const fla
                                               const flashjit_tensor* out,
                                               const flashjit_forward_options* options,
                                               void* stream);
+/* A variable-length batch (Engine::forward's VarlenBatch): q/out packed [1, total_q, heads_q,
+ * head_dim], a dense cache packed [1, total_k, heads_kv, head_dim] with cu_seqlens_k (NULL for a
+ * paged one); cu_seqlens_* int32 [batch + 1] on the device; max_seqlen_* bound every length. The
+ * LSE is then [heads_q, total_q]. */
+typedef struct flashjit_varlen {
+  const int32_t* cu_seqlens_q;
+  const int32_t* cu_seqlens_k;
+  int32_t batch;
+  int32_t max_seqlen_q;
+  int32_t max_seqlen_k;
+} flashjit_varlen;
+
 /* forward over a flashjit_kv_cache (dense or paged, with optional seqused_k). */
 FLASHJIT_API flashjit_status flashjit_forward_kv(flashjit_engine* engine,
                                                  const flashjit_tensor* q,
@@ -103,6 +115,14 @@ FLASHJIT_API flashjit_status flashjit_forward_kv(flashjit_engine* engine,
                                                  const flashjit_tensor* out,
                                                  const flashjit_forward_options* options,
                                                  void* stream);
+/* forward over a variable-length batch. */
+FLASHJIT_API flashjit_status flashjit_forward_varlen(flashjit_engine* engine,
+                                                     const flashjit_tensor* q,
+                                                     const flashjit_kv_cache* kv,
+                                                     const flashjit_tensor* out,
+                                                     const flashjit_varlen* varlen,
+                                                     const flashjit_forward_options* options,
+                                                     void* stream);
 /* Bytes of workspace flashjit_forward_kv needs for these arguments (0: it does not split), and
  * (num_splits may be NULL) how many splits it uses. */
 FLASHJIT_API flashjit_status flashjit_workspace_bytes(flashjit_engine* engine,
@@ -111,6 +131,11 @@ FLASHJIT_API flashjit_status flashjit_workspace_bytes(flashjit_engine* engine,
                                                       const flashjit_tensor* out,
                                                       const flashjit_forward_options* options,
                                                       uint64_t* bytes, int32_t* num_splits);
+/* The same for flashjit_forward_varlen. */
+FLASHJIT_API flashjit_status flashjit_workspace_bytes_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_kv_cache* kv,
+    const flashjit_tensor* out, const flashjit_varlen* varlen,
+    const flashjit_forward_options* options, uint64_t* bytes);
 /* Engine::merge_attention_states: out = merge of (out_a, lse_a) and (out_b, lse_b); lse_* fp32
  * [batch, heads, seqlen] contiguous; lse_out may be NULL; out may alias out_a or out_b. */
 FLASHJIT_API flashjit_status flashjit_merge_attention_states(

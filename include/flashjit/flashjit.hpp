@@ -244,6 +244,21 @@ struct FLASHJIT_API KVCache {
   bool is_paged() const { return page_table != nullptr; }
 };
 
+// A batch of sequences of different lengths packed along the seqlen dimension (FlashAttention's
+// varlen convention): q and out are [1, total_q, heads_q, head_dim] views, sequence b's queries
+// rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]); a dense KVCache is [1, total_k, heads_kv,
+// head_dim] with cu_seqlens_k the same way; a paged one takes no cu_seqlens_k (lengths from
+// seqused_k, else the page table's capacity). cu_seqlens_* are int32 [batch + 1] on the device,
+// starting at 0 and non-decreasing (not checkable on the host: lengths are clamped to [0, max]);
+// max_seqlen_* are host hints that must bound every length. The LSE is [heads_q, total_q].
+struct VarlenBatch {
+  const std::int32_t* cu_seqlens_q = nullptr;
+  const std::int32_t* cu_seqlens_k = nullptr;
+  int batch = 0;
+  int max_seqlen_q = 0;
+  int max_seqlen_k = 0;
+};
+
 // A kernel's tile shape: query rows per tile, keys per tile, K/V pipeline depth.
 struct TileConfig {
   int tile_m = 64, tile_n = 64, stages = 1;
@@ -311,9 +326,16 @@ class FLASHJIT_API Engine {
   // synchronizes, so it can be captured in a CUDA graph.
   void forward(const TensorView& q, const KVCache& kv, const TensorView& out,
                const ForwardOptions& options = {}, CUstream_st* stream = nullptr);
+  // A variable-length batch (VarlenBatch: packed q, out and dense k/v; ForwardOptions::lse is
+  // then [heads_q, total_q]). Today the decode families run these, at every query length.
+  void forward(const TensorView& q, const KVCache& kv, const TensorView& out,
+               const VarlenBatch& varlen, const ForwardOptions& options = {},
+               CUstream_st* stream = nullptr);
   // Bytes of workspace a forward with these arguments needs (0 when it does not split).
   std::size_t workspace_bytes(const TensorView& q, const KVCache& kv, const TensorView& out,
                               const ForwardOptions& options = {}) const;
+  std::size_t workspace_bytes(const TensorView& q, const KVCache& kv, const TensorView& out,
+                              const VarlenBatch& varlen, const ForwardOptions& options = {}) const;
 
   // Merges two partial attention results over disjoint key sets (cascade / shared-prefix
   // attention, context-parallel ring attention): out = (e^lse_a·out_a + e^lse_b·out_b) /
@@ -350,6 +372,8 @@ class FLASHJIT_API Engine {
                          const TensorView& out, const ForwardOptions& options = {}) const;
   Variant select_variant(const TensorView& q, const KVCache& kv, const TensorView& out,
                          const ForwardOptions& options = {}) const;
+  Variant select_variant(const TensorView& q, const KVCache& kv, const TensorView& out,
+                         const VarlenBatch& varlen, const ForwardOptions& options = {}) const;
   // The number of splits forward would use for these arguments (1: no split).
   int select_num_splits(const TensorView& q, const KVCache& kv, const TensorView& out,
                         const ForwardOptions& options = {}) const;

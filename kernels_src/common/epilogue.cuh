@@ -17,7 +17,8 @@ __device__ __forceinline__ float row_lse(const FmhaParams& p, float row_max, flo
   return row_max * p.softmax_scale + log2_approx(row_sum) * 0.69314718055994530942f;
 }
 
-// Writes one row's LSE into p.lse, laid out [batch, heads_q, seqlen_q].
+// Writes one row's LSE into p.lse, laid out [batch, heads_q, seqlen_q] (for kernels without
+// varlen batches).
 __device__ __forceinline__ void store_row_lse(const FmhaParams& p, int batch, int head, int row,
                                               float row_max, float row_sum) {
   p.lse[(static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row] =

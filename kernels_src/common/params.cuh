@@ -27,6 +27,14 @@ struct FmhaParams {
   // Optional [batch]: keys valid in each sequence (<= seqlen_k); the causal mask aligns to it.
   const int* seqused_k;
 
+  // Variable-length batches (families with the varlen feature): cu_seqlens_q [batch + 1] packs
+  // the queries of sequence b at rows [cu_seqlens_q[b], cu_seqlens_q[b + 1]) of q and o (batch
+  // strides unused), seqlen_q being the longest; cu_seqlens_k the same for a dense k and v
+  // (nullptr for a paged cache). The LSE is then [heads_q, total_q].
+  const int* cu_seqlens_q;
+  const int* cu_seqlens_k;
+  int total_q;
+
   // Split-KV (the decode family): split s of num_splits covers key tiles [s * split_tiles,
   // (s + 1) * split_tiles). With num_splits > 1 each split writes its normalized partial output
   // and LSE for row r = (b * seqlen_q + i) * heads_q + h to o_partial[(s * rows + r) * head_dim]
@@ -49,6 +57,10 @@ struct MergeParams {
   long long out_stride_b, out_stride_s, out_stride_h;
   int batch, seqlen, heads, num_states;
   int input_is_fp32;  // 1: o_in is float (split partials); 0: the output's 16-bit type
+  // Varlen outputs: row (b, s, h) goes to o_out row cu_seqlens[b] + s (out_stride_b unused), the
+  // LSE to lse_out[h * total + cu_seqlens[b] + s], and rows s >= the sequence's length are skipped.
+  const int* cu_seqlens;
+  int total;
 };
 
 }  // namespace flashjit

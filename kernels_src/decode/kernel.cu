@@ -32,8 +32,8 @@ struct KvRow {
 };
 template <bool Paged>
 __device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int key,
-                                            int page_shift) {
-  if (!Paged) return {batch, key};
+                                            int page_shift, int dense_block, int dense_start) {
+  if (!Paged) return {dense_block, dense_start + key};
   const int index = page_shift >= 0 ? key >> page_shift : key / p.page_size;
   return {__ldg(p.page_table + batch * p.page_table_stride + index), key - index * p.page_size};
 }
@@ -74,17 +74,34 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   const int kv_head = blockIdx.y;
   const int batch = blockIdx.z;
   const int group = p.heads_per_kv;
-  const int rows = p.seqlen_q * group;
   const int row0 = row_block * TileM;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
-  int seqlen = p.seqlen_k;
-  if (p.seqused_k != nullptr) seqlen = min(max(__ldg(p.seqused_k + batch), 0), p.seqlen_k);
+  // This CTA's sequence. Queries: rows q_start.. of a packed (varlen) q and o, else batch
+  // `batch`; their count is clamped to the grid's seqlen_q. Keys: rows k_start.. of a packed
+  // dense k and v, else the sequence's own (or its pages), at most the capacity and seqused_k.
+  int seqlen_q = p.seqlen_q, q_start = 0;
+  long long q_offset = batch * p.q_stride_b, o_offset = batch * p.o_stride_b;
+  if (p.cu_seqlens_q != nullptr) {
+    q_start = __ldg(p.cu_seqlens_q + batch);
+    seqlen_q = min(max(__ldg(p.cu_seqlens_q + batch + 1) - q_start, 0), p.seqlen_q);
+    q_offset = q_start * p.q_stride_s;
+    o_offset = q_start * p.o_stride_s;
+  }
+  int seqlen = p.seqlen_k, k_start = 0, k_block = batch;
+  if (p.cu_seqlens_k != nullptr) {
+    k_start = __ldg(p.cu_seqlens_k + batch);
+    seqlen = min(max(__ldg(p.cu_seqlens_k + batch + 1) - k_start, 0), p.seqlen_k);
+    k_block = 0;
+  }
+  if (p.seqused_k != nullptr) seqlen = min(max(__ldg(p.seqused_k + batch), 0), seqlen);
+  const int rows = seqlen_q * group;
+  if (row0 >= rows) return;  // a shorter sequence of a varlen batch: nothing for this CTA
   // One past the last key packed row `row` sees (row -> query token row / group).
   auto key_end = [&](int row) {
     if (!Causal) return seqlen;
-    return min(seqlen, row / group + 1 + seqlen - p.seqlen_q);
+    return min(seqlen, row / group + 1 + seqlen - seqlen_q);
   };
   const int last_row = min(row0 + TileM, rows) - 1;
   const int cta_keys = max(key_end(last_row), 0);
@@ -94,7 +111,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
 
   // Q: this CTA's rows, zero past the last one.
   {
-    const T* q = static_cast<const T*>(p.q) + batch * p.q_stride_b;
+    const T* q = static_cast<const T*>(p.q) + q_offset;
 #pragma unroll
     for (int i = 0; i < TileM * kVecs / kThreads; ++i) {
       const int index = i * kThreads + threadIdx.x;
@@ -137,7 +154,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
         const int r = box * box_rows;
         const int key = tile * TileN + r;
         if (key >= seqlen) break;
-        const KvRow at = locate_key<Paged>(p, batch, key, page_shift);
+        const KvRow at = locate_key<Paged>(p, batch, key, page_shift, k_block, k_start);
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
           const int offset = (c * TileN + r) * DecodeShape::kBoxWidth;
@@ -156,7 +173,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       const bool valid = key < seqlen;
       long long k_off = 0, v_off = 0;
       if (valid) {
-        const KvRow at = locate_key<Paged>(p, batch, key, page_shift);
+        const KvRow at = locate_key<Paged>(p, batch, key, page_shift, k_block, k_start);
         k_off = at.block * p.k_stride_b + at.row * p.k_stride_s;
         v_off = at.block * p.v_stride_b + at.row * p.v_stride_s;
       }
@@ -349,10 +366,14 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       packed.y = pack2<T>(acc[2] * scale, acc[3] * scale);
       packed.z = pack2<T>(acc[4] * scale, acc[5] * scale);
       packed.w = pack2<T>(acc[6] * scale, acc[7] * scale);
-      T* to = static_cast<T*>(p.o) + batch * p.o_stride_b + token * p.o_stride_s +
-              head * p.o_stride_h + c;
+      T* to = static_cast<T*>(p.o) + o_offset + token * p.o_stride_s + head * p.o_stride_h + c;
       *reinterpret_cast<uint4*>(to) = packed;
-      if (c == 0 && p.lse != nullptr) store_row_lse(p, batch, head, token, best, total);
+      if (c == 0 && p.lse != nullptr) {
+        if (p.cu_seqlens_q != nullptr)  // [heads_q, total_q]
+          p.lse[static_cast<long long>(head) * p.total_q + q_start + token] = lse;
+        else
+          store_row_lse(p, batch, head, token, best, total);
+      }
     }
   }
 }

@@ -47,6 +47,14 @@ __global__ void __launch_bounds__(Warps * 32) merge_states_kernel(const MergePar
   const int head = static_cast<int>(row % p.heads);
   const int token = static_cast<int>(row / p.heads % p.seqlen);
   const int batch = static_cast<int>(row / p.heads / p.seqlen);
+  long long out_row = static_cast<long long>(batch) * p.out_stride_b + token * p.out_stride_s;
+  long long lse_out_index = (static_cast<long long>(batch) * p.heads + head) * p.seqlen + token;
+  if (p.cu_seqlens != nullptr) {  // varlen: skip rows past the sequence, write packed rows
+    const int start = __ldg(p.cu_seqlens + batch);
+    if (token >= __ldg(p.cu_seqlens + batch + 1) - start) return;
+    out_row = (start + token) * p.out_stride_s;
+    lse_out_index = static_cast<long long>(head) * p.total + start + token;
+  }
 
   const float* lse = p.lse_in + batch * p.lse_stride_b + token * p.lse_stride_s +
                      head * p.lse_stride_h;
@@ -71,8 +79,7 @@ __global__ void __launch_bounds__(Warps * 32) merge_states_kernel(const MergePar
     }
   }
   const float scale = total > 0.f ? rcp_approx_ftz(total) : 0.f;
-  T* out = static_cast<T*>(p.o_out) + batch * p.out_stride_b + token * p.out_stride_s +
-           head * p.out_stride_h + lane * N;
+  T* out = static_cast<T*>(p.o_out) + out_row + head * p.out_stride_h + lane * N;
   __syncwarp();  // every lane has read its inputs: the output may be one of them
   if constexpr (N % 2 == 0) {
 #pragma unroll
@@ -83,7 +90,7 @@ __global__ void __launch_bounds__(Warps * 32) merge_states_kernel(const MergePar
     for (int e = 0; e < N; ++e) out[e] = from_float<T>(acc[e] * scale);
   }
   if (p.lse_out != nullptr && lane == 0)
-    p.lse_out[(static_cast<long long>(batch) * p.heads + head) * p.seqlen + token] =
+    p.lse_out[lse_out_index] =
         total > 0.f ? best + log2_approx(total) * 0.69314718055994530942f : neg_inf();
 }
 

@@ -98,6 +98,11 @@ flashjit::KVCache kv_of(const flashjit_kv_cache* kv) {
   return cache;
 }
 
+flashjit::VarlenBatch varlen_of(const flashjit_varlen* v) {
+  require(v != nullptr, "varlen is null: expected a flashjit_varlen");
+  return {v->cu_seqlens_q, v->cu_seqlens_k, v->batch, v->max_seqlen_q, v->max_seqlen_k};
+}
+
 // Copies a variant's name into a caller's buffer.
 void write_name(const std::string& name, char* buf, int32_t buf_size) {
   require(buf != nullptr && buf_size > 0, "buf is null or buf_size <= 0");
@@ -202,6 +207,30 @@ flashjit_status flashjit_forward_kv(flashjit_engine* engine, const flashjit_tens
   return guarded([&] {
     engine_of(engine).forward(view_of(q, "q"), kv_of(kv), view_of(out, "out"),
                               options_of(options), static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_forward_varlen(flashjit_engine* engine, const flashjit_tensor* q,
+                                        const flashjit_kv_cache* kv, const flashjit_tensor* out,
+                                        const flashjit_varlen* varlen,
+                                        const flashjit_forward_options* options, void* stream) {
+  return guarded([&] {
+    engine_of(engine).forward(view_of(q, "q"), kv_of(kv), view_of(out, "out"), varlen_of(varlen),
+                              options_of(options), static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_workspace_bytes_varlen(flashjit_engine* engine, const flashjit_tensor* q,
+                                                const flashjit_kv_cache* kv,
+                                                const flashjit_tensor* out,
+                                                const flashjit_varlen* varlen,
+                                                const flashjit_forward_options* options,
+                                                uint64_t* bytes) {
+  return guarded([&] {
+    flashjit::Engine& target = engine_of(engine);
+    require(bytes != nullptr, "bytes is null: expected a uint64_t* to fill");
+    *bytes = target.workspace_bytes(view_of(q, "q"), kv_of(kv), view_of(out, "out"),
+                                    varlen_of(varlen), options_of(options));
   });
 }
 

@@ -42,6 +42,7 @@ std::string why_family_cannot_run(const KernelFamily& family, const ForwardProbl
   if (!family.runs_on(device.arch)) return fmt::format("does not run on {}", device.arch);
   if (problem.paged && !(family.features & kFeaturePagedKv)) return "reads no paged KV cache";
   if (problem.has_seqused && !(family.features & kFeatureSeqUsedK)) return "takes no seqused_k";
+  if (problem.varlen && !(family.features & kFeatureVarlen)) return "takes no varlen batch";
   if (problem.num_splits > 1 && !(family.features & kFeatureSplitKv))
     return "does not split keys (num_splits > 1)";
   if (std::find(family.head_dims.begin(), family.head_dims.end(), problem.head_dim) ==

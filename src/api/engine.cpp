@@ -47,6 +47,14 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
                                                      const detail::ForwardProblem& problem,
                                                      const std::optional<TileConfig>& tiles);
 
+  // forward's work after validation: plan (first time for the key), launch, merge.
+  void run(const detail::ForwardProblem& problem, const ForwardOptions& options,
+           CUstream_st* stream);
+  Variant selected(const detail::ForwardProblem& problem, const ForwardOptions& options) const;
+  // The splits (and workspace) forward would use; one split for an empty problem.
+  detail::SplitPlan split_plan(const detail::ForwardProblem& problem,
+                               const ForwardOptions& options) const;
+
   // Throws Error(invalid_argument) unless the current context is on the engine's device.
   void check_context_device() const;
   // The merge kernel for outputs of this dtype and head dim, loaded in `context`.
@@ -266,9 +274,12 @@ Variant Engine::select_variant(const TensorView& q, const TensorView& k, const T
 
 Variant Engine::select_variant(const TensorView& q, const KVCache& kv, const TensorView& out,
                                const ForwardOptions& options) const {
-  const auto problem = detail::validate_forward(q, kv, out, options);
-  return detail::select_variant(problem, impl_->device, detail::forced_family(options.family),
-                                options.tiles);
+  return impl_->selected(detail::validate_forward(q, kv, out, nullptr, options), options);
+}
+
+Variant Engine::select_variant(const TensorView& q, const KVCache& kv, const TensorView& out,
+                               const VarlenBatch& varlen, const ForwardOptions& options) const {
+  return impl_->selected(detail::validate_forward(q, kv, out, &varlen, options), options);
 }
 
 void Engine::forward(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -278,15 +289,39 @@ void Engine::forward(const TensorView& q, const TensorView& k, const TensorView&
 
 void Engine::forward(const TensorView& q, const KVCache& kv, const TensorView& out,
                      const ForwardOptions& options, CUstream_st* stream) {
-  const auto problem = detail::validate_forward(q, kv, out, options);
+  impl_->run(detail::validate_forward(q, kv, out, nullptr, options), options, stream);
+}
+
+void Engine::forward(const TensorView& q, const KVCache& kv, const TensorView& out,
+                     const VarlenBatch& varlen, const ForwardOptions& options,
+                     CUstream_st* stream) {
+  impl_->run(detail::validate_forward(q, kv, out, &varlen, options), options, stream);
+}
+
+Variant Engine::Impl::selected(const detail::ForwardProblem& problem,
+                               const ForwardOptions& options) const {
+  return detail::select_variant(problem, device, detail::forced_family(options.family),
+                                options.tiles);
+}
+
+detail::SplitPlan Engine::Impl::split_plan(const detail::ForwardProblem& problem,
+                                           const ForwardOptions& options) const {
+  if (problem.empty()) return {};
+  const Variant variant = selected(problem, options);
+  return detail::plan_splits(detail::family_named(variant.family, "family"), variant, problem,
+                             device);
+}
+
+void Engine::Impl::run(const detail::ForwardProblem& problem, const ForwardOptions& options,
+                       CUstream_st* stream) {
   if (problem.empty()) return;  // nothing to compute: documented no-op
   const detail::KernelFamily* forced = detail::forced_family(options.family);
-  const detail::LaunchContext context(stream, impl_->primary.get());
+  const detail::LaunchContext context(stream, primary.get());
   const auto key = detail::PlanKey::of(context.get(), problem, forced, options.tiles);
-  auto ready = impl_->plans.find(key);
+  auto ready = plans.find(key);
   // A stand-in is replanned once the kernel it stands in for is done compiling.
   if (!ready || (ready->stand_in_for && ready->stand_in_for->done.load(std::memory_order_acquire)))
-    ready = impl_->prepare(key, problem, options.tiles);
+    ready = prepare(key, problem, options.tiles);
   FmhaParams params = problem.params;
   params.num_splits = ready->num_splits;
   params.split_tiles = ready->split_tiles;
@@ -294,8 +329,7 @@ void Engine::forward(const TensorView& q, const KVCache& kv, const TensorView& o
     detail::launch(ready->function, ready->plan, params, stream);
     return;
   }
-  auto* workspace =
-      static_cast<std::byte*>(impl_->workspace_for(*ready, options, context.get(), stream));
+  auto* workspace = static_cast<std::byte*>(workspace_for(*ready, options, context.get(), stream));
   params.o_partial = reinterpret_cast<float*>(workspace);
   params.lse_partial = reinterpret_cast<float*>(workspace + ready->lse_offset);
   detail::launch(ready->function, ready->plan, params, stream);
@@ -305,23 +339,20 @@ void Engine::forward(const TensorView& q, const KVCache& kv, const TensorView& o
 
 std::size_t Engine::workspace_bytes(const TensorView& q, const KVCache& kv, const TensorView& out,
                                     const ForwardOptions& options) const {
-  const auto problem = detail::validate_forward(q, kv, out, options);
-  if (problem.empty()) return 0;
-  const detail::KernelFamily* forced = detail::forced_family(options.family);
-  const Variant variant = detail::select_variant(problem, impl_->device, forced, options.tiles);
-  return detail::plan_splits(detail::family_named(variant.family, "family"), variant, problem,
-                             impl_->device)
+  return impl_->split_plan(detail::validate_forward(q, kv, out, nullptr, options), options)
+      .workspace_bytes;
+}
+
+std::size_t Engine::workspace_bytes(const TensorView& q, const KVCache& kv, const TensorView& out,
+                                    const VarlenBatch& varlen,
+                                    const ForwardOptions& options) const {
+  return impl_->split_plan(detail::validate_forward(q, kv, out, &varlen, options), options)
       .workspace_bytes;
 }
 
 int Engine::select_num_splits(const TensorView& q, const KVCache& kv, const TensorView& out,
                               const ForwardOptions& options) const {
-  const auto problem = detail::validate_forward(q, kv, out, options);
-  if (problem.empty()) return 1;
-  const detail::KernelFamily* forced = detail::forced_family(options.family);
-  const Variant variant = detail::select_variant(problem, impl_->device, forced, options.tiles);
-  return detail::plan_splits(detail::family_named(variant.family, "family"), variant, problem,
-                             impl_->device)
+  return impl_->split_plan(detail::validate_forward(q, kv, out, nullptr, options), options)
       .num_splits;
 }
 

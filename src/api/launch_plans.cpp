@@ -22,6 +22,9 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   key.paged = problem.paged;
   key.page_size = problem.page_size;
   key.num_pages = problem.num_pages;
+  key.varlen = problem.varlen;
+  key.total_q = problem.total_q;
+  key.total_k = problem.total_k;
   key.has_seqused = problem.has_seqused;
   key.num_splits = problem.num_splits;
   if (tiles) {

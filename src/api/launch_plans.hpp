@@ -28,7 +28,9 @@ struct PlanKey {
   std::array<std::int32_t, 6> sizes{};     // batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim
   std::int32_t dtype = 0, causal = 0;
   std::int32_t paged = 0, page_size = 0, num_pages = 0, has_seqused = 0, num_splits = 0;
+  std::int32_t varlen = 0, total_q = 0, total_k = 0;
   std::int32_t tile_m = 0, tile_n = 0, stages = 0;  // forced tiles; 0: the family's table
+  std::int32_t unused = 0;                          // keeps the struct free of padding
 
   static PlanKey of(CUcontext context, const ForwardProblem& problem,
                     const KernelFamily* forced_family, const std::optional<TileConfig>& tiles);

@@ -46,6 +46,8 @@ MergeParams split_merge_params(const FmhaParams& p, int head_dim) {
   m.heads = p.heads_q;
   m.num_states = p.num_splits;
   m.input_is_fp32 = 1;
+  m.cu_seqlens = p.cu_seqlens_q;
+  m.total = p.total_q;
   return m;
 }
 

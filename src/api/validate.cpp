@@ -85,7 +85,7 @@ void check_int_array(const char* name, const void* data) {
 }
 
 // A paged cache's page table and pages against q; returns the key capacity per sequence.
-int check_pages(const TensorView& q, const KVCache& kv) {
+int check_pages(std::int64_t batch, const KVCache& kv) {
   check_int_array("kv.page_table", kv.page_table);
   const std::int64_t page_size = kv.k.shape[1];
   if (page_size <= 0 || page_size % 8 != 0)
@@ -101,11 +101,11 @@ int check_pages(const TensorView& q, const KVCache& kv) {
     reject(fmt::format("kv.page_table_stride is {}: expected at least kv.pages_per_seq ({})",
                        kv.page_table_stride, kv.pages_per_seq));
   std::int64_t entries = 0;
-  if (__builtin_mul_overflow(q.shape[0], kv.page_table_stride, &entries) ||
+  if (__builtin_mul_overflow(batch, kv.page_table_stride, &entries) ||
       entries > std::numeric_limits<std::int32_t>::max())
     reject(fmt::format("kv.page_table has batch ({}) x page_table_stride ({}) entries: expected "
                        "fewer than 2^31",
-                       q.shape[0], kv.page_table_stride));
+                       batch, kv.page_table_stride));
   const std::int64_t capacity = kv.pages_per_seq * page_size;
   if (capacity > std::numeric_limits<std::int32_t>::max())
     reject(fmt::format("kv.pages_per_seq ({}) x page_size ({}) is {} keys: expected fewer than "
@@ -114,10 +114,49 @@ int check_pages(const TensorView& q, const KVCache& kv) {
   return static_cast<int>(capacity);
 }
 
+// A varlen batch against its packed views: q (and out) [1, total_q, ...], a dense k and v
+// [1, total_k, ...] with cu_seqlens_k, a paged cache without.
+void check_varlen(const TensorView& q, const KVCache& kv, const VarlenBatch& varlen) {
+  if (varlen.batch < 0)
+    reject(fmt::format("varlen.batch is {}: expected the number of sequences (>= 0)",
+                       varlen.batch));
+  if (varlen.batch == 0) return;
+  if (q.shape[0] != 1)
+    reject(fmt::format("q.shape[0] is {}: expected 1 for a varlen batch (packed [1, total_q, "
+                       "heads, head_dim])",
+                       q.shape[0]));
+  if (varlen.cu_seqlens_q == nullptr)
+    reject("varlen.cu_seqlens_q is null: expected int32 [batch + 1] on the device");
+  check_int_array("varlen.cu_seqlens_q", varlen.cu_seqlens_q);
+  // 0 only when there is no query at all (a no-op).
+  if (varlen.max_seqlen_q < (q.shape[1] > 0 ? 1 : 0) || varlen.max_seqlen_q > q.shape[1])
+    reject(fmt::format("varlen.max_seqlen_q is {}: expected the longest query sequence, 1 to "
+                       "total_q ({})",
+                       varlen.max_seqlen_q, q.shape[1]));
+  if (kv.is_paged()) {
+    if (varlen.cu_seqlens_k != nullptr)
+      reject("varlen.cu_seqlens_k is set for a paged cache: expected null (sequence lengths "
+             "come from kv.seqused_k, else the page table's capacity)");
+    return;
+  }
+  if (kv.k.shape[0] != 1)
+    reject(fmt::format("k.shape[0] is {}: expected 1 for a varlen batch (packed [1, total_k, "
+                       "heads, head_dim])",
+                       kv.k.shape[0]));
+  if (varlen.cu_seqlens_k == nullptr)
+    reject("varlen.cu_seqlens_k is null: expected int32 [batch + 1] on the device for a dense "
+           "cache");
+  check_int_array("varlen.cu_seqlens_k", varlen.cu_seqlens_k);
+  if (varlen.max_seqlen_k < 1 || varlen.max_seqlen_k > kv.k.shape[1])
+    reject(fmt::format("varlen.max_seqlen_k is {}: expected the longest key sequence, 1 to "
+                       "total_k ({})",
+                       varlen.max_seqlen_k, kv.k.shape[1]));
+}
+
 }  // namespace
 
 ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const TensorView& out,
-                                const ForwardOptions& options) {
+                                const VarlenBatch* varlen, const ForwardOptions& options) {
   const TensorView& k = kv.k;
   const TensorView& v = kv.v;
   const bool paged = kv.is_paged();
@@ -130,7 +169,9 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   check_view(paged ? "kv.v" : "v", v, q.dtype);
   check_view("out", out, q.dtype);
   for (int dim = 0; dim < 4; ++dim) expect_dim("out", out, dim, q.shape[dim], "the same as q");
-  if (!paged) expect_dim("k", k, 0, q.shape[0], "q's batch");
+  if (!paged && varlen == nullptr) expect_dim("k", k, 0, q.shape[0], "q's batch");
+  if (varlen != nullptr) check_varlen(q, kv, *varlen);
+  const std::int64_t batch = varlen != nullptr ? varlen->batch : q.shape[0];
   expect_dim(paged ? "kv.k" : "k", k, 3, q.shape[3], "q's head_dim");
   for (int dim = 0; dim < 4; ++dim)
     expect_dim(paged ? "kv.v" : "v", v, dim, k.shape[dim], "the same as k");
@@ -142,11 +183,16 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
                        fmt::join(dims, ", ")));
   ForwardProblem problem;
   problem.dtype = q.dtype;
-  problem.batch = static_cast<int>(q.shape[0]);
-  problem.seqlen_q = static_cast<int>(q.shape[1]);
+  problem.batch = static_cast<int>(batch);
+  problem.seqlen_q = varlen != nullptr ? varlen->max_seqlen_q : static_cast<int>(q.shape[1]);
   problem.heads_q = static_cast<int>(q.shape[2]);
   problem.head_dim = static_cast<int>(q.shape[3]);
-  problem.seqlen_k = paged ? check_pages(q, kv) : static_cast<int>(k.shape[1]);
+  problem.seqlen_k = paged               ? check_pages(batch, kv)
+                     : varlen != nullptr ? varlen->max_seqlen_k
+                                         : static_cast<int>(k.shape[1]);
+  problem.varlen = varlen != nullptr;
+  problem.total_q = static_cast<int>(q.shape[1]);
+  problem.total_k = paged ? 0 : static_cast<int>(k.shape[1]);
   problem.heads_kv = static_cast<int>(k.shape[2]);
   problem.causal = options.causal;
   problem.paged = paged;
@@ -206,13 +252,16 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   p.page_table_stride = paged ? kv.page_table_stride : 0;
   p.page_size = problem.page_size;
   p.seqused_k = kv.seqused_k;
+  p.cu_seqlens_q = varlen != nullptr ? varlen->cu_seqlens_q : nullptr;
+  p.cu_seqlens_k = varlen != nullptr ? varlen->cu_seqlens_k : nullptr;
+  p.total_q = problem.total_q;
   p.num_splits = 1;
   return problem;
 }
 
 ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& out, const ForwardOptions& options) {
-  return validate_forward(q, KVCache::dense(k, v), out, options);
+  return validate_forward(q, KVCache::dense(k, v), out, nullptr, options);
 }
 
 MergeParams validate_merge(const TensorView& out_a, const float* lse_a, const TensorView& out_b,

@@ -6,8 +6,9 @@
 
 namespace flashjit::detail {
 // Throws Error(invalid_argument) naming the argument and the expected value.
+// varlen: null for equal-length batches.
 ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const TensorView& out,
-                                const ForwardOptions& options);
+                                const VarlenBatch* varlen, const ForwardOptions& options);
 // The three-tensor form: a dense KVCache.
 ForwardProblem validate_forward(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& out, const ForwardOptions& options);

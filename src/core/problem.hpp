@@ -17,6 +17,10 @@ struct ForwardProblem {
   int num_pages = 0;          // paged only: pages in the cache (TMA maps bound them)
   bool has_seqused = false;   // seqused_k given
   int num_splits = 0;         // ForwardOptions::num_splits: 0 = the heuristic's
+  // Varlen batches: seqlen_q and seqlen_k are the longest sequence's (the hints); q and o have
+  // total_q rows, a dense k and v total_k.
+  bool varlen = false;
+  int total_q = 0, total_k = 0;
   float softmax_scale = 1.f;
   FmhaParams params{};  // pointers and strides, ready for a kernel
 

@@ -46,6 +46,7 @@ enum FamilyFeature : unsigned {
   kFeaturePagedKv = 1u << 0,   // KVCache::paged (and the variant's paged flag)
   kFeatureSeqUsedK = 1u << 1,  // KVCache::seqused_k
   kFeatureSplitKv = 1u << 2,   // ForwardOptions::num_splits > 1
+  kFeatureVarlen = 1u << 3,    // VarlenBatch (packed sequences of different lengths)
 };
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed

@@ -37,7 +37,7 @@ detail::ForwardProblem decode_problem(int batch, int seqlen_q, int seqlen_k, boo
   ForwardOptions options;
   options.causal = causal;
   options.num_splits = num_splits;
-  return detail::validate_forward(q, KVCache::dense(kv, kv), q, options);
+  return detail::validate_forward(q, KVCache::dense(kv, kv), q, nullptr, options);
 }
 
 struct PagedArgs {
@@ -49,7 +49,7 @@ struct PagedArgs {
 
 std::string rejection(const PagedArgs& a) {
   try {
-    detail::validate_forward(a.q, a.kv, a.q, a.options);
+    detail::validate_forward(a.q, a.kv, a.q, nullptr, a.options);
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::invalid_argument);
     return e.what();
@@ -114,7 +114,7 @@ TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to 
   CHECK(detail::select_variant(decode_problem(8, 512, 8192, true), gpu, nullptr).family ==
         "wgmma");
   PagedArgs a;
-  const auto paged = detail::validate_forward(a.q, a.kv, a.q, a.options);
+  const auto paged = detail::validate_forward(a.q, a.kv, a.q, nullptr, a.options);
   // Pages of 16 rows: the cp.async kernel gathers them faster than 16-row TMA boxes.
   CHECK(detail::select_variant(paged, gpu, nullptr).name() ==
         "decode.sm90a.bf16.d128.m16n64s3.paged");
@@ -122,7 +122,7 @@ TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to 
   big_pages.pages = TensorView::bshd(fake(0x200000), DType::bf16, 100, 128, 8, 128);
   big_pages.kv = KVCache::paged(big_pages.pages, big_pages.pages, kTable, 8);
   CHECK(detail::select_variant(detail::validate_forward(big_pages.q, big_pages.kv, big_pages.q,
-                                                        big_pages.options),
+                                                        nullptr, big_pages.options),
                                gpu, nullptr)
             .name() == "decode_tma.sm90a.bf16.d128.m16n128s2.paged");
   // Elsewhere the cp.async kernel of the same family takes it.
@@ -170,7 +170,7 @@ TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many f
 
 TEST_CASE("a paged KV cache is validated before any launch, naming the argument") {
   PagedArgs ok;
-  const auto problem = detail::validate_forward(ok.q, ok.kv, ok.q, ok.options);
+  const auto problem = detail::validate_forward(ok.q, ok.kv, ok.q, nullptr, ok.options);
   CHECK(problem.paged);
   CHECK(problem.seqlen_k == 64 * 16);
   CHECK(problem.params.page_size == 16);
@@ -214,7 +214,7 @@ TEST_CASE("a paged KV cache is validated before any launch, naming the argument"
   PagedArgs hnd;  // the HND layout is the same pages through other strides
   hnd.pages = TensorView::bhsd(fake(0x200000), DType::bf16, 1000, 16, 8, 128);
   hnd.kv = KVCache::paged(hnd.pages, hnd.pages, kTable, 64);
-  CHECK(detail::validate_forward(hnd.q, hnd.kv, hnd.q, hnd.options).params.k_stride_s == 128);
+  CHECK(detail::validate_forward(hnd.q, hnd.kv, hnd.q, nullptr, hnd.options).params.k_stride_s == 128);
 }
 
 TEST_CASE("merge_attention_states arguments: equal shapes and strides, LSE buffers") {
@@ -233,4 +233,61 @@ TEST_CASE("merge_attention_states arguments: equal shapes and strides, LSE buffe
                        doctest::Contains("out_b.stride[1]"), Error);
   CHECK(detail::merge_plan(10).grid[0] == 3);  // 4 rows per CTA
   CHECK(detail::merge_variant("sm_90a", DType::fp16, 64).name() == "merge.sm90a.fp16.d64.m4n1s1");
+}
+
+TEST_CASE("a varlen batch is validated against its packed views and goes to the decode family") {
+  const auto* cu_q = reinterpret_cast<const std::int32_t*>(0xb00000);
+  const auto* cu_k = reinterpret_cast<const std::int32_t*>(0xc00000);
+  const auto q = TensorView::bshd(fake(0x100000), DType::bf16, 1, 1000, 32, 128);
+  const auto kv = TensorView::bshd(fake(0x200000), DType::bf16, 1, 5000, 8, 128);
+  const KVCache dense = KVCache::dense(kv, kv);
+  const VarlenBatch good{cu_q, cu_k, 7, 300, 2000};
+  auto rejection = [&](const TensorView& query, const KVCache& cache, const VarlenBatch& varlen) {
+    try {
+      detail::validate_forward(query, cache, query, &varlen, ForwardOptions{});
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  const auto problem = detail::validate_forward(q, dense, q, &good, ForwardOptions{});
+  CHECK(problem.varlen);
+  CHECK(problem.batch == 7);
+  CHECK(problem.seqlen_q == 300);
+  CHECK(problem.seqlen_k == 2000);
+  CHECK(problem.params.total_q == 1000);
+  CHECK(problem.params.cu_seqlens_k == cu_k);
+  // Prefill-sized rows, but only the decode families take varlen batches today.
+  CHECK(detail::select_variant(problem, h200(), nullptr).family == "decode_tma");
+  CHECK_THROWS_WITH_AS(detail::select_variant(problem, h200(), &family("wgmma")),
+                       doctest::Contains("takes no varlen batch"), Error);
+
+  VarlenBatch no_q = good;
+  no_q.cu_seqlens_q = nullptr;
+  CHECK(rejection(q, dense, no_q).find("varlen.cu_seqlens_q is null") != std::string::npos);
+  VarlenBatch no_k = good;
+  no_k.cu_seqlens_k = nullptr;
+  CHECK(rejection(q, dense, no_k).find("varlen.cu_seqlens_k is null") != std::string::npos);
+  VarlenBatch long_q = good;
+  long_q.max_seqlen_q = 1001;
+  CHECK(rejection(q, dense, long_q).find("varlen.max_seqlen_q is 1001") != std::string::npos);
+  VarlenBatch zero_q = good;
+  zero_q.max_seqlen_q = 0;
+  CHECK(rejection(q, dense, zero_q).find("varlen.max_seqlen_q is 0") != std::string::npos);
+  VarlenBatch negative = good;
+  negative.batch = -1;
+  CHECK(rejection(q, dense, negative).find("varlen.batch is -1") != std::string::npos);
+  const auto batched = TensorView::bshd(fake(0x100000), DType::bf16, 2, 500, 32, 128);
+  CHECK(rejection(batched, dense, good).find("q.shape[0] is 2: expected 1") != std::string::npos);
+  const auto pages = TensorView::bshd(fake(0x200000), DType::bf16, 100, 64, 8, 128);
+  const KVCache paged = KVCache::paged(pages, pages, kTable, 10);
+  CHECK(rejection(q, paged, good).find("cu_seqlens_k is set for a paged cache") !=
+        std::string::npos);
+  VarlenBatch paged_ok = good;
+  paged_ok.cu_seqlens_k = nullptr;
+  CHECK(detail::validate_forward(q, paged, q, &paged_ok, ForwardOptions{}).seqlen_k == 640);
+  // No sequences: a no-op.
+  const VarlenBatch none{cu_q, cu_k, 0, 0, 0};
+  CHECK(detail::validate_forward(q, dense, q, &none, ForwardOptions{}).empty());
 }

@@ -21,7 +21,8 @@ from .run_decode import add_ratios
 
 STRUCTS = {"flashjit_tensor": fj.FlashjitTensor,
            "flashjit_forward_options": fj.FlashjitForwardOptions,
-           "flashjit_kv_cache": fj.FlashjitKvCache}
+           "flashjit_kv_cache": fj.FlashjitKvCache,
+           "flashjit_varlen": fj.FlashjitVarlen}
 
 
 def check_binding_layout(include_dir):

@@ -52,8 +52,8 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool) {
   return table;
 }
 
-// Dense caches with many rows per KV head are prefill's, unless they need seqused_k, which only
-// this family takes.
+// Dense caches with many rows per KV head are prefill's, unless they need seqused_k or a varlen
+// batch, which only this family takes.
 // Hopper with TMA loads: d128 with 16 rows takes 128-key tiles in two stages (one CTA per SM
 // streaming 64 KB stages: 477 us on the batch-64 case against 482 for 64 x 3); 32 rows keep
 // 64-key tiles (128 would spill: 255 registers); other head dims as decode.
@@ -67,7 +67,7 @@ TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal) {
 }
 
 std::string decode_unsupported(const ForwardProblem& problem) {
-  if (!problem.paged && !problem.has_seqused &&
+  if (!problem.paged && !problem.has_seqused && !problem.varlen &&
       problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead)
     return fmt::format(
         "takes at most {} query rows per KV head (seqlen_q x heads_q / heads_kv) from a dense "
@@ -88,8 +88,11 @@ void add_kv_maps(LaunchPlan& plan, const Variant& v, const ForwardProblem& probl
     return;
   }
   const FmhaParams& p = problem.params;
-  const int rows = problem.paged ? problem.page_size : problem.seqlen_k;
-  const int blocks = problem.paged ? problem.num_pages : problem.batch;
+  // Rows and blocks of the map: pages, one packed varlen tensor, or one sequence per batch.
+  const int rows = problem.paged    ? problem.page_size
+                   : problem.varlen ? problem.total_k
+                                    : problem.seqlen_k;
+  const int blocks = problem.paged ? problem.num_pages : problem.varlen ? 1 : problem.batch;
   const int box_rows = problem.paged ? shape_of(v).page_box_rows(problem.page_size) : v.tile_n;
   plan.maps.push_back(tensor_map(MapOperand::k, p.k, problem.dtype, problem.head_dim, rows,
                                  problem.heads_kv, blocks, p.k_stride_s, p.k_stride_h, p.k_stride_b,
@@ -146,7 +149,7 @@ constexpr KernelFamily decode_family(std::string_view name, std::string_view sum
                                      std::string (*unsupported)(const ForwardProblem&)) {
   return {
       .role = FamilyRole::attention,
-      .features = kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv,
+      .features = kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv | kFeatureVarlen,
       .name = name,
       .summary = summary,
       .source_file = "decode/kernel.cu",
