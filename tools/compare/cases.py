@@ -3,10 +3,12 @@
 from dataclasses import dataclass, field
 
 from .checks import TOLERANCES
+from .masks import visible_pairs
 from .decode_cases import KV_GRIDS, parse_kv_case
 
 
 @dataclass(frozen=True)
+
 class Case:
     batch: int
     heads_q: int
@@ -36,11 +38,7 @@ class Case:
         return f // 2 if self.causal else f
 
     def visible_pairs(self):
-        """(query, key) pairs the bottom-right causal mask lets through, per (batch, head)."""
-        if not self.causal:
-            return self.seqlen_q * self.seqlen_k
-        offset = self.seqlen_k - self.seqlen_q
-        return sum(min(self.seqlen_k, max(0, i + offset + 1)) for i in range(self.seqlen_q))
+        return visible_pairs(self.seqlen_q, self.seqlen_k, self.causal)
 
     def flops_exact(self):
         return 4 * self.batch * self.heads_q * self.visible_pairs() * self.head_dim

@@ -5,6 +5,7 @@ are SDPA (cuDNN, flash), FlashAttention-4 and, for paged cases, flashjit's own d
 from dataclasses import dataclass, field
 
 from .checks import TOLERANCES
+from .masks import visible_pairs
 
 HBM_TBS = 4.8  # H200 HBM3e peak, TB/s: the floor every KV case is held against (--hbm-tbs)
 
@@ -56,11 +57,7 @@ class KvCase:
         return self.kv_bytes() / (tbs * 1e12) * 1e6
 
     def visible_pairs(self):
-        """(query, key) pairs the bottom-right causal mask lets through, per (batch, head)."""
-        if not self.causal:
-            return self.seqlen_q * self.seqlen_k
-        offset = self.seqlen_k - self.seqlen_q
-        return sum(min(self.seqlen_k, max(0, i + offset + 1)) for i in range(self.seqlen_q))
+        return visible_pairs(self.seqlen_q, self.seqlen_k, self.causal)
 
     def flops(self):
         """Exact FLOPs (4*d per visible pair): halving for causal is wrong when s_q << s_k."""
