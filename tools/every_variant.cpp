@@ -37,8 +37,9 @@ constexpr Problem kProblems[] = {
 };
 
 // Decode kernels read a KV cache with seqused_k (so every row count is theirs), paged ones through
-// a shuffled page table of 16-row pages; the merge kernel merges two random states.
-constexpr int kPageSize = 16;
+// a shuffled page table of 64-row pages (the smallest decode_tma takes); the merge kernel merges
+// two random states.
+constexpr int kPageSize = 64;
 
 // The cache a decode variant reads for problem p over k/v: random lengths up to seqlen_k, pages
 // for a paged variant (copies of the dense rows, the page table shuffled). `buffers` keeps the

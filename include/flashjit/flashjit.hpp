@@ -250,7 +250,9 @@ struct FLASHJIT_API KVCache {
 // head_dim] with cu_seqlens_k the same way; a paged one takes no cu_seqlens_k (lengths from
 // seqused_k, else the page table's capacity). cu_seqlens_* are int32 [batch + 1] on the device,
 // starting at 0 and non-decreasing (not checkable on the host: lengths are clamped to [0, max]);
-// max_seqlen_* are host hints that must bound every length. The LSE is [heads_q, total_q].
+// max_seqlen_* are host hints that must bound every length (lengths are clamped to them). Rows
+// after cu_seqlens_q[batch] (padding) are neither read nor written. The LSE is [heads_q,
+// total_q].
 struct VarlenBatch {
   const std::int32_t* cu_seqlens_q = nullptr;
   const std::int32_t* cu_seqlens_k = nullptr;
@@ -270,7 +272,9 @@ struct ForwardOptions {
   // Causal mask aligned bottom-right like FlashAttention: query i sees key j iff
   // j <= i + seqlen_k - seqlen_q. Rows that see no key give output 0 and LSE -inf.
   bool causal = false;
-  float* lse = nullptr;  // optional device buffer, fp32 [batch, heads_q, seqlen_q] contiguous
+  // Optional device buffer, fp32 [batch, heads_q, seqlen_q] contiguous; [heads_q, total_q] for a
+  // VarlenBatch.
+  float* lse = nullptr;
   // Force a family by name (tests, benchmarks), one of families(); default: the dispatcher's.
   std::optional<std::string> family;
   // Force a tile shape (tuning, benchmarks) on the chosen family; default: its tile table. A
@@ -326,8 +330,9 @@ class FLASHJIT_API Engine {
   // synchronizes, so it can be captured in a CUDA graph.
   void forward(const TensorView& q, const KVCache& kv, const TensorView& out,
                const ForwardOptions& options = {}, CUstream_st* stream = nullptr);
-  // A variable-length batch (VarlenBatch: packed q, out and dense k/v; ForwardOptions::lse is
-  // then [heads_q, total_q]). Today the decode families run these, at every query length.
+  // A variable-length batch (VarlenBatch: packed q and out, a packed dense or a paged KVCache;
+  // ForwardOptions::lse is then [heads_q, total_q]). Today the decode families run these, at
+  // every query length.
   void forward(const TensorView& q, const KVCache& kv, const TensorView& out,
                const VarlenBatch& varlen, const ForwardOptions& options = {},
                CUstream_st* stream = nullptr);
@@ -377,6 +382,8 @@ class FLASHJIT_API Engine {
   // The number of splits forward would use for these arguments (1: no split).
   int select_num_splits(const TensorView& q, const KVCache& kv, const TensorView& out,
                         const ForwardOptions& options = {}) const;
+  int select_num_splits(const TensorView& q, const KVCache& kv, const TensorView& out,
+                        const VarlenBatch& varlen, const ForwardOptions& options = {}) const;
 
  private:
   struct Impl;

@@ -356,6 +356,12 @@ int Engine::select_num_splits(const TensorView& q, const KVCache& kv, const Tens
       .num_splits;
 }
 
+int Engine::select_num_splits(const TensorView& q, const KVCache& kv, const TensorView& out,
+                              const VarlenBatch& varlen, const ForwardOptions& options) const {
+  return impl_->split_plan(detail::validate_forward(q, kv, out, &varlen, options), options)
+      .num_splits;
+}
+
 void Engine::merge_attention_states(const TensorView& out_a, const float* lse_a,
                                     const TensorView& out_b, const float* lse_b,
                                     const TensorView& out, float* lse_out, CUstream_st* stream) {
