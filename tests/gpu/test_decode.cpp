@@ -153,6 +153,26 @@ std::vector<std::optional<std::string>> decode_kernels() {
   return kernels;
 }
 
+// Runs the case on each decode kernel with each split count and hands every run that launched to
+// `check` (the case and the variant are captured for its failures).
+template <typename Check>
+void for_each_decode_run(KvDeviceProblem& p, const KvCase& c, const std::vector<int>& split_counts,
+                         Check&& check) {
+  for (int splits : split_counts)
+    for (const auto& kernel : decode_kernels()) {
+      ForwardOptions options;
+      options.num_splits = splits;
+      options.family = kernel;
+      const std::string what = describe(c, options);
+      CAPTURE(what);
+      const auto r = run_kv(p, c, options);
+      if (!r) continue;
+      const std::string variant = r->variant.name();
+      CAPTURE(variant);
+      check(*r, splits, what, variant);
+    }
+}
+
 KvCase dense(int b, int hq, int hkv, int sq, int sk, int d, bool causal, DType dtype = DType::bf16,
              bool bhsd = false) {
   KvCase c;
@@ -255,27 +275,18 @@ TEST_CASE("decode: dense caches, seqlen_q 1 to 16, GQA 1:1 to 8:1, forced and he
     const bool decode = decode_expected(c);
     const std::vector<int> split_counts =
         decode ? std::vector<int>{1, 3, 17, 0} : std::vector<int>{0};
-    for (int splits : split_counts) {
-      for (const auto& kernel : decode_kernels()) {
-        ForwardOptions options;
-        options.num_splits = splits;
-        options.family = kernel;
-        const std::string what = describe(c, options);
-        CAPTURE(what);
-        const auto r = run_kv(p, c, options);
-        if (!r) continue;
-        const std::string variant = r->variant.name();
-        CAPTURE(variant);
-        check_against(r->out, r->lse, ref, c.dtype);
-        check_splits(*r, splits, c);
-        check_decode_variant(*r, c);
-        // Unsplit, these would be a handful of CTAs on a GPU of 40 or more SMs.
-        if (decode && splits == 0 && c.batch * c.heads_kv <= 4 && c.capacity >= 1000 &&
-            engine().device().multiprocessors >= 40)
-          CHECK_MESSAGE(r->num_splits > 1, "the heuristic does not split a long, narrow decode");
-        MESSAGE(fmt::format("{:<45} {:<70} splits {}", variant, what, r->num_splits));
-      }
-    }
+    for_each_decode_run(
+        p, c, split_counts,
+        [&](const KvRun& run, int splits, const std::string& what, const std::string& variant) {
+          check_against(run.out, run.lse, ref, c.dtype);
+          check_splits(run, splits, c);
+          check_decode_variant(run, c);
+          // Unsplit, these would be a handful of CTAs on a GPU of 40 or more SMs.
+          if (decode && splits == 0 && c.batch * c.heads_kv <= 4 && c.capacity >= 1000 &&
+              engine().device().multiprocessors >= 40)
+            CHECK_MESSAGE(run.num_splits > 1, "the heuristic does not split a long, narrow decode");
+          MESSAGE(fmt::format("{:<45} {:<70} splits {}", variant, what, run.num_splits));
+        });
     // The other attention families through the same KVCache entry point (dense, no seqused_k).
     for (const std::string& family : family_names()) {
       if (family.starts_with("decode")) continue;  // above
@@ -308,34 +319,26 @@ TEST_CASE("decode: seqused_k gives each sequence its own length; length 0 gives 
     const HostKv host = HostKv::random(c, rng);
     const Reference ref = host.reference();
     KvDeviceProblem p(engine(), host);
-    for (int splits : {0, 1, 17}) {
-      for (const auto& kernel : decode_kernels()) {
-        ForwardOptions options;
-        options.num_splits = splits;
-        options.family = kernel;
-        const std::string what = describe(c, options);
-        CAPTURE(what);
-        const auto r = run_kv(p, c, options);
-        if (!r) continue;
-        const std::string variant = r->variant.name();
-        CAPTURE(variant);
-        const int empty = check_against(r->out, r->lse, ref, c.dtype);
-        // The length-0 sequence's rows, plus (causal, 4 queries) the 3 rows of the length-1 one
-        // that see no key.
-        CHECK(empty == c.heads_q * c.seqlen_q + (c.causal ? c.heads_q * 3 : 0));
-        check_splits(*r, splits, c);
-        check_decode_variant(*r, c);
-        bool zero = true, minus_infinity = true;
-        for (int h = 0; h < c.heads_q; ++h)
-          for (int i = 0; i < c.seqlen_q; ++i) {
-            zero = zero && row_is_zero(r->out, empty_sequence, i, h);
-            const float lse = r->lse[static_cast<std::size_t>(lse_index(c, empty_sequence, h, i))];
-            minus_infinity = minus_infinity && std::isinf(lse) && lse < 0;
-          }
-        CHECK_MESSAGE(zero, "a sequence with seqused_k 0 has a row that is not 0");
-        CHECK_MESSAGE(minus_infinity, "a sequence with seqused_k 0 has an LSE that is not -inf");
-      }
-    }
+    for_each_decode_run(
+        p, c, std::vector<int>{0, 1, 17},
+        [&](const KvRun& run, int splits, const std::string& what, const std::string& variant) {
+          const int empty = check_against(run.out, run.lse, ref, c.dtype);
+          // The length-0 sequence's rows, plus (causal, 4 queries) the 3 rows of the length-1 one
+          // that see no key.
+          CHECK(empty == c.heads_q * c.seqlen_q + (c.causal ? c.heads_q * 3 : 0));
+          check_splits(run, splits, c);
+          check_decode_variant(run, c);
+          bool zero = true, minus_infinity = true;
+          for (int h = 0; h < c.heads_q; ++h)
+            for (int i = 0; i < c.seqlen_q; ++i) {
+              zero = zero && row_is_zero(run.out, empty_sequence, i, h);
+              const float lse =
+                  run.lse[static_cast<std::size_t>(lse_index(c, empty_sequence, h, i))];
+              minus_infinity = minus_infinity && std::isinf(lse) && lse < 0;
+            }
+          CHECK_MESSAGE(zero, "a sequence with seqused_k 0 has a row that is not 0");
+          CHECK_MESSAGE(minus_infinity, "a sequence with seqused_k 0 has an LSE that is not -inf");
+        });
   }
 }
 
@@ -375,23 +378,14 @@ TEST_CASE("decode: paged KV caches (NHD and HND, shuffled page tables) match the
     const HostKv host = HostKv::random(c, rng);
     const Reference ref = host.reference();
     KvDeviceProblem p(engine(), host);
-    for (int splits : {0, 5}) {
-      for (const auto& kernel : decode_kernels()) {
-        ForwardOptions options;
-        options.num_splits = splits;
-        options.family = kernel;
-        const std::string what = describe(c, options);
-        CAPTURE(what);
-        const auto r = run_kv(p, c, options);
-        if (!r) continue;
-        const std::string variant = r->variant.name();
-        CAPTURE(variant);
-        check_against(r->out, r->lse, ref, c.dtype);
-        check_splits(*r, splits, c);
-        check_decode_variant(*r, c);
-        MESSAGE(fmt::format("{:<45} {:<90} splits {}", variant, what, r->num_splits));
-      }
-    }
+    for_each_decode_run(
+        p, c, std::vector<int>{0, 5},
+        [&](const KvRun& run, int splits, const std::string& what, const std::string& variant) {
+          check_against(run.out, run.lse, ref, c.dtype);
+          check_splits(run, splits, c);
+          check_decode_variant(run, c);
+          MESSAGE(fmt::format("{:<45} {:<90} splits {}", variant, what, run.num_splits));
+        });
   }
 }
 

@@ -148,8 +148,7 @@ KvDeviceProblem::KvDeviceProblem(const Engine& engine, const HostKv& host,
       q_(engine, bytes_of(host.q)),
       k_(engine, bytes_of(host.k)),
       v_(engine, bytes_of(host.v)),
-      out_(engine, bytes_of(host.q)),
-      lse_(engine, lse_count(host.shape) * sizeof(float)) {
+      outputs_(engine, host.q.view, host.q.bits.size(), lse_count(host.shape)) {
   if (!host.page_table.empty())
     page_table_.emplace(engine, host.page_table.size() * sizeof(std::int32_t));
   if (!host.seqused.empty()) seqused_.emplace(engine, host.seqused.size() * sizeof(std::int32_t));
@@ -189,25 +188,6 @@ KVCache KvDeviceProblem::kv() const {
   if (shape_.paged())
     return KVCache::paged(k(), v(), page_table(), shape_.pages_per_seq(), seqused_k());
   return KVCache::dense(k(), v(), seqused_k());
-}
-
-void KvDeviceProblem::poison(unsigned char value) {
-  out_.fill_bytes(value);
-  lse_.fill_bytes(value);
-}
-
-HostTensor KvDeviceProblem::output() const {
-  HostTensor out;
-  out.view = q_view_;
-  out.bits.resize(out_.size() / sizeof(std::uint16_t));
-  out_.download(out.bits.data(), out_.size());
-  return out;
-}
-
-std::vector<float> KvDeviceProblem::lse_values() const {
-  std::vector<float> lse(lse_count(shape_));
-  lse_.download(lse.data(), lse.size() * sizeof(float));
-  return lse;
 }
 
 }  // namespace flashjit::test

@@ -12,6 +12,7 @@
 
 #include "flashjit/device_memory.hpp"
 #include "flashjit/flashjit.hpp"
+#include "poisoned_output.hpp"
 #include "reference.hpp"
 
 namespace flashjit::test {
@@ -76,19 +77,18 @@ class KvDeviceProblem {
   void upload(const HostKv& host);
 
   TensorView q() const { return with_data(q_view_, q_); }
-  TensorView out() const { return with_data(q_view_, out_); }
-  float* lse() const { return static_cast<float*>(lse_.data()); }  // [batch, heads_q, seqlen_q]
+  TensorView out() const { return outputs_.out(); }
+  float* lse() const { return outputs_.lse(); }  // [batch, heads_q, seqlen_q]
   KVCache kv() const;
   TensorView k() const { return with_data(k_view_, k_); }  // the dense tensor or the page pool
   TensorView v() const { return with_data(k_view_, v_); }
   const std::int32_t* seqused_k() const;   // null without seqused
   const std::int32_t* page_table() const;  // null when dense
 
-  // Refills the output and LSE with the poison byte (0xff: NaN in bf16, fp16 and fp32).
-  void poison(unsigned char value = 0xff);
-  // What the GPU wrote (after synchronizing): the output in q's view, and the LSE.
-  HostTensor output() const;
-  std::vector<float> lse_values() const;
+  // Refills the output and LSE with the poison byte; what the GPU wrote (after synchronizing).
+  void poison(unsigned char value = 0xff) { outputs_.poison(value); }
+  HostTensor output() const { return outputs_.output(); }  // in q's view
+  std::vector<float> lse_values() const { return outputs_.lse_values(); }
 
  private:
   static TensorView with_data(TensorView view, const DeviceBuffer& buffer) {
@@ -98,7 +98,8 @@ class KvDeviceProblem {
 
   KvCase shape_;
   TensorView q_view_, k_view_;
-  DeviceBuffer q_, k_, v_, out_, lse_;
+  DeviceBuffer q_, k_, v_;
+  PoisonedOutput outputs_;
   std::optional<DeviceBuffer> page_table_, seqused_;
 };
 

@@ -257,8 +257,7 @@ VarlenDeviceProblem::VarlenDeviceProblem(const Engine& engine, const HostVarlen&
       q_(engine, bytes_of(host.q)),
       k_(engine, bytes_of(host.k)),
       v_(engine, bytes_of(host.v)),
-      out_(engine, bytes_of(host.q)),
-      lse_(engine, lse_count(host.shape) * sizeof(float)),
+      outputs_(engine, host.q.view, host.q.bits.size(), lse_count(host.shape)),
       cu_q_(engine, host.cu_seqlens_q.size() * sizeof(std::int32_t)),
       cu_k_(engine, host.cu_seqlens_q.size() * sizeof(std::int32_t)) {
   q_.upload(host.q.bits.data(), bytes_of(host.q));
@@ -308,25 +307,6 @@ VarlenBatch VarlenDeviceProblem::varlen() const {
   batch.max_seqlen_q = shape_.max_seqlen_q();
   batch.max_seqlen_k = shape_.max_seqlen_k();
   return batch;
-}
-
-void VarlenDeviceProblem::poison(unsigned char value) {
-  out_.fill_bytes(value);
-  lse_.fill_bytes(value);
-}
-
-HostTensor VarlenDeviceProblem::output() const {
-  HostTensor out;
-  out.view = q_view_;
-  out.bits.resize(out_.size() / sizeof(std::uint16_t));
-  out_.download(out.bits.data(), out_.size());
-  return out;
-}
-
-std::vector<float> VarlenDeviceProblem::lse_values() const {
-  std::vector<float> lse(lse_count(shape_));
-  lse_.download(lse.data(), lse.size() * sizeof(float));
-  return lse;
 }
 
 }  // namespace flashjit::test

@@ -15,6 +15,7 @@
 
 #include "flashjit/device_memory.hpp"
 #include "flashjit/flashjit.hpp"
+#include "poisoned_output.hpp"
 #include "reference.hpp"
 
 namespace flashjit::test {
@@ -87,17 +88,18 @@ class VarlenDeviceProblem {
   VarlenDeviceProblem(const Engine& engine, const HostVarlen& host, unsigned char poison = 0xff);
 
   TensorView q() const { return with_data(q_view_, q_); }
-  TensorView out() const { return with_data(q_view_, out_); }
-  float* lse() const { return static_cast<float*>(lse_.data()); }  // [heads_q, total_q]
+  TensorView out() const { return outputs_.out(); }
+  float* lse() const { return outputs_.lse(); }  // [heads_q, total_q]
   KVCache kv() const;
   // The batch with tight max_seqlen hints (the longest sequence's), cu_seqlens_k only when dense.
   VarlenBatch varlen() const;
   const std::int32_t* cu_seqlens_q() const;
   const std::int32_t* cu_seqlens_k() const;  // the dense packing's (set for a paged case too)
 
-  void poison(unsigned char value = 0xff);
-  HostTensor output() const;  // in q's view
-  std::vector<float> lse_values() const;
+  // Refills the output and LSE with the poison byte; what the GPU wrote (after synchronizing).
+  void poison(unsigned char value = 0xff) { outputs_.poison(value); }
+  HostTensor output() const { return outputs_.output(); }  // in q's view
+  std::vector<float> lse_values() const { return outputs_.lse_values(); }
 
  private:
   static TensorView with_data(TensorView view, const DeviceBuffer& buffer) {
@@ -107,7 +109,9 @@ class VarlenDeviceProblem {
 
   VarlenCase shape_;
   TensorView q_view_, k_view_;
-  DeviceBuffer q_, k_, v_, out_, lse_, cu_q_, cu_k_;
+  DeviceBuffer q_, k_, v_;
+  PoisonedOutput outputs_;
+  DeviceBuffer cu_q_, cu_k_;
   std::optional<DeviceBuffer> page_table_, seqused_;
 };
 

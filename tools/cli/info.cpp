@@ -1,6 +1,8 @@
 // `flashjit info`: versions, what NVRTC can target, the kernel families, the GPUs here, and the
 // cache's size.
 #include <fmt/format.h>
+
+#include <algorithm>
 #include <fmt/ranges.h>
 
 #include <nlohmann/json.hpp>
@@ -35,8 +37,12 @@ std::string driver_text(int version) {
 
 void print_text(const GpuSurvey& gpus, const KernelCache& cache,
                 const std::vector<CacheEntry>& entries, std::uint64_t bytes) {
-  auto row = [](std::string_view label, const std::string& value) {
-    fmt::print("{:<13}{}\n", label, value);
+  // Labels padded to the longest ("family decode_tma"), at least 13 wide.
+  std::size_t width = 13;
+  for (const FamilyInfo& family : families())
+    width = std::max(width, std::string_view("family ").size() + family.name.size() + 1);
+  auto row = [width](std::string_view label, const std::string& value) {
+    fmt::print("{:<{}}{}\n", label, width, value);
   };
   row("flashjit", std::string(version()));
   row("NVRTC", nvrtc_version());
