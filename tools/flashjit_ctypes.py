@@ -10,6 +10,8 @@ one from a torch tensor viewed as [batch, seqlen, heads, head_dim].
         engine.forward(q, k, v, out, causal=True, lse=lse_ptr, stream=stream_handle)
         # dense or paged KV cache, torch tensors (flashjit_forward_kv; needs a build that has it)
         engine.forward_kv(q, k_pages, v_pages, out, page_table=table, seqused_k=lens)
+        # a packed variable-length batch (flashjit_forward_varlen)
+        engine.forward_varlen(q, k, v, out, cu_seqlens, max_len, cu_seqlens, max_len)
 """
 
 import ctypes
@@ -164,6 +166,16 @@ def make_kv_cache(k, v, page_table=0, pages_per_seq=0, page_table_stride=0, sequ
     kv.page_table_stride = int(page_table_stride)
     kv.seqused_k = _int32_ptr(seqused_k)
     return kv
+
+
+def make_varlen(cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k):
+    """A FlashjitVarlen from device pointers (ints; cu_seqlens_k 0 for a paged cache)."""
+    varlen = FlashjitVarlen()
+    varlen.cu_seqlens_q = _int32_ptr(cu_seqlens_q)
+    varlen.cu_seqlens_k = _int32_ptr(cu_seqlens_k)
+    varlen.batch = int(batch)
+    varlen.max_seqlen_q, varlen.max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+    return varlen
 
 
 def _view(t):
@@ -423,27 +435,46 @@ class Engine:
                                           softmax_scale, lse, family, tiles, num_splits,
                                           workspace), stream)
 
-    def forward_varlen(self, q, k, v, out, cu_seqlens_q, max_seqlen_q, cu_seqlens_k=None,
-                       max_seqlen_k=0, page_table=None, seqused_k=None, causal=False,
-                       softmax_scale=0.0, lse=None, family=None, num_splits=0, stream=None):
-        """A variable-length batch: q/out [1, total_q, h, d] torch tensors, dense k/v [1,
-        total_k, h_kv, d] with cu_seqlens_k (or pages with page_table, no cu_seqlens_k);
-        cu_seqlens_* int32 [batch + 1] torch tensors on the device; lse [h, total_q] fp32."""
+    def varlen_args(self, q, k, v, out, cu_seqlens_q, max_seqlen_q, cu_seqlens_k=None,
+                    max_seqlen_k=0, page_table=None, seqused_k=None, causal=False,
+                    softmax_scale=0.0, lse=None, family=None, num_splits=0, workspace=None):
+        """(q, kv, out, varlen, options) structs for flashjit_forward_varlen from torch tensors
+        (see forward_varlen); built once, they serve forward_varlen_raw in a timing loop."""
         q_view, kv, out_view, options = self.kv_args(q, k, v, out, page_table, seqused_k, causal,
                                                      softmax_scale, lse, family,
-                                                     num_splits=num_splits)
-        varlen = FlashjitVarlen()
-        varlen.cu_seqlens_q = _int32_ptr(_address(cu_seqlens_q, "cu_seqlens_q", "torch.int32"))
-        if cu_seqlens_k is not None:
-            varlen.cu_seqlens_k = _int32_ptr(_address(cu_seqlens_k, "cu_seqlens_k",
-                                                      "torch.int32"))
-        varlen.batch = int(cu_seqlens_q.numel()) - 1
-        varlen.max_seqlen_q, varlen.max_seqlen_k = int(max_seqlen_q), int(max_seqlen_k)
+                                                     num_splits=num_splits, workspace=workspace)
+        varlen = make_varlen(_address(cu_seqlens_q, "cu_seqlens_q", "torch.int32", 1),
+                             _address(cu_seqlens_k, "cu_seqlens_k", "torch.int32", 1),
+                             int(cu_seqlens_q.numel()) - 1, max_seqlen_q, max_seqlen_k)
+        return q_view, kv, out_view, varlen, options
+
+    def forward_varlen_raw(self, q, kv, out, varlen, options, stream=None):
+        """forward_varlen with prebuilt structs (varlen_args): no per-call conversion."""
         status = self.owner.kv_function("flashjit_forward_varlen")(
-            self.handle, ctypes.byref(q_view), ctypes.byref(kv), ctypes.byref(out_view),
+            self.handle, ctypes.byref(q), ctypes.byref(kv), ctypes.byref(out),
             ctypes.byref(varlen), ctypes.byref(options), stream or None)
         if status != OK:
             raise FlashjitError("flashjit_forward_varlen", status, self.owner.last_error())
+
+    def forward_varlen(self, q, k, v, out, cu_seqlens_q, max_seqlen_q, cu_seqlens_k=None,
+                       max_seqlen_k=0, page_table=None, seqused_k=None, causal=False,
+                       softmax_scale=0.0, lse=None, family=None, num_splits=0, stream=None,
+                       workspace=None):
+        """A variable-length batch: q/out [1, total_q, h, d] torch tensors, dense k/v [1,
+        total_k, h_kv, d] with cu_seqlens_k (or pages with page_table, no cu_seqlens_k);
+        cu_seqlens_* int32 [batch + 1] torch tensors on the device; lse [h, total_q] fp32."""
+        self.forward_varlen_raw(*self.varlen_args(
+            q, k, v, out, cu_seqlens_q, max_seqlen_q, cu_seqlens_k, max_seqlen_k, page_table,
+            seqused_k, causal, softmax_scale, lse, family, num_splits, workspace), stream)
+
+    def workspace_bytes_varlen_raw(self, q, kv, out, varlen, options):
+        """Bytes of workspace flashjit_forward_varlen needs for these structs (0: no split)."""
+        size = ctypes.c_uint64()
+        self.owner.check("flashjit_workspace_bytes_varlen", self.owner.kv_function(
+            "flashjit_workspace_bytes_varlen")(self.handle, ctypes.byref(q), ctypes.byref(kv),
+                                               ctypes.byref(out), ctypes.byref(varlen),
+                                               ctypes.byref(options), ctypes.byref(size)))
+        return size.value
 
     def workspace_bytes_raw(self, q, kv, out, options):
         """(bytes of workspace, splits) flashjit_forward_kv needs for these structs."""

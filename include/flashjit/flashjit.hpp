@@ -371,6 +371,8 @@ class FLASHJIT_API Engine {
   Variant running_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                           const TensorView& out, const ForwardOptions& options = {},
                           CUstream_st* stream = nullptr) const;
+  Variant running_variant(const TensorView& q, const KVCache& kv, const TensorView& out,
+                          const ForwardOptions& options = {}, CUstream_st* stream = nullptr) const;
 
   // The variant forward would run for these arguments (validates them the same way).
   Variant select_variant(const TensorView& q, const TensorView& k, const TensorView& v,

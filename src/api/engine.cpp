@@ -244,7 +244,12 @@ void Engine::wait_for_background_compiles() {
 Variant Engine::running_variant(const TensorView& q, const TensorView& k, const TensorView& v,
                                 const TensorView& out, const ForwardOptions& options,
                                 CUstream_st* stream) const {
-  const auto problem = detail::validate_forward(q, k, v, out, options);
+  return running_variant(q, KVCache::dense(k, v), out, options, stream);
+}
+
+Variant Engine::running_variant(const TensorView& q, const KVCache& kv, const TensorView& out,
+                                const ForwardOptions& options, CUstream_st* stream) const {
+  const auto problem = detail::validate_forward(q, kv, out, nullptr, options);
   const detail::KernelFamily* forced = detail::forced_family(options.family);
   if (!problem.empty()) {
     const detail::LaunchContext context(stream, impl_->primary.get());

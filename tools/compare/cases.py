@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from .checks import TOLERANCES
 from .masks import visible_pairs
 from .decode_cases import KV_GRIDS, parse_kv_case
+from .varlen_cases import VARLEN_GRIDS, parse_varlen_case
 
 
 @dataclass(frozen=True)
@@ -131,14 +132,17 @@ GRIDS = {"standard": standard_grid, "features": features_grid}
 
 
 def build_cases(grids, case_texts, limit=None, kv=False):
-    """The cases of the named grids, then the --case ones. kv: also the KV-cache grids and
-    kv:... spellings (decode_cases; compare_sdpa runs them, ab_compare does not)."""
+    """The cases of the named grids, then the --case ones. kv: also the KV-cache and varlen
+    grids and the kv:... and varlen:... spellings (decode_cases, varlen_cases; compare_sdpa
+    runs them, ab_compare does not)."""
     cases = []
     for name in grids:
-        cases.extend(GRIDS[name]() if name in GRIDS or not kv else KV_GRIDS[name]())
+        cases.extend(GRIDS[name]() if name in GRIDS or not kv
+                     else {**KV_GRIDS, **VARLEN_GRIDS}[name]())
     for text in case_texts:
-        is_kv = kv and text.strip().lower().startswith("kv:")
-        cases.append(parse_kv_case(text.strip()) if is_kv else parse_case(text))
+        prefix = text.strip().lower().split(":", 1)[0] if kv else ""
+        parse = {"kv": parse_kv_case, "varlen": parse_varlen_case}.get(prefix)
+        cases.append(parse(text.strip()) if parse else parse_case(text))
     if not cases:
         cases = standard_grid()
     if limit:

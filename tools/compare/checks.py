@@ -139,7 +139,7 @@ class ErrorStats:
         return out
 
 
-def reference_check(case, q, k, v, scale, outputs, budget):
+def reference_check(case, q, k, v, scale, outputs, budget, stats=None):
     """Compares every output against one float32 reference over the planned slice.
 
     outputs: name -> (out [b, s_q, h_q, d] view, lse [b, h_q, s_q] or None).
@@ -149,11 +149,16 @@ def reference_check(case, q, k, v, scale, outputs, budget):
     called through SDPA because SDPA returns no LSE; on the first step it is cross-checked against
     SDPA's math backend in fp32 (the third value returned: max abs difference, ~1e-6 expected).
 
+    stats: {name: ErrorStats} to add to (created for names it lacks), so that several calls,
+    e.g. one per sequence of a varlen batch, give one result; None: fresh ones.
+
     Returns ({name: ErrorStats.result()}, description of what was checked, that difference)."""
     import torch
     pairs, rows, description = plan_check(case, budget)
     math_diff = None
-    stats = {name: ErrorStats(case.dtype, lse is not None) for name, (_, lse) in outputs.items()}
+    stats = {} if stats is None else stats
+    for name, (_, lse) in outputs.items():
+        stats.setdefault(name, ErrorStats(case.dtype, lse is not None))
     group = case.heads_q // case.heads_kv
     sk = case.seqlen_k
     n_rows = sum(r1 - r0 for r0, r1 in rows)
@@ -185,7 +190,7 @@ def reference_check(case, q, k, v, scale, outputs, budget):
                             if out_lse is not None:
                                 ours_lse = out_lse[b].index_select(0, hsel)[:, r0:r1]
                             stats[name].add(ours, ref, ours_lse, lse)
-    return {name: s.result() for name, s in stats.items()}, description, math_diff
+    return {name: stats[name].result() for name in outputs}, description, math_diff
 
 
 def _reference_rows(case, qf, kf, vf, r0, r1, scale):

@@ -14,6 +14,8 @@ from .cases import GRIDS, build_cases, parse_families
 from .checks import DEFAULT_CHECK_BUDGET, LSE_TOLERANCE, TOLERANCES
 from .decode_backends import kv_variant_picks
 from .decode_cases import HBM_TBS, KV_GRIDS, is_kv_case
+from .varlen_backends import varlen_variant_picks
+from .varlen_cases import VARLEN_GRIDS, is_varlen_case
 from .environment import environment
 from .report import SCHEMA, Output, short
 from .run_all import finish_report, run_cases
@@ -26,14 +28,19 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: LD_LIBRARY_PATH=.devpack python3 tools/compare_sdpa.py "
                "--lib .devpack/libflashjit.so.0 --grid standard --out out/compare")
-    p.add_argument("--grid", action="append", choices=sorted(GRIDS) + sorted(KV_GRIDS),
+    p.add_argument("--grid", action="append",
+                   choices=sorted(GRIDS) + sorted(KV_GRIDS) + sorted(VARLEN_GRIDS),
                    default=[], help="case set (repeatable); standard when neither --grid nor "
                    "--case is given; decode, decode-dense and paged are the KV-cache cases "
-                   "(vs SDPA cuDNN, SDPA flash and FlashAttention-4)")
+                   "(vs SDPA cuDNN, SDPA flash and FlashAttention-4); varlen a packed prefill "
+                   "batch of 16 lengths (flashjit_forward_varlen vs FA4's varlen call, and both "
+                   "dense on an equal-length batch of the same work)")
     p.add_argument("--case", action="append", default=[], metavar="B,HQ,HKV,SQ,SK,D,CAUSAL,DTYPE,LAYOUT",
                    help="one explicit case (repeatable), e.g. 2,32,8,4096,4096,128,1,bf16,bshd; "
                         "a KV case: kv:B,HQ,HKV,SQ,SK,D,CAUSAL[,DTYPE[,dense|nhdN|hndN]], e.g. "
-                        "kv:64,32,8,1,8192,128,0,bf16,nhd64")
+                        "kv:64,32,8,1,8192,128,0,bf16,nhd64; a varlen case: "
+                        "varlen:B,HQ,HKV,D,CAUSAL[,DTYPE[,LO-HI[@SEED]|L1/L2/...]], e.g. "
+                        "varlen:16,32,8,128,1,bf16,128-8192@6")
     p.add_argument("--family", default="auto",
                    help="auto (dispatcher's pick, default), all (every family in the library, "
                         "each forced), or a comma list")
@@ -64,12 +71,14 @@ def build_parser():
     p.add_argument("--hbm-tbs", type=float, default=HBM_TBS,
                    help=f"HBM bandwidth (TB/s) of the KV cases' floor (default {HBM_TBS:g}, H200)")
     p.add_argument("--num-splits", type=int, default=0,
-                   help="flashjit split-KV count for the KV cases (default 0: its heuristic)")
+                   help="flashjit split-KV count for the KV and varlen cases (default 0: its "
+                        "heuristic)")
     p.add_argument("--burst-ms", type=float, default=2.0,
-                   help="KV cases: GPU time one timed burst of back-to-back calls aims at "
-                        "(default 2 ms)")
+                   help="KV and varlen cases: GPU time one timed burst of back-to-back calls "
+                        "aims at (default 2 ms)")
     p.add_argument("--min-calls", type=int, default=10,
-                   help="KV cases: fewest calls in one timed burst (default 10)")
+                   help="KV cases: fewest calls in one timed burst (default 10; varlen cases: "
+                        "fewer when that many would outlast --burst-ms, at least 1)")
     p.add_argument("--limit", type=int, help="only the first N cases (smoke runs)")
     p.add_argument("--no-check", action="store_true", help="skip the reference check")
     p.add_argument("--no-time", action="store_true", help="skip timing (check only)")
@@ -142,13 +151,17 @@ def main(argv=None):
 
 
 def print_cases(cases, out=print):
-    out(f"{len(cases)} cases  (TFLOP per call: 4*b*h*s_q*s_k*d, halved for causal; KV cases: "
-        "4*d per (query, key) pair the bottom-right mask lets through)")
+    out(f"{len(cases)} cases  (TFLOP per call: 4*b*h*s_q*s_k*d, halved for causal; KV and "
+        "varlen cases: 4*d*h_q per (query, key) pair the bottom-right mask lets through)")
     w = max([42] + [len(c.label()) for c in cases])
     out(f"{'#':>3}  {'case':{w}}  {'--case spelling':40}  {'group':8}  {'TFLOP':>7}")
     for i, c in enumerate(cases):
-        kv = f"  K+V {c.kv_bytes() / 1e6:.1f} MB" if is_kv_case(c) else ""
-        out(f"{i:>3}  {c.label():{w}}  {c.key():40}  {c.group:8}  {c.flops() / 1e12:7.3f}{kv}")
+        extra = f"  K+V {c.kv_bytes() / 1e6:.1f} MB" if is_kv_case(c) else ""
+        if is_varlen_case(c):
+            extra = (f"  {c.total()} tokens; dense twin b{c.batch} x {c.dense_seqlen()}: "
+                     f"{c.dense_flops() / 1e12:.3f} TFLOP; lengths "
+                     + " ".join(str(n) for n in c.seqlens))
+        out(f"{i:>3}  {c.label():{w}}  {c.key():40}  {c.group:8}  {c.flops() / 1e12:7.3f}{extra}")
 
 
 def dry_run(args, lib, torch):
@@ -170,7 +183,8 @@ def dry_run(args, lib, torch):
             picks = []
             for name, (v, e) in case_picks(engine, case, args).items():
                 why = getattr(e, "message", str(e))
-                picks.append(f"{name}={v or 'n/a (' + short(why, 60) + ')'}")
+                named = "(named at its first call)" if e is None else f"n/a ({short(why, 60)})"
+                picks.append(f"{name}={v or named}")
             out(f"{i:>3}  {case.label():42}  " + "  ".join(picks))
     return 0
 
@@ -192,9 +206,11 @@ def measure(args, lib, ladder, torch, start):
     ctx["timer"] = CudaTimer(args.spin_ms)
 
     document = {"schema": SCHEMA, "environment": env, "settings": run_settings(args),
-                "compile": compile_info, "cases": [], "kv_cases": [], "summary": None}
-    results, kv_results = run_cases(ctx, out, out_dir, document)
-    summary = finish_report(ctx, results, kv_results, document, out, out_dir, start)
+                "compile": compile_info, "cases": [], "kv_cases": [], "varlen_cases": [],
+                "summary": None}
+    results, kv_results, varlen_results = run_cases(ctx, out, out_dir, document)
+    summary = finish_report(ctx, results, kv_results, document, out, out_dir, start,
+                            varlen_results)
     engine.close()
     return 1 if summary["failed_checks_total"] else 0
 
@@ -251,12 +267,21 @@ def print_preamble(out, env, args):
             f"floor = (K+V bytes / {args.hbm_tbs:g} TB/s) / time; x best = best peer's time / "
             "flashjit's (> 1: flashjit faster); SDPA only with the bottom-right mask; FA4 "
             f"{env.get('flash_attn_4') or 'not found'} (CuTe DSL {env.get('cutlass_dsl')})")
+    if any(is_varlen_case(c) for c in args.cases):
+        out("varlen cases: flashjit_forward_varlen and FA4 flash_attn_varlen_func on the packed "
+            "batch, flashjit and FA4 dense on its dense twin (b x round(sqrt(mean L^2)), about "
+            "the same causal work); bursts as the KV cases' (as many calls as fill "
+            f"{args.burst_ms:g} ms, at least 1); TFLOPS from exact FLOPs (4*d*h_q per visible "
+            "pair); vs dense = varlen TFLOPS / the same implementation's dense TFLOPS; x FA4 = "
+            "FA4's time / flashjit's on the same call; packed outputs checked per sequence")
 
 
 def case_picks(engine, case, args):
     """{family or KV implementation: (variant, None) or (None, error)} of one case."""
     if is_kv_case(case):
         return kv_variant_picks(engine, case, args.families, args.num_splits)
+    if is_varlen_case(case):
+        return varlen_variant_picks(engine, case, args.families)
     return {f: select_variant(engine, case, f) for f in args.families}
 
 
@@ -265,7 +290,7 @@ def pick_variants(engine, args):
     variants, auto_family = {}, {}
     for case in args.cases:
         variants[case.key()] = case_picks(engine, case, args)
-        if is_kv_case(case):
+        if is_kv_case(case) or is_varlen_case(case):
             continue
         auto_variant, _ = select_variant(engine, case, "auto")
         auto_family[case.key()] = auto_variant.split(".")[0] if auto_variant else None

@@ -1,5 +1,5 @@
-"""The run over all cases: each case in turn (attention or KV), a crash kept as its error,
-results.json rewritten as cases finish; then the summaries, the plots and table.txt."""
+"""The run over all cases: each case in turn (attention, KV or varlen), a crash kept as its
+error, results.json rewritten as cases finish; then the summaries, the plots and table.txt."""
 
 import time
 import traceback
@@ -12,50 +12,65 @@ from .report import (case_rows, fmt_num, format_row, short, summarize, summary_l
                      table_header, write_json)
 from .run_case import case_entry, run_case
 from .run_decode import run_kv_case
+from .run_varlen import run_varlen_case
+from .varlen_cases import is_varlen_case
+from .varlen_report import varlen_case_rows, varlen_summarize, varlen_summary_line
+
+# kind: (run it, its table lines, the empty cells of a skipped or crashed entry)
+KINDS = {"attention": (run_case, case_rows, lambda: {"flashjit": {}, "sdpa": {}}),
+         "kv": (run_kv_case, kv_case_rows, lambda: {"impls": {}}),
+         "varlen": (run_varlen_case, varlen_case_rows, lambda: {"impls": {}})}
+DOCUMENT_KEYS = {"attention": "cases", "kv": "kv_cases", "varlen": "varlen_cases"}
+
+
+def kind_of(case):
+    return "kv" if is_kv_case(case) else "varlen" if is_varlen_case(case) else "attention"
 
 
 def run_cases(ctx, out, out_dir, document):
     """Every case in turn, its rows printed and results.json rewritten as it finishes; a case
     after the deadline, or after the CUDA context died, is listed as skipped. Returns the
-    entries of the attention cases and of the KV cases (results.json: cases, kv_cases)."""
+    entries of the attention, KV and varlen cases (results.json: cases, kv_cases,
+    varlen_cases)."""
     args = ctx["args"]
-    results, kv_results = [], []
+    entries = {kind: [] for kind in KINDS}
     aborted = None
     for index, case in enumerate(args.cases):
-        kv = is_kv_case(case)
-        if not kv and not results:
+        kind = kind_of(case)
+        _, rows, empty = KINDS[kind]
+        if kind == "attention" and not entries["attention"]:
             out()
             for line in table_header():  # above the first attention case's rows
                 out(line)
         if aborted or time.monotonic() > ctx["deadline"]:
             why = aborted or f"deadline ({args.deadline:g} s) reached"
-            fields = {"impls": {}} if kv else {"flashjit": {}, "sdpa": {}}
-            r = case_entry(index, case, **fields, skipped=why, notes=[f"skipped: {why}"])
-            (kv_results if kv else results).append(r)
-            out(kv_case_rows(r)[0] if kv else format_row([str(index), case.label(), "", "skip"]))
+            r = case_entry(index, case, **empty(), skipped=why, notes=[f"skipped: {why}"])
+            entries[kind].append(r)
+            out(rows(r)[0] if kind != "attention"
+                else format_row([str(index), case.label(), "", "skip"]))
             continue
         r, aborted = run_guarded(index, case, ctx)
-        (kv_results if kv else results).append(r)
-        if kv:
+        entries[kind].append(r)
+        if kind != "attention":
             out()
-        for line in kv_case_rows(r) if kv else case_rows(r):
+        for line in rows(r):
             out(line)
         if out_dir:
-            document["cases"], document["kv_cases"] = results, kv_results
+            document.update({DOCUMENT_KEYS[k]: v for k, v in entries.items()})
             write_json(out_dir / "results.json", document)
-    return results, kv_results
+    return entries["attention"], entries["kv"], entries["varlen"]
 
 
 def run_guarded(index, case, ctx):
-    """run_case (run_kv_case) with a crash kept as the case's error: (entry, None), or (entry,
-    why no further case can run) when the CUDA context is unusable after it."""
-    kv = is_kv_case(case)
+    """run_case (run_kv_case, run_varlen_case) with a crash kept as the case's error: (entry,
+    None), or (entry, why no further case can run) when the CUDA context is unusable after
+    it."""
+    run, _, empty = KINDS[kind_of(case)]
     try:
-        return (run_kv_case if kv else run_case)(index, case, ctx), None
+        return run(index, case, ctx), None
     except Exception as e:  # keep the run going; a dead CUDA context stops it
         traceback.print_exc()
-        fields = {"impls": {}} if kv else {"flashjit": {}, "sdpa": {}}
-        r = case_entry(index, case, **fields, notes=[],
+        r = case_entry(index, case, **empty(), notes=[],
                        error=f"{type(e).__name__}: {short(e, 300)}")
         try:
             gpu.sync()
@@ -64,19 +79,23 @@ def run_guarded(index, case, ctx):
         return r, None
 
 
-def finish_report(ctx, results, kv_results, document, out, out_dir, start):
+def finish_report(ctx, results, kv_results, document, out, out_dir, start, varlen_results=()):
     """Summary, the final results.json, the plots and table.txt; returns the summary."""
     families = ctx["families"]
     summary = summarize(results, families)
     if kv_results:
         summary["kv"] = kv_summarize(kv_results)
         summary["failed_checks_total"] += summary["kv"]["failed_checks"]
+    if varlen_results:
+        summary["varlen"] = varlen_summarize(varlen_results)
+        summary["failed_checks_total"] += summary["varlen"]["failed_checks"]
     compile_info = document["compile"]
     first_calls = sum(c.get("first_call_ms", 0) for r in results for c in r["flashjit"].values())
-    first_calls += sum(c.get("first_call_ms", 0) for r in kv_results for c in r["impls"].values()
-                       if c.get("first_call_ms"))
+    first_calls += sum(c.get("first_call_ms", 0) for r in (*kv_results, *varlen_results)
+                       for c in r["impls"].values() if c.get("first_call_ms"))
     compile_info["first_calls_ms"] = first_calls
     document["cases"], document["kv_cases"] = results, kv_results
+    document["varlen_cases"] = list(varlen_results)
     document["summary"] = summary
     wall = time.monotonic() - start
     document["wall_s"] = wall
@@ -93,6 +112,8 @@ def finish_report(ctx, results, kv_results, document, out, out_dir, start):
         out(f"wrote {out_dir / 'results.json'}" + "".join(f", {w}" for w in written))
     if kv_results:
         out(kv_summary_line(summary["kv"]))
+    if varlen_results:
+        out(varlen_summary_line(summary["varlen"]))
     for line in summary_lines(summary, families, compile_info, wall) if results else []:
         out(line)
     if not results:

@@ -53,9 +53,9 @@ def run_kv_case(index, case, ctx):
     return result
 
 
-def _refused(err, variant=None):
+def _refused(err, variant=None, missing="no KV API"):
     if isinstance(err, fj.FlashjitLoadError):  # a build without flashjit_forward_kv
-        return impl_cell("n/a", variant=variant, reason=str(err), status_name="no KV API")
+        return impl_cell("n/a", variant=variant, reason=str(err), status_name=missing)
     status = "n/a" if err.unsupported else "error"
     return impl_cell(status, variant=variant, reason=err.message, status_name=err.status_name)
 
@@ -165,10 +165,23 @@ def check_outputs(result, case, inputs, scale, runners, args):
 
 
 def time_impls(result, case, runners, ctx):
+    """The KV cases' bursts (time_bursts), with TB/s, share of the HBM floor and TFLOPS."""
+    hbm_tbs = ctx["args"].hbm_tbs
+
+    def metrics(name, median_us):
+        return {"tbs": case.kv_bytes() / (median_us * 1e-6) / 1e12,
+                "hbm_fraction": case.hbm_floor_us(hbm_tbs) / median_us,
+                "tflops": case.flops() / (median_us * 1e-6) / 1e12}
+    time_bursts(result, runners, ctx, metrics)
+
+
+def time_bursts(result, runners, ctx, metrics, fewest_calls=None, name_of=label):
     """Warm-up; a calibration burst per implementation (host enqueue and GPU time per call,
     the queue held by a spin); then round-robin bursts of `calls` back-to-back calls between
     two CUDA events, each after a spin long enough to cover the burst's enqueue. Per-call time:
-    burst time / calls; the median over bursts goes into the cell."""
+    burst time / calls; the median over bursts goes into the cell, with metrics(name, median
+    us). fewest_calls(name, seconds of one warm-up call): the fewest calls in a burst (default
+    --min-calls), also the calibration burst's size; name_of(name): its name in notes."""
     args, timer = ctx["args"], ctx["timer"]
     wall = {}
     for name, fn in runners.items():
@@ -179,11 +192,11 @@ def time_impls(result, case, runners, ctx):
             wall[name] = time.perf_counter() - t0
     calls, spins, spin_ms, per_burst = {}, {}, {}, {}
     for name, fn in runners.items():
-        k = args.min_calls
+        k = fewest_calls(name, wall[name]) if fewest_calls else args.min_calls
         handle = timer.launch(burst(fn, k), timer.cycles_for(1.5 * k * wall[name] * 1e3 + 1.0))
         gpu.sync()
         gpu_ms, host_ms = max(1e-4, timer.elapsed_ms(handle) / k), handle[2] / k
-        calls[name] = max(args.min_calls, min(MAX_CALLS, math.ceil(args.burst_ms / gpu_ms)))
+        calls[name] = max(k, min(MAX_CALLS, math.ceil(args.burst_ms / gpu_ms)))
         spin_ms[name] = max(args.spin_ms, 2.0 * calls[name] * host_ms + 0.2) if timer.spin_cycles \
             else 0.0
         spins[name] = timer.cycles_for(spin_ms[name])
@@ -201,16 +214,14 @@ def time_impls(result, case, runners, ctx):
             "median_us": median, "min_us": min(per_call_us), "max_us": max(per_call_us),
             "reps": len(times), "calls_per_rep": calls[name], "spin_ms": spin_ms[name],
             "enqueue_ms_max": max(enqueue[name]), "reps_enqueue_over_spin": uncovered,
-            "tbs": case.kv_bytes() / (median * 1e-6) / 1e12,
-            "hbm_fraction": case.hbm_floor_us(args.hbm_tbs) / median,
-            "tflops": case.flops() / (median * 1e-6) / 1e12})
+            **metrics(name, median)})
         if uncovered:
-            result["notes"].append(f"{label(name)}: {uncovered} of {len(times)} bursts took "
+            result["notes"].append(f"{name_of(name)}: {uncovered} of {len(times)} bursts took "
                                    f"longer to enqueue than their {spin_ms[name]:.2f} ms spin "
                                    "(host time may be in those samples)")
         if len(times) < args.reps:
             result["reduced_reps"] = True
-            result["notes"].append(f"{label(name)}: only {len(times)} bursts (--impl-budget "
+            result["notes"].append(f"{name_of(name)}: only {len(times)} bursts (--impl-budget "
                                    f"{args.impl_budget:g} s, --deadline {args.deadline:g} s)")
 
 
