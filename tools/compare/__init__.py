@@ -5,20 +5,26 @@ One concern a module, in the order data flows through a run:
     cases        Case, --case parsing, the grids, --family parsing
     decode_cases KvCase (decode, speculative decode, chunked prefill, paged), kv:... spelling,
                  the KV grids
+    varlen_cases VarlenCase (a packed prefill batch of many lengths), varlen:... spelling, the
+                 varlen grid
     gpu          where tensors live and how to wait for them (hooks a CPU-only test replaces)
     backends     inputs, the flashjit runner, the SDPA runner
     decode_backends  KV inputs (dense and shuffled pages), flashjit forward_kv, FlashAttention-4
+    varlen_backends  packed inputs and their dense twin, flashjit forward_varlen, FA4 varlen
     checks       the float32 reference check and its tolerances
     timing       CUDA-event timer, bursts, round-robin repetitions, repetition plan
     run_case     one case: run, check, time, ratios (its results.json entry)
     run_decode   one KV case: run, check, time in bursts, TB/s, ratios to the best peer
+    run_varlen   one varlen case: run, check per sequence, time in bursts, varlen vs dense
     run_all      every case in turn, guarded; the final report
     report       table rows, summary, results.json
     decode_report  the KV cases' tables and summary
+    varlen_report  the varlen cases' tables and summary
     plots        tflops_vs_seqlen.png and ratios.png
     environment  versions and GPU recorded in results.json
     selftest     synthetic numbers through the report path (--selftest-report, no GPU)
     selftest_kv  the binding's struct layouts, synthetic KV results, a CPU rehearsal of a KV run
+    selftest_varlen  synthetic varlen results, a CPU rehearsal of a varlen run
     cli          the command line and main()
 
 The modules import flashjit_ctypes, which lives beside this package in tools/ (the entry

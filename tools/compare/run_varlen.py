@@ -178,8 +178,9 @@ def check_packed(case, inputs, scale, outputs, budget):
 
 def time_impls(result, case, runners, ctx):
     """The KV cases' interleaved bursts (run_decode.time_bursts), TFLOPS from each call's exact
-    FLOPs (the twin's for the dense calls). A prefill call takes milliseconds: a burst holds
-    as many calls as fill --burst-ms, at most --min-calls, at least one."""
+    FLOPs (the twin's for the dense calls). A prefill call takes milliseconds, so the fewest
+    calls in a burst is --min-calls only when that many fit in --burst-ms, else as many as fit,
+    at least one (a burst still holds as many as fill --burst-ms)."""
     args = ctx["args"]
 
     def metrics(name, median_us):

@@ -1,6 +1,7 @@
 """Self-test of the report path with synthetic numbers (no GPU, no torch, no library):
 --selftest-report DIR feeds them through the table, the summary, results.json and the plots.
-KV cases (selftest_kv) add their report, the binding's struct layouts and a CPU rehearsal."""
+KV cases (selftest_kv) add their report, the binding's struct layouts and a CPU rehearsal;
+varlen cases (selftest_varlen) their report and a CPU rehearsal of their own."""
 
 import math
 import random
@@ -14,6 +15,9 @@ from .report import SCHEMA, Output, case_rows, summarize, summary_lines, table_h
 from .plots import plot_results
 from .run_case import case_entry, impl_cell
 from .selftest_kv import check_binding_layout, cpu_rehearsal, synthetic_kv_results
+from .selftest_varlen import synthetic_varlen_results, varlen_rehearsal
+from .varlen_cases import is_varlen_case
+from .varlen_report import varlen_case_rows, varlen_summarize, varlen_summary_line
 
 # A made-up library: its kernel families fastest first, as flashjit_family_name lists them,
 # each with its synthetic speed as a fraction of cuDNN's.
@@ -79,12 +83,14 @@ def synthetic_flashjit_cell(r, index, case, family, families, rng):
 
 def selftest_report(out_dir, args):
     """Feeds synthetic numbers through the table, summary, results.json and plot code; checks
-    the binding's struct layouts; with KV cases, their report and (torch on the CPU) a
-    rehearsal of their run. Returns 1 when the layouts or the rehearsal are wrong."""
+    the binding's struct layouts; with KV or varlen cases, their report and (torch on the CPU)
+    a rehearsal of their run. Returns 1 when the layouts or a rehearsal are wrong."""
     out_dir.mkdir(parents=True, exist_ok=True)
     out = Output()
     kv_cases = [c for c in args.cases if is_kv_case(c)]
-    results = synthetic_results([c for c in args.cases if not is_kv_case(c)], args.families)
+    varlen_cases = [c for c in args.cases if is_varlen_case(c)]
+    results = synthetic_results([c for c in args.cases if not is_kv_case(c)
+                                 and not is_varlen_case(c)], args.families)
     for line in table_header() if results else []:
         out(line)
     for r in results:
@@ -95,6 +101,11 @@ def selftest_report(out_dir, args):
         out()
         for line in kv_case_rows(r):
             out(line)
+    varlen_results = synthetic_varlen_results(varlen_cases, args.families)
+    for r in varlen_results:
+        out()
+        for line in varlen_case_rows(r):
+            out(line)
     summary = summarize(results, args.families)
     verdicts = [check_binding_layout(Path(__file__).resolve().parents[2] / "include")]
     if kv_cases:
@@ -104,9 +115,15 @@ def selftest_report(out_dir, args):
         ok, rehearsed, message = cpu_rehearsal(args)
         verdicts.append((ok, message))
         summary["kv_rehearsal"] = kv_summarize(rehearsed) if rehearsed else None
+    if varlen_cases:
+        summary["varlen"] = varlen_summarize(varlen_results)
+        out(varlen_summary_line(summary["varlen"]))
+        ok, rehearsed, message = varlen_rehearsal(args, out)
+        verdicts.append((ok, message))
+        summary["varlen_rehearsal"] = varlen_summarize(rehearsed) if rehearsed else None
     document = {"schema": SCHEMA, "environment": {"synthetic": True}, "settings": {},
                 "compile": {"seconds": 3.2}, "cases": results, "kv_cases": kv_results,
-                "summary": summary}
+                "varlen_cases": varlen_results, "summary": summary}
     write_json(out_dir / "results.json", document)
     written = plot_results(results, args.families, LADDER, out_dir,
                            "synthetic numbers (self-test)")

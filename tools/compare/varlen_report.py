@@ -5,7 +5,7 @@ from .report import check_word, fmt_num, geomean, short
 from .run_varlen import headline_impl, is_dense, is_ours, label
 
 COLUMNS = [  # (title, width, align)
-    ("impl", 22, "<"), ("check", 5, "<"), ("rel_err", 8, ">"), ("max_err", 8, ">"),
+    ("impl", 24, "<"), ("check", 5, "<"), ("rel_err", 8, ">"), ("max_err", 8, ">"),
     ("lse_err", 8, ">"), ("ms/call", 9, ">"), ("TFLOPS", 6, ">"), ("x FA4", 6, ">"),
     ("vs dense", 8, ">"), ("calls", 5, ">"), ("variant / how", 0, "<"),
 ]
