@@ -113,6 +113,8 @@ std::optional<KvRun> run_kv(KvDeviceProblem& p, const KvCase& c, ForwardOptions 
     run.workspace_bytes = engine().workspace_bytes(p.q(), kv, p.out(), options);
     engine().forward(p.q(), kv, p.out(), options);
     synchronize(engine());
+    // Once planned (never-block is off), what runs is what was selected.
+    CHECK(engine().running_variant(p.q(), kv, p.out(), options) == run.variant);
   } catch (const Error& e) {
     const bool other_family = options.family && !options.family->starts_with("decode");
     if (e.code() == ErrorCode::unsupported && (other_family || !decode_expected(c)))
