@@ -250,7 +250,8 @@ struct FLASHJIT_API KVCache {
 // head_dim] with cu_seqlens_k the same way; a paged one takes no cu_seqlens_k (lengths from
 // seqused_k, else the page table's capacity). cu_seqlens_* are int32 [batch + 1] on the device,
 // starting at 0 and non-decreasing (not checkable on the host: lengths are clamped to [0, max]);
-// max_seqlen_* are host hints that must bound every length (lengths are clamped to them). Rows
+// max_seqlen_* are host hints that must bound every length (lengths are clamped to them;
+// max_seqlen_k is read for a dense cache only, a paged one is bounded by its capacity). Rows
 // after cu_seqlens_q[batch] (padding) are neither read nor written. The LSE is [heads_q,
 // total_q].
 struct VarlenBatch {
