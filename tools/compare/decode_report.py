@@ -1,6 +1,7 @@
 """The report of the KV cases: a small table per case (µs per call, TB/s, share of the HBM
 floor, ratio to the best peer), the KV summary and its line."""
 
+from .case_table import case_lines, check_failure_note, count_outputs, skipped_lines, table_row
 from .report import check_word, fmt_num, geomean, short
 from .run_decode import PEERS, headline_impl, label
 
@@ -9,12 +10,10 @@ COLUMNS = [  # (title, width, align)
     ("lse_err", 8, ">"), ("us/call", 9, ">"), ("TB/s", 5, ">"), ("floor", 5, ">"),
     ("TFLOPS", 6, ">"), ("x best", 6, ">"), ("calls", 5, ">"), ("variant / how", 0, "<"),
 ]
-INDENT = " " * 5
 
 
 def _row(values):
-    cells = [f"{v:{a}{w}}" if w else str(v) for (_, w, a), v in zip(COLUMNS, values)]
-    return INDENT + "  ".join(cells).rstrip()
+    return table_row(COLUMNS, values)
 
 
 def kv_case_rows(r):
@@ -23,17 +22,9 @@ def kv_case_rows(r):
     if r.get("hbm_floor_us"):
         title += f"; HBM floor {r['hbm_floor_us']:.1f} us at {r['hbm_tbs']:g} TB/s"
     if r.get("skipped"):
-        return [title + "  [skipped]"] + [INDENT + "note: " + n for n in r.get("notes", [])]
-    lines = [title, _row([t for t, _, _ in COLUMNS]),
-             _row(["-" * max(w, len(t)) if w else "-" * 13 for t, w, _ in COLUMNS])]
-    for name, cell in r["impls"].items():
-        lines.append(_impl_row(name, cell))
-    verdict = _verdict(r)
-    if verdict:
-        lines.append(INDENT + "=> " + verdict)
-    for note in _notes(r):
-        lines.append(INDENT + "note: " + note)
-    return lines
+        return skipped_lines(title, r)
+    return case_lines([title], COLUMNS, [_impl_row(n, c) for n, c in r["impls"].items()],
+                      _verdict(r), _notes(r))
 
 
 def _impl_row(name, cell):
@@ -83,11 +74,7 @@ def _notes(r):
             notes.append(f"{label(name)}: {note}")
         chk = cell.get("check")
         if chk and not chk["pass"]:
-            who = "FAILED" if name.startswith("flashjit") else "is outside our bounds"
-            notes.append(f"{label(name)} {who} (rel {chk['rel_err']:.1e}, max "
-                         f"{chk['max_abs_err']:.1e}, {chk['nonfinite']} non-finite"
-                         + (f", {chk['lse_mismatch']} LSE mismatched" if chk.get("lse_mismatch")
-                            else "") + ")")
+            notes.append(check_failure_note(label(name), chk, name.startswith("flashjit")))
     if r.get("error"):
         notes.append(f"case error: {r['error']}")
     return notes
@@ -97,36 +84,18 @@ def kv_summarize(results):
     """Geomeans of flashjit's ratios (headline implementation of each case), the paged-vs-dense
     verdicts, and the failures: every flashjit implementation's, and crashed cases."""
     best, each = [], {p: [] for p in PEERS}
-    failed = checked = errors = 0
-    peers_outside, not_applicable = 0, {}
     for r in results:
         cell = r["impls"].get(headline_impl(r) or "", {})
         if cell.get("ratio_best_peer"):
             best.append(cell["ratio_best_peer"])
         for p, x in cell.get("ratio_peers", {}).items():
             each[p].append(x)
-        for name, c in r["impls"].items():
-            chk = c.get("check")
-            if c["status"] == "n/a":
-                not_applicable[name] = not_applicable.get(name, 0) + 1
-            if not name.startswith("flashjit"):
-                peers_outside += 1 if chk and not chk["pass"] else 0
-                continue
-            errors += c["status"] == "error"
-            checked += chk is not None
-            failed += 1 if chk and not chk["pass"] else 0
     paged = [r["paged_within_5pct"] for r in results if "paged_within_5pct" in r]
-    case_errors = sum(1 for r in results if r.get("error"))
     return {"geomean_ratio_best_peer": geomean(best), "cases_best_peer": len(best),
             "geomean_ratio": {p: geomean(v) for p, v in each.items()},
             "cases": {p: len(v) for p, v in each.items()},
             "paged_within_5pct": sum(paged), "paged_compared": len(paged),
-            "checked": checked, "errors": errors, "case_errors": case_errors,
-            "failed_checks": failed + errors + case_errors,
-            "peer_outputs_outside_bounds": peers_outside, "not_applicable": not_applicable,
-            "cases_total": len(results),
-            "cases_skipped": sum(1 for r in results if r.get("skipped")),
-            "cases_reduced_reps": sum(1 for r in results if r.get("reduced_reps"))}
+            **count_outputs(results, lambda name: name.startswith("flashjit"))}
 
 
 def kv_summary_line(s):

@@ -1,6 +1,8 @@
 """The report of the varlen cases: a small table per case (ms per call, TFLOPS, flashjit vs
 FA4, varlen vs dense on the same work), the varlen summary and its line."""
 
+from .case_table import (INDENT, case_lines, check_failure_note, count_outputs, skipped_lines,
+                         table_row)
 from .report import check_word, fmt_num, geomean, short
 from .run_varlen import headline_impl, is_dense, is_ours, label
 
@@ -9,12 +11,10 @@ COLUMNS = [  # (title, width, align)
     ("lse_err", 8, ">"), ("ms/call", 9, ">"), ("TFLOPS", 6, ">"), ("x FA4", 6, ">"),
     ("vs dense", 8, ">"), ("calls", 5, ">"), ("variant / how", 0, "<"),
 ]
-INDENT = " " * 5
 
 
 def _row(values):
-    cells = [f"{v:{a}{w}}" if w else str(v) for (_, w, a), v in zip(COLUMNS, values)]
-    return INDENT + "  ".join(cells).rstrip()
+    return table_row(COLUMNS, values)
 
 
 def varlen_case_rows(r):
@@ -24,17 +24,9 @@ def varlen_case_rows(r):
              f"{r['dense_seqlen']:,}, {r['dense_flops'] / 1e12:.2f} TFLOP")
     lengths = INDENT + "lengths: " + " ".join(str(n) for n in r["seqlens"])
     if r.get("skipped"):
-        return [title + "  [skipped]"] + [INDENT + "note: " + n for n in r.get("notes", [])]
-    lines = [title, lengths, _row([t for t, _, _ in COLUMNS]),
-             _row(["-" * max(w, len(t)) if w else "-" * 13 for t, w, _ in COLUMNS])]
-    for name, cell in r["impls"].items():
-        lines.append(_impl_row(name, cell))
-    verdict = _verdict(r)
-    if verdict:
-        lines.append(INDENT + "=> " + verdict)
-    for note in _notes(r):
-        lines.append(INDENT + "note: " + note)
-    return lines
+        return skipped_lines(title, r)
+    return case_lines([title, lengths], COLUMNS,
+                      [_impl_row(n, c) for n, c in r["impls"].items()], _verdict(r), _notes(r))
 
 
 def _impl_row(name, cell):
@@ -88,11 +80,7 @@ def _notes(r):
     for name, cell in r["impls"].items():
         chk = cell.get("check")
         if chk and not chk["pass"]:
-            who = "FAILED" if is_ours(name) else "is outside our bounds"
-            notes.append(f"{label(name)} {who} (rel {chk['rel_err']:.1e}, max "
-                         f"{chk['max_abs_err']:.1e}, {chk['nonfinite']} non-finite"
-                         + (f", {chk['lse_mismatch']} LSE mismatched" if chk.get("lse_mismatch")
-                            else "") + ")")
+            notes.append(check_failure_note(label(name), chk, is_ours(name)))
     if r.get("error"):
         notes.append(f"case error: {r['error']}")
     return notes
@@ -102,8 +90,6 @@ def varlen_summarize(results):
     """Geomeans over cases of flashjit vs FA4 (varlen; dense) and of each implementation's
     varlen-vs-dense rate; the failures: every flashjit output's, and crashed cases."""
     lists = {k: [] for k in ("fa4", "fa4_dense", "rate_flashjit", "rate_fa4")}
-    failed = checked = errors = peers_outside = 0
-    not_applicable = {}
     for r in results:
         cells = r["impls"]
         main = cells.get(headline_impl(r) or "", {})
@@ -113,17 +99,6 @@ def varlen_summarize(results):
                            ("rate_fa4", cells.get("fa4", {}).get("rate_vs_dense"))):
             if value:
                 lists[key].append(value)
-        for name, c in cells.items():
-            chk = c.get("check")
-            if c["status"] == "n/a":
-                not_applicable[name] = not_applicable.get(name, 0) + 1
-            if not is_ours(name):
-                peers_outside += 1 if chk and not chk["pass"] else 0
-                continue
-            errors += c["status"] == "error"
-            checked += chk is not None
-            failed += 1 if chk and not chk["pass"] else 0
-    case_errors = sum(1 for r in results if r.get("error"))
     return {"geomean_ratio_fa4": geomean(lists["fa4"]), "cases_fa4": len(lists["fa4"]),
             "geomean_ratio_fa4_dense": geomean(lists["fa4_dense"]),
             "cases_fa4_dense": len(lists["fa4_dense"]),
@@ -131,12 +106,7 @@ def varlen_summarize(results):
                                       "fa4": geomean(lists["rate_fa4"])},
             "cases_rate_vs_dense": {"flashjit": len(lists["rate_flashjit"]),
                                     "fa4": len(lists["rate_fa4"])},
-            "checked": checked, "errors": errors, "case_errors": case_errors,
-            "failed_checks": failed + errors + case_errors,
-            "peer_outputs_outside_bounds": peers_outside, "not_applicable": not_applicable,
-            "cases_total": len(results),
-            "cases_skipped": sum(1 for r in results if r.get("skipped")),
-            "cases_reduced_reps": sum(1 for r in results if r.get("reduced_reps"))}
+            **count_outputs(results, is_ours)}
 
 
 def _pct(x):
