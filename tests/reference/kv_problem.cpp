@@ -1,5 +1,7 @@
 #include "kv_problem.hpp"
 
+#include "kv_storage.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -10,8 +12,6 @@
 
 namespace flashjit::test {
 namespace {
-
-constexpr std::uint16_t kNaN = 0xffff;  // NaN in bf16 and fp16
 
 std::size_t bytes_of(const HostTensor& t) { return t.bits.size() * sizeof(std::uint16_t); }
 
@@ -68,28 +68,11 @@ HostKv HostKv::random(const KvCase& shape, std::mt19937& rng) {
   kv.k.fill_random(rng);
   kv.v.fill_random(rng);
   kv.seqused.assign(c.seqused.begin(), c.seqused.end());
-  if (c.paged()) {
-    std::vector<std::int32_t> pool(static_cast<std::size_t>(c.num_pages()));
-    std::iota(pool.begin(), pool.end(), 0);
-    std::shuffle(pool.begin(), pool.end(), rng);
-    pool.resize(static_cast<std::size_t>(c.batch * c.pages_per_seq()));
-    kv.page_table = std::move(pool);
-  }
-  // NaN wherever no sequence has a valid key.
-  std::vector<bool> valid(static_cast<std::size_t>(rows0 * rows1), false);
-  for (int b = 0; b < c.batch; ++b)
-    for (int j = 0; j < kv.length(b); ++j) {
-      const auto [i0, i1] = key_slot(kv, b, j);
-      valid[static_cast<std::size_t>(i0 * rows1 + i1)] = true;
-    }
-  for (std::int64_t i0 = 0; i0 < rows0; ++i0)
-    for (std::int64_t i1 = 0; i1 < rows1; ++i1) {
-      if (valid[static_cast<std::size_t>(i0 * rows1 + i1)]) continue;
-      for (HostTensor* t : {&kv.k, &kv.v})
-        for (std::int64_t h = 0; h < c.heads_kv; ++h)
-          for (std::int64_t d = 0; d < c.head_dim; ++d)
-            t->bits[static_cast<std::size_t>(t->offset(i0, i1, h, d))] = kNaN;
-    }
+  if (c.paged())
+    kv.page_table = shuffled_page_table(c.num_pages(), c.batch * c.pages_per_seq(), rng);
+  poison_unowned_slots(
+      kv.k, kv.v, c.batch, [&](int b) { return kv.length(b); },
+      [&](int b, int j) { return key_slot(kv, b, j); });
   return kv;
 }
 

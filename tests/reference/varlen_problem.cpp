@@ -1,5 +1,7 @@
 #include "varlen_problem.hpp"
 
+#include "kv_storage.hpp"
+
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -10,8 +12,6 @@
 
 namespace flashjit::test {
 namespace {
-
-constexpr std::uint16_t kNaN = 0xffff;  // NaN in bf16 and fp16
 
 std::size_t bytes_of(const HostTensor& t) { return t.bits.size() * sizeof(std::uint16_t); }
 
@@ -145,7 +145,7 @@ HostVarlen HostVarlen::random(const VarlenCase& shape, std::mt19937& rng) {
   h.q = packed_rows(c);
   HostTensor values = h.q;
   values.fill_random(rng);
-  h.q.fill(kNaN);
+  h.q.fill(kNaN16);
   const int owned_rows = h.cu_seqlens_q.back();
   for (std::int64_t r = 0; r < owned_rows; ++r)
     for (std::int64_t hd = 0; hd < c.heads_q; ++hd)
@@ -161,28 +161,12 @@ HostVarlen HostVarlen::random(const VarlenCase& shape, std::mt19937& rng) {
   h.k.fill_random(rng);
   h.v.fill_random(rng);
   h.seqused.assign(c.seqused.begin(), c.seqused.end());
-  if (c.paged()) {
-    std::vector<std::int32_t> pool(static_cast<std::size_t>(c.num_pages()));
-    std::iota(pool.begin(), pool.end(), 0);
-    std::shuffle(pool.begin(), pool.end(), rng);
-    pool.resize(static_cast<std::size_t>(c.batch() * c.pages_per_seq));
-    h.page_table = std::move(pool);
-  }
-  // NaN wherever no sequence has a valid key (past seqused_k, spare pages).
-  std::vector<bool> valid(static_cast<std::size_t>(rows0 * rows1), false);
-  for (int b = 0; b < c.batch(); ++b)
-    for (int j = 0; j < c.length(b); ++j) {
-      const auto [i0, i1] = key_slot(h, b, j);
-      valid[static_cast<std::size_t>(i0 * rows1 + i1)] = true;
-    }
-  for (std::int64_t i0 = 0; i0 < rows0; ++i0)
-    for (std::int64_t i1 = 0; i1 < rows1; ++i1) {
-      if (valid[static_cast<std::size_t>(i0 * rows1 + i1)]) continue;
-      for (HostTensor* t : {&h.k, &h.v})
-        for (std::int64_t hd = 0; hd < c.heads_kv; ++hd)
-          for (std::int64_t d = 0; d < c.head_dim; ++d)
-            t->bits[static_cast<std::size_t>(t->offset(i0, i1, hd, d))] = kNaN;
-    }
+  if (c.paged())
+    h.page_table = shuffled_page_table(c.num_pages(), c.batch() * c.pages_per_seq, rng);
+  // NaN past seqused_k and in spare pages.
+  poison_unowned_slots(
+      h.k, h.v, c.batch(), [&](int b) { return c.length(b); },
+      [&](int b, int j) { return key_slot(h, b, j); });
   return h;
 }
 
