@@ -14,6 +14,25 @@ FA4_HELP = ("FA4 (flash_attn.cute) runs from the bundle of shared/device/fa4/REA
             "/tmp/site/nvidia_cutlass_dsl/dsl_packages")
 
 
+
+def attach_workspace(options, size):
+    """A device buffer of `size` bytes for a forward's split partials, set in its options (the
+    caller's workspace, so the timed calls never touch the engine's); None when it needs none."""
+    if not size:
+        return None
+    import torch
+    workspace = torch.empty(size, dtype=torch.uint8, device=gpu.DEVICE)
+    options.workspace, options.workspace_bytes = workspace.data_ptr(), size
+    return workspace
+
+
+def poison_outputs(out, lse, workspace):
+    """NaN in the output, the LSE and (0xff bytes: fp32 NaN) the split partials."""
+    out.fill_(float("nan"))
+    lse.fill_(float("nan"))
+    if workspace is not None:
+        workspace.fill_(255)
+
 class KvInputs:
     """q [b, s_q, h_q, d]; dense k, v [b, s_k, h_kv, d]; for a paged case the same keys in
     pages [n, page, h_kv, d] (HND: memory [n, h_kv, page, d] viewed so), page_table
@@ -121,19 +140,12 @@ class FlashjitKvRunner:
             num_splits=num_splits)
         size, self.num_splits = engine.workspace_bytes_raw(self.q, self.kv, self.out_view,
                                                            self.options)
-        self.workspace = None
-        if size:
-            self.workspace = torch.empty(size, dtype=torch.uint8, device=gpu.DEVICE)
-            self.options.workspace, self.options.workspace_bytes = self.workspace.data_ptr(), size
+        self.workspace = attach_workspace(self.options, size)
         self.variant = engine.select_variant_kv_raw(self.q, self.kv, self.out_view, self.options)
         self.stream = torch.cuda.current_stream().cuda_stream if gpu.DEVICE == "cuda" else None
 
     def poison(self):
-        """NaN in the output, the LSE and (0xff bytes: fp32 NaN) the split partials."""
-        self.out.fill_(float("nan"))
-        self.lse.fill_(float("nan"))
-        if self.workspace is not None:
-            self.workspace.fill_(255)
+        poison_outputs(self.out, self.lse, self.workspace)
 
     def __call__(self):
         self.engine.forward_kv_raw(self.q, self.kv, self.out_view, self.options, self.stream)

@@ -12,7 +12,8 @@ import flashjit_ctypes as fj
 from . import gpu
 from .backends import make_inputs, select_variant
 from .cases import Case
-from .decode_backends import FA4_HELP, _missing_keywords, _signature
+from .decode_backends import (FA4_HELP, _missing_keywords, _signature, attach_workspace,
+                              poison_outputs)
 
 SDPA_REASON = ("not run: SDPA takes no cu_seqlens, so it has no varlen call to time (its "
                "nested-tensor path is not measured here)")
@@ -92,17 +93,11 @@ class FlashjitVarlenRunner:
             lse=self.lse, family=family_of(name), num_splits=num_splits)
         self.options = self.args[-1]
         size = engine.workspace_bytes_varlen_raw(*self.args)
-        self.workspace = None
-        if size:
-            self.workspace = torch.empty(size, dtype=torch.uint8, device=gpu.DEVICE)
-            self.options.workspace, self.options.workspace_bytes = self.workspace.data_ptr(), size
+        self.workspace = attach_workspace(self.options, size)
         self.stream = torch.cuda.current_stream().cuda_stream if gpu.DEVICE == "cuda" else None
 
     def poison(self):
-        self.out.fill_(float("nan"))
-        self.lse.fill_(float("nan"))
-        if self.workspace is not None:
-            self.workspace.fill_(255)
+        poison_outputs(self.out, self.lse, self.workspace)
 
     def __call__(self):
         self.engine.forward_varlen_raw(*self.args, self.stream)
