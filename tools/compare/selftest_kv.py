@@ -146,6 +146,8 @@ class TorchEngine:
 
 
 class CpuTimer:
+    """The rehearsals' timer: wall time of the call on the CPU, no spin."""
+
     spin_cycles = 0
 
     def cycles_for(self, ms):

@@ -17,6 +17,7 @@ import flashjit_ctypes as fj
 from . import gpu
 from .run_case import case_entry, impl_cell
 from .run_varlen import add_ratios
+from .selftest_kv import CpuTimer
 from .varlen_backends import SDPA_REASON, impl_names
 from .varlen_cases import VarlenCase
 
@@ -208,23 +209,6 @@ def fake_fa4(old_varlen=False):
     mod.flash_attn_varlen_func = old_varlen_func if old_varlen else flash_attn_varlen_func
     mod.flash_attn_varlen_func.__name__ = "flash_attn_varlen_func"
     return mod
-
-
-class CpuTimer:
-    spin_cycles = 0
-
-    def cycles_for(self, ms):
-        return 0
-
-    def launch(self, fn, spin_cycles=None):
-        t0 = time.perf_counter()
-        fn()
-        t1 = time.perf_counter()
-        return t0, t1, (t1 - t0) * 1e3
-
-    @staticmethod
-    def elapsed_ms(handle):
-        return (handle[1] - handle[0]) * 1e3
 
 
 def rehearsal_cases():
