@@ -26,7 +26,7 @@ Workspaces::~Workspaces() {
   auto release = [](const Buffer& buffer) {
     if (buffer.address == 0) return;
     ScopedContext current(buffer.context);
-    driver().cuMemFree(buffer.address);  // frees after the context's pending work on it
+    driver().cuMemFree(buffer.address);
   };
   for (const auto& [key, buffer] : buffers_) release(buffer);
   for (const Buffer& buffer : retired_) release(buffer);

@@ -18,9 +18,7 @@ namespace {
 
 bool loads_with_tma(const Variant& v) { return decode_shape(v).tma; }
 
-DecodeShape shape_of(const Variant& v) { return decode_shape(v); }
-
-int decode_shared_bytes(const Variant& v) { return shape_of(v).shared_bytes(); }
+int decode_shared_bytes(const Variant& v) { return decode_shape(v).shared_bytes(); }
 
 std::string decode_check(const Variant& v) {
   if (v.tile_m != 16 && v.tile_m != 32)
@@ -93,7 +91,7 @@ void add_kv_maps(LaunchPlan& plan, const Variant& v, const ForwardProblem& probl
                    : problem.varlen ? problem.total_k
                                     : problem.seqlen_k;
   const int blocks = problem.paged ? problem.num_pages : problem.varlen ? 1 : problem.batch;
-  const int box_rows = problem.paged ? shape_of(v).page_box_rows(problem.page_size) : v.tile_n;
+  const int box_rows = problem.paged ? decode_shape(v).page_box_rows(problem.page_size) : v.tile_n;
   plan.maps.push_back(tensor_map(MapOperand::k, p.k, problem.dtype, problem.head_dim, rows,
                                  problem.heads_kv, blocks, p.k_stride_s, p.k_stride_h, p.k_stride_b,
                                  box_rows, kStreamingPromotion));
