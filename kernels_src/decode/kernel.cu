@@ -18,6 +18,7 @@
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
+#include "common/sequence.cuh"
 #include "common/sm90_tma.cuh"
 #include "common/types.cuh"
 #include "decode/shape.cuh"
@@ -78,24 +79,14 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
 
-  // This CTA's sequence. Queries: rows q_start.. of a packed (varlen) q and o, else batch
-  // `batch`; their count is clamped to the grid's seqlen_q. Keys: rows k_start.. of a packed
-  // dense k and v, else the sequence's own (or its pages), at most the capacity and seqused_k.
-  int seqlen_q = p.seqlen_q, q_start = 0;
-  long long q_offset = batch * p.q_stride_b, o_offset = batch * p.o_stride_b;
-  if (p.cu_seqlens_q != nullptr) {
-    q_start = __ldg(p.cu_seqlens_q + batch);
-    seqlen_q = min(max(__ldg(p.cu_seqlens_q + batch + 1) - q_start, 0), p.seqlen_q);
-    q_offset = q_start * p.q_stride_s;
-    o_offset = q_start * p.o_stride_s;
-  }
-  int seqlen = p.seqlen_k, k_start = 0, k_block = batch;
-  if (p.cu_seqlens_k != nullptr) {
-    k_start = __ldg(p.cu_seqlens_k + batch);
-    seqlen = min(max(__ldg(p.cu_seqlens_k + batch + 1) - k_start, 0), p.seqlen_k);
-    k_block = 0;
-  }
-  if (p.seqused_k != nullptr) seqlen = min(max(__ldg(p.seqused_k + batch), 0), seqlen);
+  // This CTA's sequence: its queries are rows seq.q_start.. of a packed (varlen) q and o, else
+  // batch `batch`; its keys rows seq.k_start.. of a packed dense k and v, else the sequence's own
+  // (or its pages).
+  const SequenceSpan seq = sequence_span(p, batch);
+  const int seqlen_q = seq.seqlen_q, seqlen = seq.seqlen_k, k_start = seq.k_start;
+  const int k_block = seq.k_batch;
+  const long long q_offset = seq.q_batch * p.q_stride_b + seq.q_start * p.q_stride_s;
+  const long long o_offset = seq.q_batch * p.o_stride_b + seq.q_start * p.o_stride_s;
   const int rows = seqlen_q * group;
   if (row0 >= rows) return;  // a shorter sequence of a varlen batch: nothing for this CTA
   // One past the last key packed row `row` sees (row -> query token row / group).
@@ -368,12 +359,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       packed.w = pack2<T>(acc[6] * scale, acc[7] * scale);
       T* to = static_cast<T*>(p.o) + o_offset + token * p.o_stride_s + head * p.o_stride_h + c;
       *reinterpret_cast<uint4*>(to) = packed;
-      if (c == 0 && p.lse != nullptr) {
-        if (p.cu_seqlens_q != nullptr)  // [heads_q, total_q]
-          p.lse[static_cast<long long>(head) * p.total_q + q_start + token] = lse;
-        else
-          store_row_lse(p, batch, head, token, best, total);
-      }
+      if (c == 0 && p.lse != nullptr) p.lse[lse_offset(p, batch, seq.q_start, head, token)] = lse;
     }
   }
 }

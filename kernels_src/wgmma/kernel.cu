@@ -1,7 +1,7 @@
 // fmha_wgmma: the Hopper attention forward (sm_90a only), built like FlashAttention-3.
 //
-// One CTA per SM loops over work units (a persistent grid; a causal unit pairs a long and a short
-// query tile so all units cost the same). Warpgroup 0 is the producer: one thread issues TMA loads
+// One CTA per SM loops over work units (a persistent grid; wgmma/schedule.cuh says which, for dense
+// and varlen batches). Warpgroup 0 is the producer: one thread issues TMA loads
 // of the Q tile and of a Stages-deep ring of K and V tiles into 128-byte-swizzled shared memory,
 // each completing on an mbarrier. Warpgroups 1..TileM/64 are consumers: each owns 64 query rows
 // and runs S = Q·Kᵀ (wgmma, both operands in shared memory), the online softmax in registers, and
@@ -16,12 +16,14 @@
 #include "common/params.cuh"
 #include "common/quad_reduce.cuh"
 #include "common/quad_transpose.cuh"
+#include "common/sequence.cuh"
 #include "common/sm90_mbarrier.cuh"
 #include "common/sm90_stmatrix.cuh"
 #include "common/sm90_tma.cuh"
 #include "common/sm90_warpgroup.cuh"
 #include "common/sm90_wgmma.cuh"
 #include "common/types.cuh"
+#include "wgmma/schedule.cuh"
 #include "wgmma/shape.cuh"
 
 namespace flashjit {
@@ -45,49 +47,23 @@ struct TileCoord {
   int m_block, head, batch;
 };
 
-// A work unit is one query tile, or for causal the pair of tiles k and m_tiles - 1 - k of one head:
-// long + short costs the same for every k, so dealing units round-robin balances the CTAs.
-// Units go group by group of heads_per_group (batch, head) pairs, the pair index changing
-// fastest, so CTAs running together read the same heads' K/V.
-struct WorkUnit {
-  int k, pair;
-
-  __device__ __forceinline__ WorkUnit(const FmhaParams& p, const WgmmaSchedule& s, int unit) {
-    const int group_units = s.heads_per_group * s.units_per_pair;
-    const int group = unit / group_units;
-    const int first_pair = group * s.heads_per_group;
-    const int pairs = min(s.heads_per_group, p.batch * p.heads_q - first_pair);
-    const int r = unit - group * group_units;
-    k = r / pairs;
-    pair = first_pair + (r - k * pairs);
-  }
-  template <bool Causal>
-  __device__ __forceinline__ int tiles(const WgmmaSchedule& s) const {
-    return Causal && 2 * k + 1 != s.m_tiles ? 2 : 1;  // an odd middle tile comes once
-  }
-  template <bool Causal>
-  __device__ __forceinline__ TileCoord tile(const FmhaParams& p, const WgmmaSchedule& s,
-                                            int which) const {
-    const int m_block = Causal && which == 0 ? s.m_tiles - 1 - k : k;  // the long tile first
-    return {m_block, pair % p.heads_q, pair / p.heads_q};
-  }
-};
-
 // ---- producer ---------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
 __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule& sched,
-                                        const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
-                                        const TmaDescriptor* tma_v, unsigned char* smem,
-                                        PipelineBarriers<Stages>* bars) {
+                                        const VarlenTable* table, const TmaDescriptor* tma_q,
+                                        const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
+                                        unsigned char* smem, PipelineBarriers<Stages>* bars) {
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
   int pipe = 0, q_loads = 0;
-  for (int unit = blockIdx.x; unit < sched.total_units; unit += gridDim.x) {
-    const WorkUnit u(p, sched, unit);
-    for (int which = 0; which < u.tiles<Causal>(sched); ++which) {
-      const TileCoord c = u.tile<Causal>(p, sched, which);
-      const int row0 = c.m_block * TileM;
-      const int n_tiles = kv_tile_count<Causal, TileM, TileN>(p, row0);
+  const int units = total_units(p, sched, table);
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const WorkUnit<Causal, TileM, TileN> u(p, sched, table, unit);
+    const SequenceSpan seq = sequence_span(p, u.batch);
+    for (int which = 0; which < u.tiles(); ++which) {
+      const int row0 = u.m_block(which) * TileM;
+      if (row0 >= seq.seqlen_q) continue;  // past a shorter sequence's end (unsorted varlen)
+      const int n_tiles = kv_tile_count<Causal, TileM, TileN>(seq, row0);
       if (n_tiles == 0) continue;  // the consumers write zeros without touching the pipeline
       // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
       if (q_loads > 0) mbarrier_wait(&bars->q_empty, (q_loads - 1) & 1);
@@ -96,8 +72,8 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
 #pragma unroll
       for (int b = 0; b < Shape::kDimBlocks; ++b)
         tma_load_4d(smem + Shape::kQOffset + b * TileM * Shape::kRowBytes, tma_q, &bars->q_full,
-                    64 * b, row0, c.head, c.batch);
-      const int kv_head = c.head / p.heads_per_kv;
+                    64 * b, seq.q_start + row0, u.head, seq.q_batch);
+      const int kv_head = u.head / p.heads_per_kv;
       for (int j = 0; j < n_tiles; ++j, ++pipe) {
         const int stage = pipe % Stages;
         const unsigned phase = (pipe / Stages) & 1;
@@ -110,8 +86,8 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
           unsigned char* tile = smem + offset + stage * Shape::kKVBytes;
 #pragma unroll
           for (int b = 0; b < Shape::kDimBlocks; ++b)
-            tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, full, 64 * b, j * TileN, kv_head,
-                        c.batch);
+            tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, full, 64 * b,
+                        seq.k_start + j * TileN, kv_head, seq.k_batch);
         };
         load(&bars->k_empty[stage], &bars->k_full[stage], Shape::kKOffset, tma_k);
         load(&bars->v_empty[stage], &bars->v_full[stage], Shape::kVOffset, tma_v);
@@ -169,9 +145,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[HeadDim / 2],
 // `key` is the thread's first column; comparisons are against per-row counts of visible columns,
 // so each element costs a compare with an immediate.
 template <bool Causal, int TileN>
-__device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const FmhaParams& p, int row,
-                                            int key) {
-  const int visible[2] = {key_limit<Causal>(p, row) - key, key_limit<Causal>(p, row + 8) - key};
+__device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const SequenceSpan& seq,
+                                            int row, int key) {
+  const int visible[2] = {key_limit<Causal>(seq, row) - key, key_limit<Causal>(seq, row + 8) - key};
 #pragma unroll
   for (int e = 0; e < TileN / 2; ++e)
     if (8 * (e / 4) + e % 2 >= visible[(e / 2) % 2]) s[e] = neg_inf();
@@ -228,15 +204,17 @@ __device__ __forceinline__ void probabilities_to_fragments(const float (&s)[Tile
 // A quad holds one 2-column word of each 8-column block of a row; a transpose over each 4 blocks
 // gives every lane one whole block, stored as 16 bytes (O rows are 16-byte aligned: validate.cpp).
 template <typename T, int HeadDim>
-__device__ __forceinline__ void store_output(const FmhaParams& p, const TileCoord& c, int row0,
+__device__ __forceinline__ void store_output(const FmhaParams& p, const SequenceSpan& seq,
+                                             const TileCoord& c, int row0,
                                              const FragmentPosition& at,
                                              const float (&o)[HeadDim / 2], RowSoftmax& softmax) {
-  T* out = static_cast<T*>(p.o) + c.batch * p.o_stride_b + c.head * p.o_stride_h;
+  T* out = static_cast<T*>(p.o) + seq.q_batch * p.o_stride_b + seq.q_start * p.o_stride_s +
+           c.head * p.o_stride_h;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
     const float sum = quad_sum(softmax.sum[i]);
     const int row = row0 + at.row + 8 * i;
-    const bool in_range = row < p.seqlen_q;  // only the store: the shuffles need the whole warp
+    const bool in_range = row < seq.seqlen_q;  // only the store: the shuffles need the whole warp
     const float scale = output_scale(sum);
     T* out_row = out + row * p.o_stride_s + 4 * at.col;  // lane q of a quad: block 4 g + q
 #pragma unroll
@@ -251,7 +229,7 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const TileCoor
       store_global_16(out_row + 32 * g, w, in_range);
     }
     if (in_range && p.lse != nullptr && at.col == 0)
-      store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum);
+      store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum, seq.q_start);
   }
 }
 
@@ -260,7 +238,9 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const TileCoor
 // O tensor map's store reads. The warpgroup writes its normalized rows there with stmatrix (each
 // matrix row is one 16-byte chunk and the swizzle puts a matrix's 8 rows in 8 different chunks:
 // no bank conflicts), then one thread copies the boxes out with TMA and the warpgroup goes on to
-// its next tile. Rows past seqlen_q are clipped by the map. LSE goes out as in store_output.
+// its next tile. Rows past seqlen_q are clipped by the map: a varlen batch's map covers all its
+// sequences, so a slice that ends past its sequence goes through store_output instead. LSE goes
+// out as in store_output. The slice's named barrier also serves the warpgroup elsewhere.
 template <typename T, int HeadDim>
 struct StagedOutput {
   // Named barriers 4..6, one per consumer warpgroup (0 is __syncthreads, Turns uses 1..3).
@@ -275,8 +255,9 @@ struct StagedOutput {
         barrier(kFirstBarrier + consumer),
         issuer(threadIdx.x % kWarpgroupThreads == 0) {}
 
-  __device__ __forceinline__ void store(const FmhaParams& p, const TmaDescriptor* tma_o,
-                                        const TileCoord& c, int row0, const FragmentPosition& at,
+  __device__ __forceinline__ void store(const FmhaParams& p, const SequenceSpan& seq,
+                                        const TmaDescriptor* tma_o, const TileCoord& c, int row0,
+                                        const FragmentPosition& at,
                                         const float (&o)[HeadDim / 2], RowSoftmax& softmax) const {
     float sum[2], scale[2];
 #pragma unroll
@@ -310,15 +291,16 @@ struct StagedOutput {
     if (issuer) {
 #pragma unroll
       for (int b = 0; b < HeadDim / 64; ++b)
-        tma_store_4d(tma_o, slice + b * 64 * 128, 64 * b, row0, c.head, c.batch);
+        tma_store_4d(tma_o, slice + b * 64 * 128, 64 * b, seq.q_start + row0, c.head,
+                     seq.q_batch);
       bulk_commit_group();
     }
     // LSE last: the proxy fence (a MEMBAR) would otherwise wait for these stores too.
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       const int row = row0 + at.row + 8 * i;
-      if (row < p.seqlen_q && p.lse != nullptr && at.col == 0)
-        store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum[i]);
+      if (row < seq.seqlen_q && p.lse != nullptr && at.col == 0)
+        store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum[i], seq.q_start);
     }
   }
 
@@ -327,6 +309,22 @@ struct StagedOutput {
     if (issuer) bulk_wait_group<0>();
   }
 };
+
+// Zeros rows [first_row, TileN) of a K/V stage (all head-dim blocks; the swizzle only permutes
+// chunks within a row) for the async proxy, then syncs the warpgroup on its named barrier.
+template <int HeadDim, int TileN>
+__device__ __forceinline__ void zero_rows(unsigned char* tile, int first_row, int barrier) {
+  constexpr int kChunksPerRow = 128 / 16;
+  const int chunks = (TileN - first_row) * kChunksPerRow;
+  for (int i = threadIdx.x % kWarpgroupThreads; i < chunks * (HeadDim / 64);
+       i += kWarpgroupThreads) {
+    const int block = i / chunks, chunk = i - block * chunks;
+    *reinterpret_cast<uint4*>(tile + (block * TileN + first_row) * 128 + chunk * 16) =
+        make_uint4(0, 0, 0, 0);
+  }
+  fence_proxy_async_shared();
+  named_barrier_sync(barrier, kWarpgroupThreads);
+}
 
 // One arrival per consumer warp tells the producer a stage (or Q) may be overwritten.
 __device__ __forceinline__ void release(unsigned long long* bar) {
@@ -358,8 +356,9 @@ struct Turns {
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
-                                        const TmaDescriptor* tma_o, unsigned char* smem,
-                                        PipelineBarriers<Stages>* bars, int consumer) {
+                                        const VarlenTable* table, const TmaDescriptor* tma_o,
+                                        unsigned char* smem, PipelineBarriers<Stages>* bars,
+                                        int consumer) {
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
   const FragmentPosition at = fragment_position();
   // Shared-memory addresses are recomputed from one base where used: fewer live registers.
@@ -380,14 +379,17 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
     mbarrier_wait(&full[slot % Stages], (slot / Stages) & 1);
   };
   int pipe = 0, q_loads = 0;
-  for (int unit = blockIdx.x; unit < sched.total_units; unit += gridDim.x) {
-    const WorkUnit u(p, sched, unit);
-    for (int which = 0; which < u.tiles<Causal>(sched); ++which) {
-      const TileCoord c = u.tile<Causal>(p, sched, which);
-      const int n_tiles = kv_tile_count<Causal, TileM, TileN>(p, c.m_block * TileM);
+  const int units = total_units(p, sched, table);
+  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
+    const WorkUnit<Causal, TileM, TileN> u(p, sched, table, unit);
+    const SequenceSpan seq = sequence_span(p, u.batch);
+    for (int which = 0; which < u.tiles(); ++which) {
+      const TileCoord c{u.m_block(which), u.head, u.batch};
+      if (c.m_block * TileM >= seq.seqlen_q) continue;  // as the producer skips it
+      const int n_tiles = kv_tile_count<Causal, TileM, TileN>(seq, c.m_block * TileM);
       const int row0 = c.m_block * TileM + consumer * 64;
       // Key tiles from first_masked on hold keys that some row of this warpgroup may not see.
-      const int first_masked = max(key_limit<Causal>(p, row0), 0) / TileN;
+      const int first_masked = max(key_limit<Causal>(seq, row0), 0) / TileN;
       float o[HeadDim / 2];
 #pragma unroll
       for (int e = 0; e < HeadDim / 2; ++e) o[e] = 0.f;
@@ -396,7 +398,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       unsigned pf[TileN / 16][4];
       auto softmax_step = [&](int j, auto masked) {  // S(j) -> P(j) in place, and O's correction
         if constexpr (decltype(masked)::value)
-          mask_scores<Causal, TileN>(s, p, row0 + at.row, j * TileN + at.col);
+          mask_scores<Causal, TileN>(s, seq, row0 + at.row, j * TileN + at.col);
         softmax.update(s, p.scale_log2, correction);
       };
       auto scores_alone = [&](int j, auto masked) {  // S(j), waited on, then softmax(j)
@@ -415,6 +417,11 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       };
       auto values_alone = [&](int j) {  // O += P(j)·V(j), waited on
         wait_full(bars->v_full, pipe + j);
+        // With seqused_k the rows past a sequence's last key may hold anything (NaN included),
+        // and P = 0 does not cancel NaN in P·V: the last tile's rows past it become zeros.
+        if (p.seqused_k != nullptr && seq.seqlen_k - j * TileN < TileN)
+          zero_rows<HeadDim, TileN>(smem + Shape::kVOffset + ((pipe + j) % Stages) * Shape::kKVBytes,
+                                    seq.seqlen_k - j * TileN, staged.barrier);
         turns.begin();
         issue_pv<T, HeadDim, TileN>(o, pf, v_tile(pipe + j));
         turns.end();
@@ -457,8 +464,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         values_alone(n_tiles - 1);
         pipe += n_tiles;
       }
-      if constexpr (Shape::kStageO) staged.store(p, tma_o, c, row0, at, o, softmax);
-      else store_output<T, HeadDim>(p, c, row0, at, o, softmax);
+      if (Shape::kStageO && (p.cu_seqlens_q == nullptr || row0 + 64 <= seq.seqlen_q))
+        staged.store(p, seq, tma_o, c, row0, at, o, softmax);
+      else
+        store_output<T, HeadDim>(p, seq, c, row0, at, o, softmax);
     }
   }
   if constexpr (Shape::kStageO) staged.drain();
@@ -477,8 +486,12 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   // The 128B swizzle pattern repeats every 1024 bytes and wgmma assumes atoms start on that grid.
   unsigned char* smem = smem_raw + ((1024 - smem_u32(smem_raw) % 1024) % 1024);
   auto* bars = reinterpret_cast<PipelineBarriers<Stages>*>(smem + Shape::kBarrierOffset);
+  auto* table = reinterpret_cast<VarlenTable*>(smem + Shape::kTableOffset);
   constexpr unsigned kConsumerWarps = Shape::kConsumers * 4;
   static_assert(sizeof(PipelineBarriers<Stages>) == Shape::kBarrierBytes, "barrier bytes");
+  if (sched.sorted_varlen)  // the K ring is free until the producer starts
+    build_varlen_table<Causal, TileM, TileN>(p, table,
+                                             reinterpret_cast<int*>(smem + Shape::kKOffset));
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bars->q_full, 1);
@@ -501,11 +514,11 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   if (warpgroup == 0) {
     warpgroup_lower_registers<Shape::kProducerRegs>();
     if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, &tma_q, &tma_k, &tma_v, smem,
-                                                        bars);
+      produce<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, table, &tma_q, &tma_k, &tma_v,
+                                                        smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, &tma_o, smem, bars,
+    consume<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, table, &tma_o, smem, bars,
                                                       warpgroup - 1);
   }
 }

@@ -15,6 +15,9 @@ struct WgmmaSchedule {
   int units_per_pair;   // work units per (batch, head): causal pairs of tiles, else single tiles
   int total_units;      // units_per_pair * heads_q * batch, dealt round-robin to the CTAs
   int heads_per_group;  // (batch, head) pairs worked on together so their K/V stay in L2
+  // 1: a varlen batch of at most kMaxSortedSequences, whose units the CTAs deal in order of
+  // decreasing cost from a table they build (wgmma/schedule.cuh); total_units is then a bound.
+  int sorted_varlen;
 };
 
 struct WgmmaGeometry {
@@ -29,6 +32,11 @@ struct WgmmaGeometry {
   static constexpr int kElementBytes = 2;  // bf16 and fp16
   static constexpr int kAlignSlack = 1024;  // the kernel aligns its tiles to the 1024-byte atom
   static constexpr int kMaxSharedBytes = 232448;  // 227 KiB: the most a block may opt into (sm_90)
+  // Varlen batches up to this many sequences get the sorted schedule; its table (units_end and
+  // the batch index per rank) costs 1.5 KB, which every shape up to 227 KiB still fits.
+  static constexpr int kMaxSortedSequences = 256;
+  static constexpr int kTableBytes = kMaxSortedSequences * (4 + 2);
+  static constexpr int kTableScratchBytes = 2 * kMaxSortedSequences * 4;  // in the K/V ring
 
   FLASHJIT_HOST_DEVICE constexpr int consumers() const { return tile_m / kRowsPerConsumer; }
   FLASHJIT_HOST_DEVICE constexpr int threads() const {
@@ -57,11 +65,12 @@ struct WgmmaGeometry {
   FLASHJIT_HOST_DEVICE constexpr bool stages_output() const {
     return consumers() == 3 && q_bytes() + 2 * stages * kv_bytes() +
                                        consumers() * o_slice_bytes() + barrier_bytes() +
-                                       kAlignSlack <=
+                                       kTableBytes + kAlignSlack <=
                                    kMaxSharedBytes;
   }
   // Shared memory, in order: Q, Stages x K, Stages x V, O's staging buffer (when staged), the
-  // mbarriers; plus the slack the kernel spends aligning the start to 1024 bytes.
+  // mbarriers, the varlen schedule's table; plus the slack the kernel spends aligning the start
+  // to 1024 bytes.
   FLASHJIT_HOST_DEVICE constexpr int q_offset() const { return 0; }
   FLASHJIT_HOST_DEVICE constexpr int k_offset() const { return q_offset() + q_bytes(); }
   FLASHJIT_HOST_DEVICE constexpr int v_offset() const { return k_offset() + stages * kv_bytes(); }
@@ -69,8 +78,11 @@ struct WgmmaGeometry {
   FLASHJIT_HOST_DEVICE constexpr int barrier_offset() const {
     return o_offset() + (stages_output() ? consumers() * o_slice_bytes() : 0);
   }
+  FLASHJIT_HOST_DEVICE constexpr int table_offset() const {
+    return barrier_offset() + barrier_bytes();
+  }
   FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
-    return barrier_offset() + barrier_bytes() + kAlignSlack;
+    return table_offset() + kTableBytes + kAlignSlack;
   }
 };
 
@@ -94,9 +106,12 @@ struct WgmmaShape {
   static constexpr int kVOffset = kGeometry.v_offset();
   static constexpr int kOOffset = kGeometry.o_offset();
   static constexpr int kBarrierOffset = kGeometry.barrier_offset();
+  static constexpr int kTableOffset = kGeometry.table_offset();
   static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 16 == 0, "tile shape");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "one to three consumer warpgroups");
   static_assert(kGeometry.shared_bytes() <= WgmmaGeometry::kMaxSharedBytes, "fits shared memory");
+  static_assert(2 * Stages * kKVBytes >= WgmmaGeometry::kTableScratchBytes,
+                "the K/V ring holds the table's scratch");
 };
 
 }  // namespace flashjit

@@ -97,7 +97,7 @@ TEST_CASE("simt and mma launch one CTA per (query tile, head, batch), shaped by 
 TEST_CASE("an unknown forced family names the families there are") {
   CHECK_THROWS_WITH_AS(detail::forced_family(std::string("tensor")),
                        doctest::Contains("options.family 'tensor' is unknown: expected one of "
-                                         "decode_tma, decode, wgmma, mma, simt, merge"),
+                                         "decode_tma, wgmma, decode, mma, simt, merge"),
                        Error);
   CHECK(detail::forced_family(std::nullopt) == nullptr);
 }

@@ -235,7 +235,7 @@ TEST_CASE("merge_attention_states arguments: equal shapes and strides, LSE buffe
   CHECK(detail::merge_variant("sm_90a", DType::fp16, 64).name() == "merge.sm90a.fp16.d64.m4n1s1");
 }
 
-TEST_CASE("a varlen batch is validated against its packed views and goes to the decode family") {
+TEST_CASE("a varlen batch is validated against its packed views; prefill goes to wgmma on Hopper") {
   const auto* cu_q = reinterpret_cast<const std::int32_t*>(0xb00000);
   const auto* cu_k = reinterpret_cast<const std::int32_t*>(0xc00000);
   const auto q = TensorView::bshd(fake(0x100000), DType::bf16, 1, 1000, 32, 128);
@@ -258,10 +258,28 @@ TEST_CASE("a varlen batch is validated against its packed views and goes to the 
   CHECK(problem.seqlen_k == 2000);
   CHECK(problem.params.total_q == 1000);
   CHECK(problem.params.cu_seqlens_k == cu_k);
-  // Prefill-sized rows, but only the decode families take varlen batches today.
-  CHECK(detail::select_variant(problem, h200(), nullptr).family == "decode_tma");
-  CHECK_THROWS_WITH_AS(detail::select_variant(problem, h200(), &family("wgmma")),
+  // Prefill-sized rows (300 x 4 per KV head): Hopper's prefill kernel, which decode_tma leaves to
+  // it; the decode family on sm_80 (mma takes no varlen batch); forced splits: decode.
+  CHECK(detail::select_variant(problem, h200(), nullptr).family == "wgmma");
+  CHECK_THROWS_WITH_AS(detail::select_variant(problem, h200(), &family("decode_tma")),
+                       doctest::Contains("unless paged"), Error);
+  DeviceInfo a100 = h200();
+  a100.arch = "sm_80";
+  a100.multiprocessors = 108;
+  a100.max_shared_per_block_optin = 163 * 1024;
+  CHECK(detail::select_variant(problem, a100, nullptr).family == "decode");
+  CHECK_THROWS_WITH_AS(detail::select_variant(problem, a100, &family("mma")),
                        doctest::Contains("takes no varlen batch"), Error);
+  ForwardOptions split;
+  split.num_splits = 4;
+  CHECK(detail::select_variant(detail::validate_forward(q, dense, q, &good, split), h200(), nullptr)
+            .family == "decode");
+  // Decode-sized rows (16 x 4 per KV head) stay with decode_tma.
+  VarlenBatch decode_sized = good;
+  decode_sized.max_seqlen_q = 16;
+  CHECK(detail::select_variant(detail::validate_forward(q, dense, q, &decode_sized, {}), h200(),
+                               nullptr)
+            .family == "decode_tma");
 
   VarlenBatch no_q = good;
   no_q.cu_seqlens_q = nullptr;

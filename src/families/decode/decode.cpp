@@ -51,7 +51,7 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool) {
 }
 
 // Dense caches with many rows per KV head are prefill's, unless they need seqused_k or a varlen
-// batch, which only this family takes.
+// batch, which on sm_80..sm_89 only this family takes.
 // Hopper with TMA loads: d128 with 16 rows takes 128-key tiles in two stages (one CTA per SM
 // streaming 64 KB stages: 477 us on the batch-64 case against 482 for 64 x 3); 32 rows keep
 // 64-key tiles (128 would spill: 255 registers); other head dims as decode.
@@ -135,6 +135,12 @@ std::string decode_tma_unsupported(const ForwardProblem& problem) {
                            p.v_stride_h})
     if (stride * 2 >= kMaxTmaStride)
       return fmt::format("a K/V stride of {} elements is past TMA's 2^40-byte limit", stride);
+  // Prefill-shaped problems with seqused_k or a varlen batch are the wgmma family's on Hopper.
+  if (!problem.paged && problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead)
+    return fmt::format(
+        "takes at most {} query rows per KV head (seqlen_q x heads_q / heads_kv) unless paged, "
+        "this problem has {}",
+        DecodeShape::kMaxRowsPerKvHead, problem.rows_per_kv_head());
   return decode_unsupported(problem);
 }
 

@@ -1,6 +1,7 @@
 // Host side of kernels_src/wgmma/kernel.cu (Hopper, sm_90a only): one producer warpgroup plus
 // tile_m/64 consumer warpgroups (wgmma/shape.cuh), TMA tensor maps over q, k, v and o, and a
-// persistent grid of one CTA per SM walking a schedule of query tiles.
+// persistent grid of one CTA per SM walking a schedule of query tiles (wgmma/schedule.cuh).
+// Dense and varlen batches, with or without seqused_k; not paged caches.
 #include <cuda.h>
 #include <fmt/format.h>
 
@@ -82,6 +83,7 @@ std::vector<std::byte> as_bytes(const T& value) {
 LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const DeviceInfo& device) {
   const FmhaParams& p = problem.params;
   WgmmaSchedule schedule{};
+  // Varlen: seqlen_q and seqlen_k are the longest sequence's, so these bound the real schedule.
   schedule.m_tiles = (problem.seqlen_q + v.tile_m - 1) / v.tile_m;
   const std::int64_t pairs = std::int64_t{problem.batch} * problem.heads_q;
   // Causal work units pair the tile k with tile m_tiles - 1 - k of the same head (equal cost).
@@ -93,6 +95,7 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
       std::clamp<std::int64_t>(static_cast<std::int64_t>(device.l2_cache_bytes) / 2 /
                                    std::max<std::int64_t>(kv_bytes_per_pair, 1),
                                1, pairs));
+  schedule.sorted_varlen = problem.varlen && problem.batch <= Geometry::kMaxSortedSequences;
 
   const Geometry geometry = geometry_of(v);
   LaunchPlan plan;
@@ -101,22 +104,26 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
       1, 1};
   plan.block = {static_cast<unsigned>(geometry.threads()), 1, 1};
   plan.shared_bytes = static_cast<unsigned>(geometry.shared_bytes());
-  plan.maps.push_back(tensor_map(MapOperand::q, p.q, problem.dtype, problem.head_dim,
-                                 problem.seqlen_q, problem.heads_q, problem.batch, p.q_stride_s,
-                                 p.q_stride_h, p.q_stride_b, v.tile_m));
-  plan.maps.push_back(tensor_map(MapOperand::k, p.k, problem.dtype, problem.head_dim,
-                                 problem.seqlen_k, problem.heads_kv, problem.batch, p.k_stride_s,
-                                 p.k_stride_h, p.k_stride_b, v.tile_n));
-  plan.maps.push_back(tensor_map(MapOperand::v, p.v, problem.dtype, problem.head_dim,
-                                 problem.seqlen_k, problem.heads_kv, problem.batch, p.v_stride_s,
-                                 p.v_stride_h, p.v_stride_b, v.tile_n));
+  // Maps are [head_dim, rows, heads, blocks]: a varlen batch is one block of all its packed rows
+  // (loads past a sequence read the next one's rows, which the kernel masks or does not store).
+  const int q_rows = problem.varlen ? problem.total_q : problem.seqlen_q;
+  const int kv_rows = problem.varlen ? problem.total_k : problem.seqlen_k;
+  const int blocks = problem.varlen ? 1 : problem.batch;
+  plan.maps.push_back(tensor_map(MapOperand::q, p.q, problem.dtype, problem.head_dim, q_rows,
+                                 problem.heads_q, blocks, p.q_stride_s, p.q_stride_h, p.q_stride_b,
+                                 v.tile_m));
+  plan.maps.push_back(tensor_map(MapOperand::k, p.k, problem.dtype, problem.head_dim, kv_rows,
+                                 problem.heads_kv, blocks, p.k_stride_s, p.k_stride_h, p.k_stride_b,
+                                 v.tile_n));
+  plan.maps.push_back(tensor_map(MapOperand::v, p.v, problem.dtype, problem.head_dim, kv_rows,
+                                 problem.heads_kv, blocks, p.v_stride_s, p.v_stride_h, p.v_stride_b,
+                                 v.tile_n));
   // Each consumer warpgroup stores its own 64 rows. Variants that store O from registers never
   // read this parameter (the kernel signature is the same for all): zeros, never encoded.
   plan.maps.push_back(geometry.stages_output()
                           ? tensor_map(MapOperand::o, p.o, problem.dtype, problem.head_dim,
-                                       problem.seqlen_q, problem.heads_q, problem.batch,
-                                       p.o_stride_s, p.o_stride_h, p.o_stride_b,
-                                       Geometry::kRowsPerConsumer)
+                                       q_rows, problem.heads_q, blocks, p.o_stride_s,
+                                       p.o_stride_h, p.o_stride_b, Geometry::kRowsPerConsumer)
                           : TensorMapArg{});
   plan.values.push_back(as_bytes(schedule));
   return plan;
@@ -128,6 +135,7 @@ constexpr int kWgmmaHeadDims[] = {64, 128, 256};
 }  // namespace
 
 constinit extern const KernelFamily kWgmmaFamily = {
+    .features = kFeatureSeqUsedK | kFeatureVarlen,
     .name = "wgmma",
     .summary = "TMA + wgmma, warp-specialized and persistent, FlashAttention-3 class",
     .source_file = "wgmma/kernel.cu",

@@ -1,0 +1,34 @@
+// One sequence of a batch as the attention kernels see it: how many queries and valid keys it has
+// and where its rows start, for dense batches (sequence b is batch index b of q, k, v and o) and
+// varlen ones (rows packed through cu_seqlens_q / cu_seqlens_k), with seqused_k applied.
+#pragma once
+
+#include "common/params.cuh"
+
+namespace flashjit {
+
+struct SequenceSpan {
+  int seqlen_q, seqlen_k;  // its queries, and the keys they attend over
+  int q_start, k_start;    // its first row in a packed q / o and k / v; 0 when dense
+  int q_batch, k_batch;    // its batch index in q / o and k / v; 0 when packed
+};
+
+// Lengths are clamped to the launch's seqlen_q / seqlen_k (the host's maxima, which size the grid
+// and the key capacity), so a bad cu_seqlens entry cannot send a kernel past its tensors.
+__device__ __forceinline__ SequenceSpan sequence_span(const FmhaParams& p, int batch) {
+  SequenceSpan s{p.seqlen_q, p.seqlen_k, 0, 0, batch, batch};
+  if (p.cu_seqlens_q != nullptr) {
+    s.q_start = __ldg(p.cu_seqlens_q + batch);
+    s.seqlen_q = min(max(__ldg(p.cu_seqlens_q + batch + 1) - s.q_start, 0), p.seqlen_q);
+    s.q_batch = 0;
+  }
+  if (p.cu_seqlens_k != nullptr) {
+    s.k_start = __ldg(p.cu_seqlens_k + batch);
+    s.seqlen_k = min(max(__ldg(p.cu_seqlens_k + batch + 1) - s.k_start, 0), p.seqlen_k);
+    s.k_batch = 0;
+  }
+  if (p.seqused_k != nullptr) s.seqlen_k = min(max(__ldg(p.seqused_k + batch), 0), s.seqlen_k);
+  return s;
+}
+
+}  // namespace flashjit

@@ -1,0 +1,124 @@
+// Which query tiles a CTA of the persistent wgmma kernel works on, and in what order.
+//
+// A work unit is one query tile, or for causal attention the pair of tiles k and m - 1 - k of one
+// (sequence, head), m being the sequence's query tiles: long + short costs the same for every k.
+// CTA c takes units c, c + grid, c + 2 grid, ...
+// - Dense batches: every (batch, head) pair has the same units. They go group by group of
+//   heads_per_group pairs, the pair index changing fastest, so CTAs running together read the
+//   same heads' K/V from L2.
+// - Varlen batches of at most kMaxSortedSequences: each CTA first sorts the sequences by the cost
+//   of one of their units, most expensive first, into a table in shared memory; units then go
+//   sequence by sequence in that order, head by head, k fastest. Dealing units in order of
+//   decreasing cost keeps the CTAs within one unit of each other (longest processing time
+//   first), where batch order can leave a CTA holding the last long sequence alone.
+// - Larger varlen batches: the dense order over the longest sequence's tiles; tiles past a
+//   sequence's end are skipped.
+#pragma once
+
+#include "common/masking.cuh"
+#include "common/params.cuh"
+#include "common/sequence.cuh"
+#include "wgmma/shape.cuh"
+
+namespace flashjit {
+
+struct VarlenTable {
+  int units_end[WgmmaGeometry::kMaxSortedSequences];  // by rank: units of the ranks <= r
+  unsigned short sequence[WgmmaGeometry::kMaxSortedSequences];  // by rank: the batch index
+};
+static_assert(sizeof(VarlenTable) == WgmmaGeometry::kTableBytes, "table bytes");
+
+// One sequence's work units and what one of them costs (key tiles plus one per query tile, the
+// epilogue's share).
+template <bool Causal, int TileM, int TileN>
+struct SequenceUnits {
+  int query_tiles, per_head;
+
+  __device__ __forceinline__ explicit SequenceUnits(const SequenceSpan& seq)
+      : query_tiles((seq.seqlen_q + TileM - 1) / TileM),
+        per_head(Causal ? (query_tiles + 1) / 2 : query_tiles) {}
+
+  __device__ __forceinline__ int cost(const SequenceSpan& seq) const {
+    if (query_tiles == 0) return 0;
+    const int first = kv_tile_count<Causal, TileM, TileN>(seq, 0) + 1;
+    if (!Causal || query_tiles == 1) return first;
+    return first + kv_tile_count<Causal, TileM, TileN>(seq, (query_tiles - 1) * TileM) + 1;
+  }
+};
+
+// Builds the table; every thread of the CTA calls it, and a __syncthreads must follow before the
+// table is read. `scratch` holds 2 * kMaxSortedSequences ints (the K/V ring, not yet in use).
+template <bool Causal, int TileM, int TileN>
+__device__ __forceinline__ void build_varlen_table(const FmhaParams& p, VarlenTable* table,
+                                                   int* scratch) {
+  int* cost = scratch;
+  int* units = scratch + WgmmaGeometry::kMaxSortedSequences;
+  for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {
+    const SequenceSpan seq = sequence_span(p, b);
+    const SequenceUnits<Causal, TileM, TileN> su(seq);
+    cost[b] = su.cost(seq);
+    units[b] = su.per_head * p.heads_q;
+  }
+  __syncthreads();
+  for (int b = threadIdx.x; b < p.batch; b += blockDim.x) {  // rank: costlier first, ties in order
+    int rank = 0;
+    for (int other = 0; other < p.batch; ++other)
+      rank += cost[other] > cost[b] || (cost[other] == cost[b] && other < b);
+    table->sequence[rank] = static_cast<unsigned short>(b);
+  }
+  __syncthreads();
+  for (int rank = threadIdx.x; rank < p.batch; rank += blockDim.x) {
+    int end = 0;
+    for (int r = 0; r <= rank; ++r) end += units[table->sequence[r]];
+    table->units_end[rank] = end;
+  }
+}
+
+__device__ __forceinline__ int total_units(const FmhaParams& p, const WgmmaSchedule& s,
+                                           const VarlenTable* table) {
+  return s.sorted_varlen ? table->units_end[p.batch - 1] : s.total_units;
+}
+
+template <bool Causal, int TileM, int TileN>
+struct WorkUnit {
+  int k, head, batch;
+  int query_tiles;  // of this unit's sequence (dense and unsorted: the longest's)
+
+  __device__ __forceinline__ WorkUnit(const FmhaParams& p, const WgmmaSchedule& s,
+                                      const VarlenTable* table, int unit) {
+    if (s.sorted_varlen) {
+      int lo = 0, hi = p.batch - 1;  // the first rank whose units end past `unit`
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (table->units_end[mid] > unit) hi = mid;
+        else lo = mid + 1;
+      }
+      batch = table->sequence[lo];
+      const int first = lo > 0 ? table->units_end[lo - 1] : 0;
+      const SequenceUnits<Causal, TileM, TileN> su(sequence_span(p, batch));
+      const int v = unit - first;
+      head = v / su.per_head;
+      k = v - head * su.per_head;
+      query_tiles = su.query_tiles;
+      return;
+    }
+    const int group_units = s.heads_per_group * s.units_per_pair;
+    const int group = unit / group_units;
+    const int first_pair = group * s.heads_per_group;
+    const int pairs = min(s.heads_per_group, p.batch * p.heads_q - first_pair);
+    const int r = unit - group * group_units;
+    k = r / pairs;
+    const int pair = first_pair + (r - k * pairs);
+    head = pair % p.heads_q;
+    batch = pair / p.heads_q;
+    query_tiles = s.m_tiles;
+  }
+  __device__ __forceinline__ int tiles() const {
+    return Causal && 2 * k + 1 != query_tiles ? 2 : 1;  // an odd middle tile comes once
+  }
+  __device__ __forceinline__ int m_block(int which) const {
+    return Causal && which == 0 ? query_tiles - 1 - k : k;  // the long tile first
+  }
+};
+
+}  // namespace flashjit

@@ -1,0 +1,85 @@
+#include "serving_checks.hpp"
+
+#include <doctest/doctest.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#include "compare.hpp"
+#include "gpu.hpp"
+#include "numerics_case.hpp"  // row_is_zero
+
+namespace flashjit::test {
+
+bool decode_has_head_dim(int head_dim) {
+  return head_dim < 256 || shared_engine().device().max_shared_per_block_optin >= 160 * 1024;
+}
+
+std::vector<std::optional<std::string>> decode_kernels() {
+  std::vector<std::optional<std::string>> kernels = {std::nullopt};
+  if (shared_engine().device().arch == "sm_90a") kernels.push_back("decode");
+  return kernels;
+}
+
+bool all_poison(const HostTensor& out) {
+  return std::all_of(out.bits.begin(), out.bits.end(), [](std::uint16_t x) { return x == 0xffff; });
+}
+
+bool all_poison(const std::vector<float>& lse) {
+  return std::all_of(lse.begin(), lse.end(), [](float x) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &x, 4);
+    return bits == 0xffffffffu;
+  });
+}
+
+int check_against(const HostTensor& out, const std::vector<float>& lse, const Reference& ref,
+                  DType dtype) {
+  check_within_bounds(compare_forward(out, &lse, ref), dtype);
+  const auto& shape = out.view.shape;  // [b, sq, hq, d]
+  int empty = 0, nonzero = 0;
+  for (std::int64_t b = 0; b < shape[0]; ++b)
+    for (std::int64_t h = 0; h < shape[2]; ++h)
+      for (std::int64_t i = 0; i < shape[1]; ++i)
+        if (std::isinf(ref.lse[static_cast<std::size_t>((b * shape[2] + h) * shape[1] + i)])) {
+          ++empty;
+          nonzero += !row_is_zero(out, b, i, h);
+        }
+  CHECK_MESSAGE(nonzero == 0, nonzero, " of ", empty, " rows that see no key are not 0");
+  return empty;
+}
+
+void check_refused(const std::string& what, const std::function<void()>& call,
+                   const std::vector<std::string>& names) {
+  CAPTURE(what);
+  try {
+    call();
+    FAIL_CHECK(what, ": accepted");
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    CAPTURE(message);
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    const bool named = std::any_of(names.begin(), names.end(), [&](const std::string& name) {
+      return message.find(name) != std::string::npos;
+    });
+    CHECK_MESSAGE(named, "the message names none of ", fmt::format("{}", fmt::join(names, ", ")));
+  }
+}
+
+void check_unsupported(const std::string& what, const std::function<void()>& call) {
+  CAPTURE(what);
+  try {
+    call();
+    FAIL_CHECK(what, ": accepted");
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    CAPTURE(message);
+    CHECK(e.code() == ErrorCode::unsupported);
+  }
+}
+
+}  // namespace flashjit::test

@@ -1,0 +1,40 @@
+// What the serving GPU tests (test_decode.cpp, test_varlen.cpp) share: which decode kernels run
+// each case, whether the decode family has a head dim on this GPU, the reference check, the poison
+// checks and the checks that a call is refused.
+#pragma once
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "reference.hpp"
+
+namespace flashjit::test {
+
+// The decode family's d256 tile needs more shared memory than the 99 KB a block gets on sm_86,
+// sm_89 and sm_120 parts (there dense d256 decodes fall back to mma): d256 is expected of it only
+// where a block may have 160 KB (A100, H100/H200, B200).
+bool decode_has_head_dim(int head_dim);
+
+// The decode kernels to run each case with: the dispatcher's (TMA loads on Hopper), and the
+// cp.async one forced, which Hopper would otherwise never run.
+std::vector<std::optional<std::string>> decode_kernels();
+
+// Every element still holds the NaN poison (PoisonedOutput).
+bool all_poison(const HostTensor& out);
+bool all_poison(const std::vector<float>& lse);
+
+// Output and LSE within the bounds the forward tests use (compare.hpp; a row that sees no key
+// must have LSE exactly -inf), and each such row exactly 0. Returns how many rows see no key.
+int check_against(const HostTensor& out, const std::vector<float>& lse, const Reference& ref,
+                  DType dtype);
+
+// `call` throws Error(invalid_argument) whose message names one of `names`.
+void check_refused(const std::string& what, const std::function<void()>& call,
+                   const std::vector<std::string>& names);
+
+// `call` throws Error(unsupported).
+void check_unsupported(const std::string& what, const std::function<void()>& call);
+
+}  // namespace flashjit::test
