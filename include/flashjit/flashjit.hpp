@@ -72,7 +72,7 @@ FLASHJIT_API const std::vector<FamilyInfo>& families();
 
 // Everything one compiled binary is specialized on. Its canonical name is readable, complete and
 // parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" or "decode.sm90a.bf16.d128.m16n64s3.paged":
-// feature suffixes (causal, paged) follow the tiles in that order, present only when set.
+// feature suffixes (causal, paged, varlen) follow the tiles in that order, present only when set.
 struct FLASHJIT_API Variant {
   std::string family = "simt";  // a name from families()
   std::string arch;  // NVRTC target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, ...
@@ -83,6 +83,10 @@ struct FLASHJIT_API Variant {
   int stages = 1;
   bool causal = false;
   bool paged = false;  // K/V read through a page table (KVCache::paged)
+  // Per-sequence lengths (a VarlenBatch or KVCache::seqused_k) compiled in: families that build
+  // such variants (wgmma) keep dense batches on kernels without that code. The decode families
+  // take lengths at run time and have none.
+  bool varlen = false;
 
   std::string name() const;
   // Throws Error(invalid_argument) naming the field that is wrong, or for a variant that the

@@ -18,17 +18,21 @@ __device__ __forceinline__ float row_lse(const FmhaParams& p, float row_max, flo
 }
 
 // Where row `row` of a sequence keeps its LSE in p.lse: [batch, heads_q, seqlen_q] for dense
-// batches, [heads_q, total_q] for varlen ones (the sequence's rows start at q_start).
+// batches, [heads_q, total_q] for varlen ones (the sequence's rows start at q_start), which only
+// kernels built with Varlen take.
+template <bool Varlen = false>
 __device__ __forceinline__ long long lse_offset(const FmhaParams& p, int batch, int q_start,
                                                 int head, int row) {
-  if (p.cu_seqlens_q != nullptr) return static_cast<long long>(head) * p.total_q + q_start + row;
+  if (Varlen && p.cu_seqlens_q != nullptr)
+    return static_cast<long long>(head) * p.total_q + q_start + row;
   return (static_cast<long long>(batch) * p.heads_q + head) * p.seqlen_q + row;
 }
 
 // Writes one row's LSE into p.lse.
+template <bool Varlen = false>
 __device__ __forceinline__ void store_row_lse(const FmhaParams& p, int batch, int head, int row,
                                               float row_max, float row_sum, int q_start = 0) {
-  p.lse[lse_offset(p, batch, q_start, head, row)] = row_lse(p, row_max, row_sum);
+  p.lse[lse_offset<Varlen>(p, batch, q_start, head, row)] = row_lse(p, row_max, row_sum);
 }
 
 // exp2 argument offset for a row: the scaled max, or 0 while the row has seen only masked keys

@@ -15,8 +15,11 @@ struct SequenceSpan {
 
 // Lengths are clamped to the launch's seqlen_q / seqlen_k (the host's maxima, which size the grid
 // and the key capacity), so a bad cu_seqlens entry cannot send a kernel past its tensors.
+// PerSequence false (kernels built for dense batches only): the launch's lengths, nothing read.
+template <bool PerSequence = true>
 __device__ __forceinline__ SequenceSpan sequence_span(const FmhaParams& p, int batch) {
   SequenceSpan s{p.seqlen_q, p.seqlen_k, 0, 0, batch, batch};
+  if (!PerSequence) return s;
   if (p.cu_seqlens_q != nullptr) {
     s.q_start = __ldg(p.cu_seqlens_q + batch);
     s.seqlen_q = min(max(__ldg(p.cu_seqlens_q + batch + 1) - s.q_start, 0), p.seqlen_q);

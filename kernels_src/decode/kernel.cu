@@ -359,7 +359,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       packed.w = pack2<T>(acc[6] * scale, acc[7] * scale);
       T* to = static_cast<T*>(p.o) + o_offset + token * p.o_stride_s + head * p.o_stride_h + c;
       *reinterpret_cast<uint4*>(to) = packed;
-      if (c == 0 && p.lse != nullptr) p.lse[lse_offset(p, batch, seq.q_start, head, token)] = lse;
+      if (c == 0 && p.lse != nullptr) p.lse[lse_offset<true>(p, batch, seq.q_start, head, token)] = lse;
     }
   }
 }

@@ -49,20 +49,20 @@ struct TileCoord {
 
 // ---- producer ---------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen>
 __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars) {
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
   int pipe = 0, q_loads = 0;
-  const int units = total_units(p, sched, table);
+  const int units = total_units<Varlen>(p, sched, table);
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const WorkUnit<Causal, TileM, TileN> u(p, sched, table, unit);
-    const SequenceSpan seq = sequence_span(p, u.batch);
+    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, unit);
+    const SequenceSpan seq = sequence_span<Varlen>(p, u.batch);
     for (int which = 0; which < u.tiles(); ++which) {
       const int row0 = u.m_block(which) * TileM;
-      if (row0 >= seq.seqlen_q) continue;  // past a shorter sequence's end (unsorted varlen)
+      if (Varlen && row0 >= seq.seqlen_q) continue;  // past a shorter sequence (unsorted varlen)
       const int n_tiles = kv_tile_count<Causal, TileM, TileN>(seq, row0);
       if (n_tiles == 0) continue;  // the consumers write zeros without touching the pipeline
       // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
@@ -121,8 +121,10 @@ __device__ __forceinline__ void issue_qk(float (&s)[TileN / 2], unsigned q_rows,
     const unsigned k = k_tile + (kk / 4) * TileN * 128 + (kk % 4) * 32;
     const unsigned long long desc_q = smem_desc_sw128(q, 16, 1024);
     const unsigned long long desc_k = smem_desc_sw128(k, 16, 1024);
-    if (kk == 0) wgmma_ss<T, TileN, false>(s, desc_q, desc_k);
-    else wgmma_ss<T, TileN, true>(s, desc_q, desc_k);
+    if (kk == 0)
+      wgmma_ss<T, TileN, false>(s, desc_q, desc_k);
+    else
+      wgmma_ss<T, TileN, true>(s, desc_q, desc_k);
   }
   wgmma_commit();
 }
@@ -145,8 +147,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[HeadDim / 2],
 // `key` is the thread's first column; comparisons are against per-row counts of visible columns,
 // so each element costs a compare with an immediate.
 template <bool Causal, int TileN>
-__device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const SequenceSpan& seq,
-                                            int row, int key) {
+__device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const SequenceSpan& seq, int row,
+                                            int key) {
   const int visible[2] = {key_limit<Causal>(seq, row) - key, key_limit<Causal>(seq, row + 8) - key};
 #pragma unroll
   for (int e = 0; e < TileN / 2; ++e)
@@ -203,7 +205,7 @@ __device__ __forceinline__ void probabilities_to_fragments(const float (&s)[Tile
 // Normalizes and writes this thread's part of O (and the rows' LSE), skipping rows past seqlen_q.
 // A quad holds one 2-column word of each 8-column block of a row; a transpose over each 4 blocks
 // gives every lane one whole block, stored as 16 bytes (O rows are 16-byte aligned: validate.cpp).
-template <typename T, int HeadDim>
+template <typename T, int HeadDim, bool Varlen>
 __device__ __forceinline__ void store_output(const FmhaParams& p, const SequenceSpan& seq,
                                              const TileCoord& c, int row0,
                                              const FragmentPosition& at,
@@ -229,7 +231,7 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const Sequence
       store_global_16(out_row + 32 * g, w, in_range);
     }
     if (in_range && p.lse != nullptr && at.col == 0)
-      store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum, seq.q_start);
+      store_row_lse<Varlen>(p, c.batch, c.head, row, softmax.max[i], sum, seq.q_start);
   }
 }
 
@@ -241,7 +243,7 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const Sequence
 // its next tile. Rows past seqlen_q are clipped by the map: a varlen batch's map covers all its
 // sequences, so a slice that ends past its sequence goes through store_output instead. LSE goes
 // out as in store_output. The slice's named barrier also serves the warpgroup elsewhere.
-template <typename T, int HeadDim>
+template <typename T, int HeadDim, bool Varlen>
 struct StagedOutput {
   // Named barriers 4..6, one per consumer warpgroup (0 is __syncthreads, Turns uses 1..3).
   static constexpr int kFirstBarrier = 4;
@@ -257,8 +259,8 @@ struct StagedOutput {
 
   __device__ __forceinline__ void store(const FmhaParams& p, const SequenceSpan& seq,
                                         const TmaDescriptor* tma_o, const TileCoord& c, int row0,
-                                        const FragmentPosition& at,
-                                        const float (&o)[HeadDim / 2], RowSoftmax& softmax) const {
+                                        const FragmentPosition& at, const float (&o)[HeadDim / 2],
+                                        RowSoftmax& softmax) const {
     float sum[2], scale[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -291,8 +293,7 @@ struct StagedOutput {
     if (issuer) {
 #pragma unroll
       for (int b = 0; b < HeadDim / 64; ++b)
-        tma_store_4d(tma_o, slice + b * 64 * 128, 64 * b, seq.q_start + row0, c.head,
-                     seq.q_batch);
+        tma_store_4d(tma_o, slice + b * 64 * 128, 64 * b, seq.q_start + row0, c.head, seq.q_batch);
       bulk_commit_group();
     }
     // LSE last: the proxy fence (a MEMBAR) would otherwise wait for these stores too.
@@ -300,7 +301,7 @@ struct StagedOutput {
     for (int i = 0; i < 2; ++i) {
       const int row = row0 + at.row + 8 * i;
       if (row < seq.seqlen_q && p.lse != nullptr && at.col == 0)
-        store_row_lse(p, c.batch, c.head, row, softmax.max[i], sum[i], seq.q_start);
+        store_row_lse<Varlen>(p, c.batch, c.head, row, softmax.max[i], sum[i], seq.q_start);
     }
   }
 
@@ -337,7 +338,7 @@ __device__ __forceinline__ void release(unsigned long long* bar) {
 // of the last one); consumer 0 gives itself the first turn.
 template <int Consumers>
 struct Turns {
-  static constexpr int kFirstBarrier = 1;  // barrier 0 is __syncthreads
+  static constexpr int kFirstBarrier = 1;                 // barrier 0 is __syncthreads
   static constexpr int kThreads = 2 * kWarpgroupThreads;  // the waiting and the handing warpgroup
   int consumer;
 
@@ -354,7 +355,7 @@ struct Turns {
 
 // ---- consumer main loop -----------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -365,8 +366,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   const unsigned base = smem_u32(smem);
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
   const Turns<Shape::kConsumers> turns(consumer);
-  const StagedOutput<T, HeadDim> staged(base + Shape::kOOffset, consumer);
-  static_assert(StagedOutput<T, HeadDim>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
+  const StagedOutput<T, HeadDim, Varlen> staged(base + Shape::kOOffset, consumer);
+  static_assert(StagedOutput<T, HeadDim, Varlen>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
                 "named barriers of the O stores and of the turns overlap");
   // Slot n of the K/V ring: stage n % Stages, completing its phase (n / Stages) & 1.
   auto k_tile = [&](int slot) {
@@ -379,13 +380,13 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
     mbarrier_wait(&full[slot % Stages], (slot / Stages) & 1);
   };
   int pipe = 0, q_loads = 0;
-  const int units = total_units(p, sched, table);
+  const int units = total_units<Varlen>(p, sched, table);
   for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const WorkUnit<Causal, TileM, TileN> u(p, sched, table, unit);
-    const SequenceSpan seq = sequence_span(p, u.batch);
+    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, unit);
+    const SequenceSpan seq = sequence_span<Varlen>(p, u.batch);
     for (int which = 0; which < u.tiles(); ++which) {
       const TileCoord c{u.m_block(which), u.head, u.batch};
-      if (c.m_block * TileM >= seq.seqlen_q) continue;  // as the producer skips it
+      if (Varlen && c.m_block * TileM >= seq.seqlen_q) continue;  // as the producer skips it
       const int n_tiles = kv_tile_count<Causal, TileM, TileN>(seq, c.m_block * TileM);
       const int row0 = c.m_block * TileM + consumer * 64;
       // Key tiles from first_masked on hold keys that some row of this warpgroup may not see.
@@ -419,9 +420,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         wait_full(bars->v_full, pipe + j);
         // With seqused_k the rows past a sequence's last key may hold anything (NaN included),
         // and P = 0 does not cancel NaN in P·V: the last tile's rows past it become zeros.
-        if (p.seqused_k != nullptr && seq.seqlen_k - j * TileN < TileN)
-          zero_rows<HeadDim, TileN>(smem + Shape::kVOffset + ((pipe + j) % Stages) * Shape::kKVBytes,
-                                    seq.seqlen_k - j * TileN, staged.barrier);
+        if (Varlen && p.seqused_k != nullptr && seq.seqlen_k - j * TileN < TileN)
+          zero_rows<HeadDim, TileN>(
+              smem + Shape::kVOffset + ((pipe + j) % Stages) * Shape::kKVBytes,
+              seq.seqlen_k - j * TileN, staged.barrier);
         turns.begin();
         issue_pv<T, HeadDim, TileN>(o, pf, v_tile(pipe + j));
         turns.end();
@@ -456,18 +458,20 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       const int unmasked_end = min(first_masked, n_tiles);
       if (n_tiles > 0) {
         mbarrier_wait(&bars->q_full, q_loads++ & 1);
-        if (first_masked == 0) scores_alone(0, True{});
-        else scores_alone(0, False{});
+        if (first_masked == 0)
+          scores_alone(0, True{});
+        else
+          scores_alone(0, False{});
         int j = 1;
         for (; j < unmasked_end; ++j) overlapped_step(j, False{});
         for (; j < n_tiles; ++j) overlapped_step(j, True{});
         values_alone(n_tiles - 1);
         pipe += n_tiles;
       }
-      if (Shape::kStageO && (p.cu_seqlens_q == nullptr || row0 + 64 <= seq.seqlen_q))
+      if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= seq.seqlen_q))
         staged.store(p, seq, tma_o, c, row0, at, o, softmax);
       else
-        store_output<T, HeadDim>(p, seq, c, row0, at, o, softmax);
+        store_output<T, HeadDim, Varlen>(p, seq, c, row0, at, o, softmax);
     }
   }
   if constexpr (Shape::kStageO) staged.drain();
@@ -475,13 +479,13 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 
 // ---- kernel -----------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
                       const __grid_constant__ TmaDescriptor tma_v,
                       const __grid_constant__ TmaDescriptor tma_o, const WgmmaSchedule sched) {
-  using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
+  using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen>;
   extern __shared__ unsigned char smem_raw[];
   // The 128B swizzle pattern repeats every 1024 bytes and wgmma assumes atoms start on that grid.
   unsigned char* smem = smem_raw + ((1024 - smem_u32(smem_raw) % 1024) % 1024);
@@ -489,7 +493,7 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   auto* table = reinterpret_cast<VarlenTable*>(smem + Shape::kTableOffset);
   constexpr unsigned kConsumerWarps = Shape::kConsumers * 4;
   static_assert(sizeof(PipelineBarriers<Stages>) == Shape::kBarrierBytes, "barrier bytes");
-  if (sched.sorted_varlen)  // the K ring is free until the producer starts
+  if (Varlen && sched.sorted_varlen)  // the K ring is free until the producer starts
     build_varlen_table<Causal, TileM, TileN>(p, table,
                                              reinterpret_cast<int*>(smem + Shape::kKOffset));
 
@@ -514,12 +518,12 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   if (warpgroup == 0) {
     warpgroup_lower_registers<Shape::kProducerRegs>();
     if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, table, &tma_q, &tma_k, &tma_v,
-                                                        smem, bars);
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen>(p, sched, table, &tma_q, &tma_k,
+                                                                &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal>(p, sched, table, &tma_o, smem, bars,
-                                                      warpgroup - 1);
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen>(p, sched, table, &tma_o, smem, bars,
+                                                              warpgroup - 1);
   }
 }
 

@@ -6,11 +6,12 @@
 // - Dense batches: every (batch, head) pair has the same units. They go group by group of
 //   heads_per_group pairs, the pair index changing fastest, so CTAs running together read the
 //   same heads' K/V from L2.
-// - Varlen batches of at most kMaxSortedSequences: each CTA first sorts the sequences by the cost
-//   of one of their units, most expensive first, into a table in shared memory; units then go
-//   sequence by sequence in that order, head by head, k fastest. Dealing units in order of
-//   decreasing cost keeps the CTAs within one unit of each other (longest processing time
-//   first), where batch order can leave a CTA holding the last long sequence alone.
+// - Varlen variants (a varlen batch or seqused_k) of at most kMaxSortedSequences sequences: each
+//   CTA first sorts the sequences by the cost of one of their units, most expensive first, into a
+//   table in shared memory; units then go sequence by sequence in that order, head by head, k
+//   fastest. Dealing units in order of decreasing cost keeps the CTAs within one unit of each other
+//   (longest processing time first), where batch order can leave a CTA holding the last long
+//   sequence alone.
 // - Larger varlen batches: the dense order over the longest sequence's tiles; tiles past a
 //   sequence's end are skipped.
 #pragma once
@@ -23,7 +24,7 @@
 namespace flashjit {
 
 struct VarlenTable {
-  int units_end[WgmmaGeometry::kMaxSortedSequences];  // by rank: units of the ranks <= r
+  int units_end[WgmmaGeometry::kMaxSortedSequences];            // by rank: units of the ranks <= r
   unsigned short sequence[WgmmaGeometry::kMaxSortedSequences];  // by rank: the batch index
 };
 static_assert(sizeof(VarlenTable) == WgmmaGeometry::kTableBytes, "table bytes");
@@ -74,24 +75,27 @@ __device__ __forceinline__ void build_varlen_table(const FmhaParams& p, VarlenTa
   }
 }
 
+template <bool Varlen>
 __device__ __forceinline__ int total_units(const FmhaParams& p, const WgmmaSchedule& s,
                                            const VarlenTable* table) {
-  return s.sorted_varlen ? table->units_end[p.batch - 1] : s.total_units;
+  return Varlen && s.sorted_varlen ? table->units_end[p.batch - 1] : s.total_units;
 }
 
-template <bool Causal, int TileM, int TileN>
+template <bool Causal, int TileM, int TileN, bool Varlen>
 struct WorkUnit {
   int k, head, batch;
   int query_tiles;  // of this unit's sequence (dense and unsorted: the longest's)
 
   __device__ __forceinline__ WorkUnit(const FmhaParams& p, const WgmmaSchedule& s,
                                       const VarlenTable* table, int unit) {
-    if (s.sorted_varlen) {
+    if (Varlen && s.sorted_varlen) {
       int lo = 0, hi = p.batch - 1;  // the first rank whose units end past `unit`
       while (lo < hi) {
         const int mid = (lo + hi) / 2;
-        if (table->units_end[mid] > unit) hi = mid;
-        else lo = mid + 1;
+        if (table->units_end[mid] > unit)
+          hi = mid;
+        else
+          lo = mid + 1;
       }
       batch = table->sequence[lo];
       const int first = lo > 0 ? table->units_end[lo - 1] : 0;

@@ -15,25 +15,26 @@ struct WgmmaSchedule {
   int units_per_pair;   // work units per (batch, head): causal pairs of tiles, else single tiles
   int total_units;      // units_per_pair * heads_q * batch, dealt round-robin to the CTAs
   int heads_per_group;  // (batch, head) pairs worked on together so their K/V stay in L2
-  // 1: a varlen batch of at most kMaxSortedSequences, whose units the CTAs deal in order of
+  // 1 (varlen variants, at most kMaxSortedSequences sequences): the CTAs deal units in order of
   // decreasing cost from a table they build (wgmma/schedule.cuh); total_units is then a bound.
   int sorted_varlen;
 };
 
 struct WgmmaGeometry {
   int head_dim, tile_m, tile_n, stages;
+  bool varlen;  // per-sequence lengths (Variant::varlen): the sorted schedule's table is reserved
 
   static constexpr int kRowsPerConsumer = 64;  // one consumer warpgroup per 64 rows (wgmma M)
   // A 128-byte swizzle row holds 64 16-bit elements: tiles are stored as head_dim / 64 column
   // blocks of [rows][64], which is both TMA's box and wgmma's canonical swizzled layout.
   static constexpr int kBoxWidth = 64;
   static constexpr int kRowBytes = 128;
-  static constexpr int kMaxBoxRows = 256;  // TMA box limit per dimension
-  static constexpr int kElementBytes = 2;  // bf16 and fp16
+  static constexpr int kMaxBoxRows = 256;   // TMA box limit per dimension
+  static constexpr int kElementBytes = 2;   // bf16 and fp16
   static constexpr int kAlignSlack = 1024;  // the kernel aligns its tiles to the 1024-byte atom
   static constexpr int kMaxSharedBytes = 232448;  // 227 KiB: the most a block may opt into (sm_90)
-  // Varlen batches up to this many sequences get the sorted schedule; its table (units_end and
-  // the batch index per rank) costs 1.5 KB, which every shape up to 227 KiB still fits.
+  // Varlen variants sort up to this many sequences; the table (units_end and the batch index per
+  // rank) costs 1.5 KB, which every default shape still fits.
   static constexpr int kMaxSortedSequences = 256;
   static constexpr int kTableBytes = kMaxSortedSequences * (4 + 2);
   static constexpr int kTableScratchBytes = 2 * kMaxSortedSequences * 4;  // in the K/V ring
@@ -63,9 +64,8 @@ struct WgmmaGeometry {
   // (docs/perf-log.md): +0.5-5 % with three 160-register consumers, nothing or a loss with two
   // (d64 128 x 128: -3-5 %), whose 16-byte register stores are as fast.
   FLASHJIT_HOST_DEVICE constexpr bool stages_output() const {
-    return consumers() == 3 && q_bytes() + 2 * stages * kv_bytes() +
-                                       consumers() * o_slice_bytes() + barrier_bytes() +
-                                       kTableBytes + kAlignSlack <=
+    return consumers() == 3 && q_bytes() + 2 * stages * kv_bytes() + consumers() * o_slice_bytes() +
+                                       barrier_bytes() + table_bytes() + kAlignSlack <=
                                    kMaxSharedBytes;
   }
   // Shared memory, in order: Q, Stages x K, Stages x V, O's staging buffer (when staged), the
@@ -78,18 +78,19 @@ struct WgmmaGeometry {
   FLASHJIT_HOST_DEVICE constexpr int barrier_offset() const {
     return o_offset() + (stages_output() ? consumers() * o_slice_bytes() : 0);
   }
+  FLASHJIT_HOST_DEVICE constexpr int table_bytes() const { return varlen ? kTableBytes : 0; }
   FLASHJIT_HOST_DEVICE constexpr int table_offset() const {
     return barrier_offset() + barrier_bytes();
   }
   FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
-    return table_offset() + kTableBytes + kAlignSlack;
+    return table_offset() + table_bytes() + kAlignSlack;
   }
 };
 
 // The kernel's compile-time view of WgmmaGeometry.
-template <int HeadDim, int TileM, int TileN, int Stages>
+template <int HeadDim, int TileM, int TileN, int Stages, bool Varlen = false>
 struct WgmmaShape {
-  static constexpr WgmmaGeometry kGeometry{HeadDim, TileM, TileN, Stages};
+  static constexpr WgmmaGeometry kGeometry{HeadDim, TileM, TileN, Stages, Varlen};
   static constexpr int kConsumers = kGeometry.consumers();
   static constexpr int kThreads = kGeometry.threads();
   static constexpr int kProducerRegs = kGeometry.producer_registers();

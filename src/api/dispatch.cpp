@@ -63,8 +63,9 @@ std::vector<Variant> fallback_variants(const ForwardProblem& problem, const Devi
     std::vector<TileConfig> shapes = {table.pick(problem.seqlen_k, problem.rows_per_kv_head())};
     for (int i = 0; i < table.count; ++i) shapes.push_back(table.rules[i].tiles);
     for (const TileConfig& tiles : shapes) {
-      const Variant v = variant_of(*family, device.arch, problem.dtype, problem.head_dim,
-                                   problem.causal, tiles, problem.paged);
+      const Variant v =
+          variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal, tiles,
+                     problem.paged, problem.per_sequence_lengths());
       if (shared_memory_shortfall(*family, v, device).empty() &&
           std::find(candidates.begin(), candidates.end(), v) == candidates.end())
         candidates.push_back(v);
@@ -86,7 +87,7 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
                        : family->tile_table(device.arch, problem.head_dim, problem.causal)
                              .pick(problem.seqlen_k, problem.rows_per_kv_head());
       variant = variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal,
-                           tiles, problem.paged);
+                           tiles, problem.paged, problem.per_sequence_lengths());
       if (forced_tiles) why = family->check_tiles(variant);
       if (why.empty()) why = shared_memory_shortfall(*family, variant, device);
       // A caller's tile shape the family cannot build is the caller's error, not a reason to fall
@@ -118,19 +119,21 @@ std::vector<Variant> default_variants(std::string_view arch_spelling) {
     for (DType dtype : {DType::bf16, DType::fp16})
       for (int head_dim : family->head_dims)
         for (bool causal : {false, true})
-          for (bool paged : {false, true}) {
-            if ((merge && causal) || (paged && !can_page)) continue;
-            // Every shape the table may pick, once each.
-            const detail::TileTable table = family->tile_table(arch, head_dim, causal);
-            for (int i = 0; i < table.count; ++i) {
-              const Variant v = detail::variant_of(*family, arch, dtype, head_dim, causal,
-                                                   table.rules[i].tiles, paged);
-              // A shape too big for the arch's parts (decode d256 on 99 KB parts) is not built.
-              if (family->shared_bytes(v) > detail::max_shared_bytes_per_block(arch)) continue;
-              if (std::find(variants.begin(), variants.end(), v) == variants.end())
-                variants.push_back(v);
+          for (bool paged : {false, true})
+            for (bool varlen : {false, true}) {
+              if ((merge && causal) || (paged && !can_page) || (varlen && !family->varlen_variants))
+                continue;
+              // Every shape the table may pick, once each.
+              const detail::TileTable table = family->tile_table(arch, head_dim, causal);
+              for (int i = 0; i < table.count; ++i) {
+                const Variant v = detail::variant_of(*family, arch, dtype, head_dim, causal,
+                                                     table.rules[i].tiles, paged, varlen);
+                // A shape too big for the arch's parts (decode d256 on 99 KB parts) is not built.
+                if (family->shared_bytes(v) > detail::max_shared_bytes_per_block(arch)) continue;
+                if (std::find(variants.begin(), variants.end(), v) == variants.end())
+                  variants.push_back(v);
+              }
             }
-          }
   }
   return variants;
 }

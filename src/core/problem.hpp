@@ -25,6 +25,8 @@ struct ForwardProblem {
   FmhaParams params{};  // pointers and strides, ready for a kernel
 
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }
+  // Sequences of their own lengths: a varlen batch, or keys cut per sequence by seqused_k.
+  bool per_sequence_lengths() const { return varlen || has_seqused; }
   // Query rows that share one KV head: what the decode family packs into one tile.
   int rows_per_kv_head() const { return seqlen_q * (heads_kv > 0 ? heads_q / heads_kv : 1); }
 };

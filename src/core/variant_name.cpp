@@ -17,8 +17,9 @@ std::string_view to_string(DType dtype) { return dtype == DType::bf16 ? "bf16" :
 std::string Variant::name() const {
   std::string arch_part = arch;
   std::erase(arch_part, '_');  // sm_90a -> sm90a keeps the name one token per field
-  return fmt::format("{}.{}.{}.d{}.m{}n{}s{}{}{}", family, arch_part, to_string(dtype), head_dim,
-                     tile_m, tile_n, stages, causal ? ".causal" : "", paged ? ".paged" : "");
+  return fmt::format("{}.{}.{}.d{}.m{}n{}s{}{}{}{}", family, arch_part, to_string(dtype), head_dim,
+                     tile_m, tile_n, stages, causal ? ".causal" : "", paged ? ".paged" : "",
+                     varlen ? ".varlen" : "");
 }
 
 }  // namespace flashjit
@@ -27,7 +28,7 @@ namespace flashjit::detail {
 namespace {
 
 // The optional suffixes after the tiles, in name order.
-constexpr std::string_view kFeatureSuffixes[] = {"causal", "paged"};
+constexpr std::string_view kFeatureSuffixes[] = {"causal", "paged", "varlen"};
 
 std::vector<std::string_view> split(std::string_view text, char sep) {
   std::vector<std::string_view> parts;
@@ -66,11 +67,13 @@ bool is_family_token(std::string_view text) {
 Variant parse_variant_name(std::string_view name) {
   const auto parts = split(name, '.');
   if (parts.size() < 5 || parts.size() > 5 + std::size(kFeatureSuffixes))
-    throw Error(ErrorCode::invalid_argument,
-                fmt::format("bad variant name '{}': expected "
-                            "<family>.<arch>.<dtype>.d<head_dim>.m<M>n<N>s<stages>[.causal][.paged]"
-                            ", e.g. mma.sm90a.bf16.d128.m128n64s2.causal",
-                            name));
+    throw Error(
+        ErrorCode::invalid_argument,
+        fmt::format(
+            "bad variant name '{}': expected "
+            "<family>.<arch>.<dtype>.d<head_dim>.m<M>n<N>s<stages>[.causal][.paged][.varlen]"
+            ", e.g. mma.sm90a.bf16.d128.m128n64s2.causal",
+            name));
   Variant v;
   if (!is_family_token(parts[0]))
     bad_field(name, "family",
@@ -124,10 +127,11 @@ Variant parse_variant_name(std::string_view name) {
       ++next_suffix;
     if (next_suffix == std::size(kFeatureSuffixes))
       bad_field(name, "features",
-                fmt::format("'{}' is not one of causal, paged (in that order, each once)",
+                fmt::format("'{}' is not one of causal, paged, varlen (in that order, each once)",
                             parts[i]));
     if (next_suffix == 0) v.causal = true;
     if (next_suffix == 1) v.paged = true;
+    if (next_suffix == 2) v.varlen = true;
     ++next_suffix;
   }
   return v;

@@ -75,6 +75,9 @@ struct KernelFamily {
   // Template arguments after the element type, e.g. "128, 64, 64, 2, false"; null: the common
   // (head_dim, tile_m, tile_n, stages, causal).
   std::string (*template_arguments)(const Variant& variant) = nullptr;
+  // True: per-sequence lengths (varlen batches, seqused_k) are compiled into variants of their own
+  // (Variant::varlen), so dense batches run kernels without that code.
+  bool varlen_variants = false;
   // Split-KV families: how many splits a problem gets on this GPU (problem.num_splits, when set,
   // was already checked and wins). Null: never splits.
   int (*num_splits)(const Variant& variant, const ForwardProblem& problem,

@@ -64,6 +64,11 @@ void check_variant(const Variant& v) {
                      fmt::join(family->head_dims, ", ")));
   if (v.paged && !(family->features & kFeaturePagedKv))
     fail(fmt::format("family {} does not read paged KV caches", v.family));
+  if (v.varlen && !family->varlen_variants)
+    fail(
+        fmt::format("family {} has no varlen variants (it takes sequence lengths at run time, "
+                    "or none)",
+                    v.family));
   if (std::string problem = family->check_tiles(v); !problem.empty()) fail(problem);
   // A kernel no GPU of the arch could launch is refused here, not cached.
   if (const int bytes = family->shared_bytes(v), most = max_shared_bytes_per_block(v.arch);
@@ -101,7 +106,7 @@ const std::vector<int>& head_dims_of_all_families() {
 }
 
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
-                   bool causal, TileConfig tiles, bool paged) {
+                   bool causal, TileConfig tiles, bool paged, bool per_sequence_lengths) {
   return Variant{std::string(family.name),
                  std::string(arch),
                  dtype,
@@ -110,7 +115,8 @@ Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtyp
                  tiles.tile_n,
                  tiles.stages,
                  causal,
-                 paged};
+                 paged,
+                 per_sequence_lengths && family.varlen_variants};
 }
 
 }  // namespace flashjit::detail

@@ -29,6 +29,7 @@ KernelSpec kernel_spec(const Variant& variant);
 const std::vector<int>& head_dims_of_all_families();
 
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
-                   bool causal, TileConfig tiles, bool paged = false);
+                   bool causal, TileConfig tiles, bool paged = false,
+                   bool per_sequence_lengths = false);
 
 }  // namespace flashjit::detail

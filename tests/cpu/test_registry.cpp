@@ -17,7 +17,7 @@ TEST_CASE("families() lists each registered family once, fastest first, with arc
   const auto& list = families();
   REQUIRE(list.size() == detail::registered_families().size());
   CHECK(list.front().name == "decode_tma");  // Hopper's choice for the few query rows it takes
-  CHECK(list[1].name == "wgmma");  // then Hopper prefill: dense, varlen, seqused_k
+  CHECK(list[1].name == "wgmma");            // then Hopper prefill: dense, varlen, seqused_k
   CHECK(list[2].name == "decode");  // then the rest of decode (sm_80 on, small pages on Hopper)
   std::set<std::string> names;
   std::set<int> dims;
@@ -45,9 +45,11 @@ TEST_CASE("families() lists each registered family once, fastest first, with arc
 TEST_CASE("a head dim the family has no kernel for is refused by name, as forward refuses it") {
   CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d192.m128n64s2"),
                        doctest::Contains("family wgmma has no head_dim 192"), Error);
-  CHECK_THROWS_WITH_AS(Variant::parse("warp.sm90a.bf16.d128.m128n64s2"),
-                       doctest::Contains("'warp' is unknown: expected one of decode_tma, wgmma, decode, mma, simt, merge"),
-                       Error);
+  CHECK_THROWS_WITH_AS(
+      Variant::parse("warp.sm90a.bf16.d128.m128n64s2"),
+      doctest::Contains(
+          "'warp' is unknown: expected one of decode_tma, wgmma, decode, mma, simt, merge"),
+      Error);
 }
 
 TEST_CASE("precompile accepts exactly the variants that forward can run (one check)") {

@@ -57,7 +57,9 @@ std::string rejection(const PagedArgs& a) {
   return "(accepted)";
 }
 
-const detail::KernelFamily& family(const char* name) { return detail::family_named(name, "family"); }
+const detail::KernelFamily& family(const char* name) {
+  return detail::family_named(name, "family");
+}
 
 }  // namespace
 
@@ -76,28 +78,46 @@ TEST_CASE("decode and merge variant names parse back; feature suffixes keep thei
                        doctest::Contains("features field"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d128.m128n128s2.paged"),
                        doctest::Contains("does not read paged KV caches"), Error);
+  // Varlen variants: the wgmma family's own specialization for per-sequence lengths, last.
+  const Variant varlen = Variant::parse("wgmma.sm90a.bf16.d128.m128n176s2.causal.varlen");
+  CHECK(varlen.varlen);
+  CHECK(varlen.causal);
+  CHECK(varlen.name() == "wgmma.sm90a.bf16.d128.m128n176s2.causal.varlen");
+  CHECK_FALSE(Variant::parse("wgmma.sm90a.bf16.d128.m128n176s2.causal").varlen);
+  CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d128.m128n176s2.varlen.causal"),
+                       doctest::Contains("features field"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("decode.sm90a.bf16.d128.m16n64s3.varlen"),
+                       doctest::Contains("has no varlen variants"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.varlen"),
+                       doctest::Contains("has no varlen variants"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("decode.sm90a.bf16.d256.m32n64s2"),
                        doctest::Contains("use tile_m 16"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.causal"),
                        doctest::Contains("no mask"), Error);
-  CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m8n1s1"),
-                       doctest::Contains("m4n1s1"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m8n1s1"), doctest::Contains("m4n1s1"),
+                       Error);
 }
 
-TEST_CASE("precompile's defaults include paged decode and merge variants, never paged prefill") {
-  int decode = 0, paged = 0, merge = 0;
+TEST_CASE("precompile's defaults include paged decode, varlen prefill and merge variants") {
+  int decode = 0, paged = 0, merge = 0, wgmma = 0, varlen = 0;
   for (const Variant& v : default_variants("sm_90a")) {
     decode += v.family == "decode" || v.family == "decode_tma";
     paged += v.paged;
     merge += v.family == "merge";
+    wgmma += v.family == "wgmma";
+    varlen += v.varlen;
     if (v.paged) CHECK(v.family.starts_with("decode"));
+    if (v.varlen) CHECK(v.family == "wgmma");
     CHECK_NOTHROW(detail::check_variant(v));
   }
+  // wgmma: every dense shape once more with per-sequence lengths compiled in.
+  CHECK(wgmma == 36);
+  CHECK(varlen == 18);
   // Each of the two decode kernels: 2 dtypes x 2 masks x 2 caches x (2 + 2 + 1) tiles over
   // d64/d128/d256.
   CHECK(decode == 80);
   CHECK(paged == 40);
-  CHECK(merge == 12);   // 2 dtypes x 6 head dims
+  CHECK(merge == 12);  // 2 dtypes x 6 head dims
   // d256 decode does not fit the 99 KB of an sm_86 block, so it is not built there.
   for (const Variant& v : default_variants("sm_86")) {
     CHECK(v.family != "decode_tma");
@@ -111,8 +131,9 @@ TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to 
   CHECK(one.name() == "decode_tma.sm90a.bf16.d128.m16n128s2");
   const Variant spec = detail::select_variant(decode_problem(64, 8, 8192, true), gpu, nullptr);
   CHECK(spec.name() == "decode_tma.sm90a.bf16.d128.m32n64s3.causal");
-  CHECK(detail::select_variant(decode_problem(8, 512, 8192, true), gpu, nullptr).family ==
-        "wgmma");
+  const Variant prefill = detail::select_variant(decode_problem(8, 512, 8192, true), gpu, nullptr);
+  CHECK(prefill.family == "wgmma");
+  CHECK_FALSE(prefill.varlen);  // a dense batch runs the kernel without per-sequence lengths
   PagedArgs a;
   const auto paged = detail::validate_forward(a.q, a.kv, a.q, nullptr, a.options);
   // Pages of 16 rows: the cp.async kernel gathers them faster than 16-row TMA boxes.
@@ -148,10 +169,10 @@ TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many f
     return detail::decode_num_splits(v, problem, gpu);
   };
   CHECK(detail::decode_ctas_per_sm(106 * 1024, gpu) == 2);  // 2 CTAs of ~106 KB fit an SM
-  CHECK(splits(64, 1, 8192) == 1);     // 512 CTAs on 132 SMs: four nearly full waves already
-  CHECK(splits(8, 1, 32768) == 2);     // 64 x 2 = 128 CTAs: one wave
-  CHECK(splits(1, 1, 131072) == 16);   // 8 x 16 = 128 CTAs
-  CHECK(splits(1, 1, 64) == 1);        // one key tile cannot be split
+  CHECK(splits(64, 1, 8192) == 1);    // 512 CTAs on 132 SMs: four nearly full waves already
+  CHECK(splits(8, 1, 32768) == 2);    // 64 x 2 = 128 CTAs: one wave
+  CHECK(splits(1, 1, 131072) == 16);  // 8 x 16 = 128 CTAs
+  CHECK(splits(1, 1, 64) == 1);       // one key tile cannot be split
   // The caller's count wins; the plan sizes the workspace for it.
   const auto forced = decode_problem(2, 3, 1000, false, 5);
   const Variant v = detail::select_variant(forced, gpu, nullptr);
@@ -214,7 +235,8 @@ TEST_CASE("a paged KV cache is validated before any launch, naming the argument"
   PagedArgs hnd;  // the HND layout is the same pages through other strides
   hnd.pages = TensorView::bhsd(fake(0x200000), DType::bf16, 1000, 16, 8, 128);
   hnd.kv = KVCache::paged(hnd.pages, hnd.pages, kTable, 64);
-  CHECK(detail::validate_forward(hnd.q, hnd.kv, hnd.q, nullptr, hnd.options).params.k_stride_s == 128);
+  CHECK(detail::validate_forward(hnd.q, hnd.kv, hnd.q, nullptr, hnd.options).params.k_stride_s ==
+        128);
 }
 
 TEST_CASE("merge_attention_states arguments: equal shapes and strides, LSE buffers") {
@@ -260,7 +282,9 @@ TEST_CASE("a varlen batch is validated against its packed views; prefill goes to
   CHECK(problem.params.cu_seqlens_k == cu_k);
   // Prefill-sized rows (300 x 4 per KV head): Hopper's prefill kernel, which decode_tma leaves to
   // it; the decode family on sm_80 (mma takes no varlen batch); forced splits: decode.
-  CHECK(detail::select_variant(problem, h200(), nullptr).family == "wgmma");
+  const Variant prefill = detail::select_variant(problem, h200(), nullptr);
+  CHECK(prefill.family == "wgmma");
+  CHECK(prefill.varlen);
   CHECK_THROWS_WITH_AS(detail::select_variant(problem, h200(), &family("decode_tma")),
                        doctest::Contains("unless paged"), Error);
   DeviceInfo a100 = h200();

@@ -694,4 +694,3 @@ TEST_CASE(
     check_against(large_p.output(), large_p.lse_values(), large_host.reference(), large.dtype);
   }
 }
-

@@ -133,6 +133,9 @@ void check_varlen_variant(const VarlenRun& r, const VarlenCase& c, const VarlenB
   else
     CHECK(r.variant.family == dispatcher_family(c, varlen, options));
   CHECK(r.variant.paged == c.paged());
+  // Per-sequence lengths are compiled into wgmma's varlen variants; the decode kernels take them
+  // at run time.
+  CHECK(r.variant.varlen == (r.variant.family == "wgmma"));
   CHECK(r.variant.causal == c.causal);
   CHECK(r.variant.dtype == c.dtype);
   CHECK(r.variant.head_dim == c.head_dim);
@@ -487,7 +490,8 @@ void run_prefill_matrix(VarlenDeviceProblem& p, const HostVarlen& host,
 
 }  // namespace
 
-TEST_CASE("varlen prefill: ragged batches of 0 to 1000 tokens (tile +-1 included), GQA 1:1 to 8:1") {
+TEST_CASE(
+    "varlen prefill: ragged batches of 0 to 1000 tokens (tile +-1 included), GQA 1:1 to 8:1") {
   struct Shape {
     int heads_q, heads_kv, head_dim;
     DType dtype;

@@ -1,7 +1,7 @@
 // Host side of kernels_src/wgmma/kernel.cu (Hopper, sm_90a only): one producer warpgroup plus
 // tile_m/64 consumer warpgroups (wgmma/shape.cuh), TMA tensor maps over q, k, v and o, and a
 // persistent grid of one CTA per SM walking a schedule of query tiles (wgmma/schedule.cuh).
-// Dense and varlen batches, with or without seqused_k; not paged caches.
+// Dense batches, and (Variant::varlen) varlen batches or seqused_k; not paged caches.
 #include <cuda.h>
 #include <fmt/format.h>
 
@@ -21,7 +21,9 @@ namespace {
 using Geometry = WgmmaGeometry;
 static_assert(Geometry::kBoxWidth == kTmaBoxWidth, "the kernel's boxes are the maps' boxes");
 
-Geometry geometry_of(const Variant& v) { return {v.head_dim, v.tile_m, v.tile_n, v.stages}; }
+Geometry geometry_of(const Variant& v) {
+  return {v.head_dim, v.tile_m, v.tile_n, v.stages, v.varlen};
+}
 
 int wgmma_shared_bytes(const Variant& v) { return geometry_of(v).shared_bytes(); }
 
@@ -95,7 +97,7 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
       std::clamp<std::int64_t>(static_cast<std::int64_t>(device.l2_cache_bytes) / 2 /
                                    std::max<std::int64_t>(kv_bytes_per_pair, 1),
                                1, pairs));
-  schedule.sorted_varlen = problem.varlen && problem.batch <= Geometry::kMaxSortedSequences;
+  schedule.sorted_varlen = v.varlen && problem.batch <= Geometry::kMaxSortedSequences;
 
   const Geometry geometry = geometry_of(v);
   LaunchPlan plan;
@@ -121,12 +123,17 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
   // Each consumer warpgroup stores its own 64 rows. Variants that store O from registers never
   // read this parameter (the kernel signature is the same for all): zeros, never encoded.
   plan.maps.push_back(geometry.stages_output()
-                          ? tensor_map(MapOperand::o, p.o, problem.dtype, problem.head_dim,
-                                       q_rows, problem.heads_q, blocks, p.o_stride_s,
-                                       p.o_stride_h, p.o_stride_b, Geometry::kRowsPerConsumer)
+                          ? tensor_map(MapOperand::o, p.o, problem.dtype, problem.head_dim, q_rows,
+                                       problem.heads_q, blocks, p.o_stride_s, p.o_stride_h,
+                                       p.o_stride_b, Geometry::kRowsPerConsumer)
                           : TensorMapArg{});
   plan.values.push_back(as_bytes(schedule));
   return plan;
+}
+
+std::string wgmma_arguments(const Variant& v) {
+  return fmt::format("{}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages, v.causal,
+                     v.varlen);
 }
 
 // Multiples of 64: whole 128-byte swizzle rows.
@@ -147,6 +154,8 @@ constinit extern const KernelFamily kWgmmaFamily = {
     .tile_table = wgmma_tiles,
     .unsupported_reason = wgmma_unsupported,
     .plan = wgmma_plan,
+    .template_arguments = wgmma_arguments,
+    .varlen_variants = true,
 };
 
 }  // namespace flashjit::detail
