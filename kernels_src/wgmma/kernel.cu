@@ -57,8 +57,8 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
   int pipe = 0, q_loads = 0;
   const int units = total_units<Varlen>(p, sched, table);
-  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, unit);
+  for (UnitCursor<Varlen> at_unit(sched); at_unit.unit < units; at_unit.next()) {
+    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, at_unit.unit);
     const SequenceSpan seq = sequence_span<Varlen>(p, u.batch);
     for (int which = 0; which < u.tiles(); ++which) {
       const int row0 = u.m_block(which) * TileM;
@@ -381,8 +381,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   };
   int pipe = 0, q_loads = 0;
   const int units = total_units<Varlen>(p, sched, table);
-  for (int unit = blockIdx.x; unit < units; unit += gridDim.x) {
-    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, unit);
+  for (UnitCursor<Varlen> at_unit(sched); at_unit.unit < units; at_unit.next()) {
+    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, at_unit.unit);
     const SequenceSpan seq = sequence_span<Varlen>(p, u.batch);
     for (int which = 0; which < u.tiles(); ++which) {
       const TileCoord c{u.m_block(which), u.head, u.batch};

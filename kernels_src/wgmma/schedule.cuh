@@ -2,7 +2,7 @@
 //
 // A work unit is one query tile, or for causal attention the pair of tiles k and m - 1 - k of one
 // (sequence, head), m being the sequence's query tiles: long + short costs the same for every k.
-// CTA c takes units c, c + grid, c + 2 grid, ...
+// CTA c takes one unit per round of gridDim.x units (UnitCursor).
 // - Dense batches: every (batch, head) pair has the same units. They go group by group of
 //   heads_per_group pairs, the pair index changing fastest, so CTAs running together read the
 //   same heads' K/V from L2.
@@ -80,6 +80,27 @@ __device__ __forceinline__ int total_units(const FmhaParams& p, const WgmmaSched
                                            const VarlenTable* table) {
   return Varlen && s.sorted_varlen ? table->units_end[p.batch - 1] : s.total_units;
 }
+
+// The units of CTA blockIdx.x: c, c + grid, ... in dense order; with the sorted table the rounds
+// alternate direction (c, 2 grid - 1 - c, 2 grid + c, ...), so the CTA that took the costliest
+// unit of one round takes the cheapest of the next and the CTAs stay within about one unit's
+// cost of each other overall, not one unit per round.
+template <bool Varlen>
+struct UnitCursor {
+  int round = 0, unit;
+  bool snake;
+
+  __device__ __forceinline__ explicit UnitCursor(const WgmmaSchedule& s)
+      : unit(blockIdx.x), snake(Varlen && s.sorted_varlen) {}
+  __device__ __forceinline__ void next() {
+    if (!Varlen || !snake) {
+      unit += gridDim.x;
+      return;
+    }
+    ++round;
+    unit = round * gridDim.x + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+  }
+};
 
 template <bool Causal, int TileM, int TileN, bool Varlen>
 struct WorkUnit {
