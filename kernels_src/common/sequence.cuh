@@ -7,10 +7,17 @@
 
 namespace flashjit {
 
+// What the masks need (common/masking.cuh).
+struct SequenceLengths {
+  int seqlen_q, seqlen_k;
+};
+
 struct SequenceSpan {
   int seqlen_q, seqlen_k;  // its queries, and the keys they attend over
   int q_start, k_start;    // its first row in a packed q / o and k / v; 0 when dense
   int q_batch, k_batch;    // its batch index in q / o and k / v; 0 when packed
+
+  __device__ __forceinline__ SequenceLengths lengths() const { return {seqlen_q, seqlen_k}; }
 };
 
 // Lengths are clamped to the launch's seqlen_q / seqlen_k (the host's maxima, which size the grid

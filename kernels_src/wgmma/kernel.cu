@@ -147,8 +147,8 @@ __device__ __forceinline__ void issue_pv(float (&o)[HeadDim / 2],
 // `key` is the thread's first column; comparisons are against per-row counts of visible columns,
 // so each element costs a compare with an immediate.
 template <bool Causal, int TileN>
-__device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const SequenceSpan& seq, int row,
-                                            int key) {
+__device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const SequenceLengths& seq,
+                                            int row, int key) {
   const int visible[2] = {key_limit<Causal>(seq, row) - key, key_limit<Causal>(seq, row + 8) - key};
 #pragma unroll
   for (int e = 0; e < TileN / 2; ++e)
@@ -383,7 +383,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   const int units = total_units<Varlen>(p, sched, table);
   for (UnitCursor<Varlen> at_unit(sched); at_unit.unit < units; at_unit.next()) {
     const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, at_unit.unit);
-    const SequenceSpan seq = sequence_span<Varlen>(p, u.batch);
+    // Only the lengths stay live through the main loop; the store looks the rows up again.
+    const SequenceLengths seq = sequence_span<Varlen>(p, u.batch).lengths();
     for (int which = 0; which < u.tiles(); ++which) {
       const TileCoord c{u.m_block(which), u.head, u.batch};
       if (Varlen && c.m_block * TileM >= seq.seqlen_q) continue;  // as the producer skips it
@@ -468,10 +469,11 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         values_alone(n_tiles - 1);
         pipe += n_tiles;
       }
-      if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= seq.seqlen_q))
-        staged.store(p, seq, tma_o, c, row0, at, o, softmax);
+      const SequenceSpan rows = sequence_span<Varlen>(p, c.batch);
+      if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= rows.seqlen_q))
+        staged.store(p, rows, tma_o, c, row0, at, o, softmax);
       else
-        store_output<T, HeadDim, Varlen>(p, seq, c, row0, at, o, softmax);
+        store_output<T, HeadDim, Varlen>(p, rows, c, row0, at, o, softmax);
     }
   }
   if constexpr (Shape::kStageO) staged.drain();
