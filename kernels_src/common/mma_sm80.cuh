@@ -17,10 +17,6 @@ __device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool 
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
                "r"(valid ? 16 : 0));
 }
-// Asks L2 for the 128-byte line holding `address` (no register, no completion to wait for).
-__device__ __forceinline__ void prefetch_l2(const void* address) {
-  asm volatile("prefetch.global.L2 [%0];\n" ::"l"(address));
-}
 // Closes the calling thread's current group of cp.async copies.
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 // Waits until at most `Pending` of the calling thread's newest groups are still in flight.

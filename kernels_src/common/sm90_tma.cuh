@@ -32,21 +32,11 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDescriptor* map,
       : "memory");
 }
 
-// Asks L2 to fetch the box at coordinates (c0 innermost .. c3) of a rank-4 map, with no shared
-// memory or barrier involved: a later tma_load_4d of the box then finds it in L2.
-__device__ __forceinline__ void tma_prefetch_4d(const TmaDescriptor* map, int c0, int c1, int c2,
-                                                int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(
-                   reinterpret_cast<unsigned long long>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
-}
-
 // Copies a box from shared memory (at shared-window address `src`) to coordinates (c0 innermost
 // .. c3) of a rank-4 map. Elements of the box outside the tensor's dimensions are not written: the
 // map bounds every dimension. The copy joins this thread's open bulk async-group.
-__device__ __forceinline__ void tma_store_4d(const TmaDescriptor* map, unsigned src, int c0, int c1,
-                                             int c2, int c3) {
+__device__ __forceinline__ void tma_store_4d(const TmaDescriptor* map, unsigned src, int c0,
+                                             int c1, int c2, int c3) {
   asm volatile(
       "cp.async.bulk.tensor.4d.global.shared::cta.tile.bulk_group"
       " [%0, {%2, %3, %4, %5}], [%1];" ::"l"(reinterpret_cast<unsigned long long>(map)),

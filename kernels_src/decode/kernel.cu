@@ -32,8 +32,8 @@ struct KvRow {
   int row;          // index along stride_s
 };
 template <bool Paged>
-__device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int key, int page_shift,
-                                            int dense_block, int dense_start) {
+__device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int key,
+                                            int page_shift, int dense_block, int dense_start) {
   if (!Paged) return {dense_block, dense_start + key};
   const int index = page_shift >= 0 ? key >> page_shift : key / p.page_size;
   return {__ldg(p.page_table + batch * p.page_table_stride + index), key - index * p.page_size};
@@ -48,14 +48,13 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   constexpr int kThreads = DecodeShape::kThreads;
   constexpr int kPitch = kShape.pitch();
   constexpr int kWarpKeys = kShape.keys_per_warp();
-  constexpr int MT = TileM / 16;               // m16 row tiles (every warp holds all rows)
-  constexpr int NT = kWarpKeys / 8;            // n8 key tiles of a warp's S
-  constexpr int DT = HeadDim / 8;              // n8 dim tiles of O
-  constexpr int kVecs = HeadDim / 8;           // 16-byte vectors per row
+  constexpr int MT = TileM / 16;      // m16 row tiles (every warp holds all rows)
+  constexpr int NT = kWarpKeys / 8;   // n8 key tiles of a warp's S
+  constexpr int DT = HeadDim / 8;     // n8 dim tiles of O
+  constexpr int kVecs = HeadDim / 8;  // 16-byte vectors per row
   constexpr int kPassRows = kThreads / kVecs;  // rows one copy pass covers
   static_assert(TileM % 16 == 0 && kWarpKeys % 16 == 0 && HeadDim % 16 == 0, "whole mma tiles");
-  static_assert(kThreads % kVecs == 0 && TileN % kPassRows == 0 && TileM * kVecs % kThreads == 0,
-                "whole copy passes");
+  static_assert(kThreads % kVecs == 0 && TileN % kPassRows == 0 && TileM * kVecs % kThreads == 0, "whole copy passes");
   static_assert(Stages >= 2, "one stage in flight while another is read");
 
   extern __shared__ __align__(16) unsigned char smem[];
@@ -138,8 +137,8 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       constexpr int kChunks = HeadDim / DecodeShape::kBoxWidth;
       if (lane == 0) {
         const int live = min(boxes, (seqlen - tile * TileN + box_rows - 1) / box_rows);
-        mbarrier_arrive_expect_tx(
-            &full[stage], live * box_rows * kChunks * DecodeShape::kBoxWidth * 2 * 2);  // K and V
+        mbarrier_arrive_expect_tx(&full[stage], live * box_rows * kChunks *
+                                                    DecodeShape::kBoxWidth * 2 * 2);  // K and V
       }
       __syncwarp();
       for (int box = lane; box < boxes; box += 32) {
@@ -154,18 +153,6 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
                       kv_head, static_cast<int>(at.block));
           tma_load_4d(v_smem + offset, &v_map, &full[stage], c * DecodeShape::kBoxWidth, at.row,
                       kv_head, static_cast<int>(at.block));
-        }
-        // A paged cache: the tile after this one into L2 already, so its page lookups and DRAM
-        // reads (pages scattered over the pool) overlap this tile's instead of following them.
-        if (Paged && tile + 1 < tile_end && key + TileN < seqlen) {
-          const KvRow next = locate_key<Paged>(p, batch, key + TileN, page_shift, k_block, k_start);
-#pragma unroll
-          for (int c = 0; c < kChunks; ++c) {
-            tma_prefetch_4d(&k_map, c * DecodeShape::kBoxWidth, next.row, kv_head,
-                            static_cast<int>(next.block));
-            tma_prefetch_4d(&v_map, c * DecodeShape::kBoxWidth, next.row, kv_head,
-                            static_cast<int>(next.block));
-          }
         }
       }
       return;
@@ -183,13 +170,6 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       }
       cp_async_16(smem_address(k_smem + r * kPitch + copy_col), k_base + k_off + copy_col, valid);
       cp_async_16(smem_address(v_smem + r * kPitch + copy_col), v_base + v_off + copy_col, valid);
-      // A paged cache: the same row of the next tile into L2 (one prefetch per 128-byte line),
-      // so the gathers from pages scattered over the pool overlap instead of following each other.
-      if (Paged && copy_col % 64 == 0 && tile + 1 < tile_end && key + TileN < seqlen) {
-        const KvRow next = locate_key<Paged>(p, batch, key + TileN, page_shift, k_block, k_start);
-        prefetch_l2(k_base + next.block * p.k_stride_b + next.row * p.k_stride_s + copy_col);
-        prefetch_l2(v_base + next.block * p.v_stride_b + next.row * p.v_stride_s + copy_col);
-      }
     }
   };
 
@@ -230,11 +210,11 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   const unsigned q_addr = smem_address(q_tile + (lane % 16) * kPitch + (lane / 16) * 8);
   constexpr unsigned kStageBytes = kShape.stage_elements() * sizeof(T);
   // Padded tiles: this lane's ldmatrix addresses for key 0, column 0 of stage 0.
-  const unsigned k_addr = smem_address(
-      ring + (warp * kWarpKeys + lane % 8 + (lane / 16) * 8) * kPitch + ((lane / 8) % 2) * 8);
-  const unsigned v_addr =
-      smem_address(ring + TileN * kPitch +
-                   (warp * kWarpKeys + lane % 8 + ((lane / 8) % 2) * 8) * kPitch + (lane / 16) * 8);
+  const unsigned k_addr = smem_address(ring + (warp * kWarpKeys + lane % 8 + (lane / 16) * 8) *
+                                                  kPitch + ((lane / 8) % 2) * 8);
+  const unsigned v_addr = smem_address(ring + TileN * kPitch +
+                                       (warp * kWarpKeys + lane % 8 + ((lane / 8) % 2) * 8) *
+                                           kPitch + (lane / 16) * 8);
   // Swizzled tiles: 16-byte unit u of row r of a chunk sits at r * 128 + ((u ^ r % 8) * 16); the
   // 8 rows of one ldmatrix phase are 8 consecutive keys, so r % 8 is lane % 8 for every address.
   constexpr unsigned kChunkBytes = TileN * DecodeShape::kBoxWidth * 2;
@@ -318,7 +298,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   cp_async_wait<0>();
   __syncthreads();
   constexpr int kMergePitch = kShape.merge_pitch();
-  float* merged = reinterpret_cast<float*>(ring);                     // [warp][row][merge pitch]
+  float* merged = reinterpret_cast<float*>(ring);          // [warp][row][merge pitch]
   float* stats = merged + DecodeShape::kWarps * TileM * kMergePitch;  // [warp][row]: max, sum
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
@@ -352,7 +332,8 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
 #pragma unroll
     for (int w = 0; w < DecodeShape::kWarps; ++w) {
       const float m = stats[(w * TileM + r) * 2];
-      const float weight = m == neg_inf() ? 0.f : exp2_ftz((m - best) * p.scale_log2);
+      const float weight =
+          m == neg_inf() ? 0.f : exp2_ftz((m - best) * p.scale_log2);
       total += stats[(w * TileM + r) * 2 + 1] * weight;
       const float* from = merged + (w * TileM + r) * kMergePitch + c;
 #pragma unroll
@@ -363,9 +344,9 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     const int token = row / group;
     const int head = kv_head * group + row % group;
     if (partial) {
-      const long long out_row = static_cast<long long>(split) * p.batch * p.seqlen_q * p.heads_q +
-                                (static_cast<long long>(batch) * p.seqlen_q + token) * p.heads_q +
-                                head;
+      const long long out_row =
+          static_cast<long long>(split) * p.batch * p.seqlen_q * p.heads_q +
+          (static_cast<long long>(batch) * p.seqlen_q + token) * p.heads_q + head;
       float4* to = reinterpret_cast<float4*>(p.o_partial + out_row * HeadDim + c);
       to[0] = make_float4(acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
       to[1] = make_float4(acc[4] * scale, acc[5] * scale, acc[6] * scale, acc[7] * scale);
@@ -378,8 +359,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       packed.w = pack2<T>(acc[6] * scale, acc[7] * scale);
       T* to = static_cast<T*>(p.o) + o_offset + token * p.o_stride_s + head * p.o_stride_h + c;
       *reinterpret_cast<uint4*>(to) = packed;
-      if (c == 0 && p.lse != nullptr)
-        p.lse[lse_offset<true>(p, batch, seq.q_start, head, token)] = lse;
+      if (c == 0 && p.lse != nullptr) p.lse[lse_offset<true>(p, batch, seq.q_start, head, token)] = lse;
     }
   }
 }
