@@ -437,11 +437,12 @@ class Engine:
 
     def varlen_args(self, q, k, v, out, cu_seqlens_q, max_seqlen_q, cu_seqlens_k=None,
                     max_seqlen_k=0, page_table=None, seqused_k=None, causal=False,
-                    softmax_scale=0.0, lse=None, family=None, num_splits=0, workspace=None):
+                    softmax_scale=0.0, lse=None, family=None, num_splits=0, workspace=None,
+                    tiles=None):
         """(q, kv, out, varlen, options) structs for flashjit_forward_varlen from torch tensors
         (see forward_varlen); built once, they serve forward_varlen_raw in a timing loop."""
         q_view, kv, out_view, options = self.kv_args(q, k, v, out, page_table, seqused_k, causal,
-                                                     softmax_scale, lse, family,
+                                                     softmax_scale, lse, family, tiles,
                                                      num_splits=num_splits, workspace=workspace)
         varlen = make_varlen(_address(cu_seqlens_q, "cu_seqlens_q", "torch.int32", 1),
                              _address(cu_seqlens_k, "cu_seqlens_k", "torch.int32", 1),

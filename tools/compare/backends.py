@@ -5,6 +5,7 @@ import warnings
 import flashjit_ctypes as fj
 
 from . import gpu
+from .family_spec import family_and_tiles
 
 SDPA_BACKENDS = ("cudnn", "flash")
 SDPA_LABELS = {"cudnn": "SDPA cuDNN", "flash": "SDPA flash"}
@@ -55,8 +56,8 @@ def select_variant(engine, case, family):
     q = fake_view(case, case.seqlen_q, case.heads_q)
     k = fake_view(case, case.seqlen_k, case.heads_kv)
     try:
-        name = engine.select_variant(q, k, k, q, causal=case.causal,
-                                     family=None if family == "auto" else family)
+        family, tiles = family_and_tiles(family)
+        name = engine.select_variant(q, k, k, q, causal=case.causal, family=family, tiles=tiles)
         return name, None
     except fj.FlashjitError as e:
         return None, e
@@ -73,7 +74,7 @@ class FlashjitRunner:
                                device=gpu.DEVICE)
         self.views = [fj.tensor_from_torch(t) for t in (q, k, v, self.out)]
         self.options = engine.options(case.causal, scale, self.lse.data_ptr(),
-                                      None if family == "auto" else family)
+                                      *family_and_tiles(family))
         # torch's current stream (the legacy default stream unless the caller set one), so
         # flashjit's launches and the CUDA events that time them share one stream.
         self.stream = torch.cuda.current_stream().cuda_stream if gpu.DEVICE == "cuda" else None

@@ -151,18 +151,23 @@ def build_cases(grids, case_texts, limit=None, kv=False):
 
 
 def parse_families(text, ladder):
-    """'auto' (the dispatcher's pick), 'all' (every family, ladder order) or a comma list.
+    """'auto' (the dispatcher's pick), 'all' (every family, ladder order) or a comma list, whose
+    entries may force a tile shape: '<family>@MxNxS'.
 
     ladder: the library's families, slowest first (the optimization ladder, first kernel
-    first); the answer keeps that order, after 'auto'."""
+    first); the answer keeps that order, after 'auto', then the forced shapes as given."""
     ladder = tuple(ladder)
-    names = []
+    names, shaped = [], []
     for token in (t.strip().lower() for t in text.split(",")):
-        if token == "all":
+        family, _, shape = token.partition("@")
+        dims = shape.split("x")
+        if shape and family in ladder and len(dims) == 3 and all(d.isdigit() for d in dims):
+            shaped.append(token)
+        elif token == "all":
             names.extend(ladder)
         elif token == "auto" or token in ladder:
             names.append(token)
         else:
             raise ValueError(f"--family {text!r}: expected auto, all, or any of "
-                             f"{', '.join(ladder)} (comma-separated)")
-    return [n for n in ("auto",) + ladder if n in names]
+                             f"{', '.join(ladder)}, each optionally @MxNxS (comma-separated)")
+    return [n for n in ("auto",) + ladder if n in names] + shaped

@@ -7,6 +7,7 @@ import inspect
 import flashjit_ctypes as fj
 
 from . import gpu
+from .family_spec import family_and_tiles
 from .backends import alloc_bshd, make_inputs
 
 FA4_HELP = ("FA4 (flash_attn.cute) runs from the bundle of shared/device/fa4/README.md: carry "
@@ -84,9 +85,9 @@ def impl_names(case, families):
 
 
 def impl_setup(name, case):
-    """(family or None, paged?, pass seqused_k?) of a flashjit implementation name."""
-    family = name.split(".", 1)[1] if name.startswith("flashjit.") else None
-    return family, case.paged and name != "flashjit_dense", name == "flashjit_seqused"
+    """(family or None, tiles or None, paged?, pass seqused_k?) of a flashjit implementation."""
+    family, tiles = family_and_tiles(name.split(".", 1)[1] if name.startswith("flashjit.") else "auto")
+    return family, tiles, case.paged and name != "flashjit_dense", name == "flashjit_seqused"
 
 
 def _fake_kv(case, paged, seqused):
@@ -111,10 +112,10 @@ def kv_variant_picks(engine, case, families, num_splits=0):
     error: a FlashjitError, or a FlashjitLoadError for a build without the KV-cache API."""
     picks = {}
     for name in impl_names(case, families):
-        family, paged, seqused = impl_setup(name, case)
+        family, tiles, paged, seqused = impl_setup(name, case)
         q, kv = _fake_kv(case, paged, seqused)
         try:
-            options = engine.options(case.causal, 0.0, None, family, num_splits=num_splits)
+            options = engine.options(case.causal, 0.0, None, family, tiles, num_splits=num_splits)
             picks[name] = (engine.select_variant_kv_raw(q, kv, q, options), None)
         except (fj.FlashjitError, fj.FlashjitLoadError) as e:
             picks[name] = (None, e)
@@ -128,7 +129,7 @@ class FlashjitKvRunner:
 
     def __init__(self, engine, case, inputs, name, scale, num_splits):
         import torch
-        family, paged, seqused = impl_setup(name, case)
+        family, tiles, paged, seqused = impl_setup(name, case)
         self.engine = engine
         self.out = alloc_bshd(case, case.seqlen_q, case.heads_q, inputs.q.dtype, case.layout)
         self.lse = torch.empty(case.batch, case.heads_q, case.seqlen_q, dtype=torch.float32,
@@ -136,7 +137,7 @@ class FlashjitKvRunner:
         k, v = (inputs.k_pages, inputs.v_pages) if paged else (inputs.k, inputs.v)
         self.q, self.kv, self.out_view, self.options = engine.kv_args(
             inputs.q, k, v, self.out, inputs.page_table if paged else None,
-            inputs.seqused_k if seqused else None, case.causal, scale, self.lse, family,
+            inputs.seqused_k if seqused else None, case.causal, scale, self.lse, family, tiles,
             num_splits=num_splits)
         size, self.num_splits = engine.workspace_bytes_raw(self.q, self.kv, self.out_view,
                                                            self.options)

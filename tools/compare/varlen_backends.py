@@ -10,6 +10,7 @@ from pathlib import Path
 import flashjit_ctypes as fj
 
 from . import gpu
+from .family_spec import family_and_tiles
 from .backends import make_inputs, select_variant
 from .cases import Case
 from .decode_backends import (FA4_HELP, _missing_keywords, _signature, attach_workspace,
@@ -59,7 +60,8 @@ def impl_names(case, families):
 
 
 def family_of(name):
-    return name.split(".", 1)[1] if name.startswith("flashjit.") else None
+    """(family or None, tiles or None) of a flashjit implementation name."""
+    return family_and_tiles(name.split(".", 1)[1] if name.startswith("flashjit.") else "auto")
 
 
 def varlen_variant_picks(engine, case, families):
@@ -90,7 +92,8 @@ class FlashjitVarlenRunner:
         self.args = engine.varlen_args(
             inputs.q, inputs.k, inputs.v, self.out, inputs.cu_seqlens, case.max_seqlen(),
             inputs.cu_seqlens, case.max_seqlen(), causal=case.causal, softmax_scale=scale,
-            lse=self.lse, family=family_of(name), num_splits=num_splits)
+            lse=self.lse, family=family_of(name)[0], tiles=family_of(name)[1],
+            num_splits=num_splits)
         self.options = self.args[-1]
         size = engine.workspace_bytes_varlen_raw(*self.args)
         self.workspace = attach_workspace(self.options, size)

@@ -1,0 +1,11 @@
+"""How a --family entry names a flashjit implementation: the dispatcher's choice, a family, or
+a family with its tile shape forced (no imports: every runner module reads it)."""
+
+
+def family_and_tiles(name):
+    """(family or None for the dispatcher's, tiles (tile_m, tile_n, stages) or None) of a
+    --family entry: 'auto', '<family>', or '<family>@MxNxS' (that family with its tile shape
+    forced, e.g. decode_tma@16x64x3)."""
+    family, _, shape = name.partition("@")
+    tiles = tuple(int(x) for x in shape.split("x")) if shape else None
+    return (None if family == "auto" else family), tiles
