@@ -59,7 +59,8 @@ std::vector<Variant> fallback_variants(const ForwardProblem& problem, const Devi
   for (const KernelFamily* family : registered_families()) {
     if ((forced && family != forced) || !why_family_cannot_run(*family, problem, device).empty())
       continue;
-    const TileTable table = family->tile_table(device.arch, problem.head_dim, problem.causal);
+    const TileTable table =
+        family->tile_table(device.arch, problem.head_dim, problem.causal, problem.paged);
     std::vector<TileConfig> shapes = {table.pick(problem.seqlen_k, problem.rows_per_kv_head())};
     for (int i = 0; i < table.count; ++i) shapes.push_back(table.rules[i].tiles);
     for (const TileConfig& tiles : shapes) {
@@ -83,9 +84,10 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
     Variant variant;
     if (why.empty()) {
       const TileConfig tiles =
-          forced_tiles ? *forced_tiles
-                       : family->tile_table(device.arch, problem.head_dim, problem.causal)
-                             .pick(problem.seqlen_k, problem.rows_per_kv_head());
+          forced_tiles
+              ? *forced_tiles
+              : family->tile_table(device.arch, problem.head_dim, problem.causal, problem.paged)
+                    .pick(problem.seqlen_k, problem.rows_per_kv_head());
       variant = variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal,
                            tiles, problem.paged, problem.per_sequence_lengths());
       if (forced_tiles) why = family->check_tiles(variant);
@@ -124,7 +126,7 @@ std::vector<Variant> default_variants(std::string_view arch_spelling) {
               if ((merge && causal) || (paged && !can_page) || (varlen && !family->varlen_variants))
                 continue;
               // Every shape the table may pick, once each.
-              const detail::TileTable table = family->tile_table(arch, head_dim, causal);
+              const detail::TileTable table = family->tile_table(arch, head_dim, causal, paged);
               for (int i = 0; i < table.count; ++i) {
                 const Variant v = detail::variant_of(*family, arch, dtype, head_dim, causal,
                                                      table.rules[i].tiles, paged, varlen);

@@ -64,7 +64,8 @@ struct KernelFamily {
   // Arch and head dim are checked by the registry before this is called.
   std::string (*check_tiles)(const Variant& variant);
   int (*shared_bytes)(const Variant& variant);
-  TileTable (*tile_table)(std::string_view arch, int head_dim, bool causal);
+  // paged: the problem reads a paged KV cache (families with kFeaturePagedKv may tile it apart).
+  TileTable (*tile_table)(std::string_view arch, int head_dim, bool causal, bool paged);
   // Empty when the family can run this problem, else why not (logged when falling back).
   std::string (*unsupported_reason)(const ForwardProblem& problem);
   // The launch for a problem; its tensor maps are encoded at the problem's addresses and later

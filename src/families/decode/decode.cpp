@@ -37,7 +37,7 @@ std::string decode_check(const Variant& v) {
 // Two tiles per head dim and arch: 16 rows (decode, GQA up to 16:1) and 32 rows (speculative
 // decode). On Hopper-class parts three stages keep two CTAs per SM with two stages in flight
 // each; d256 on parts with 99 KB per block does not fit (dense problems fall back to mma).
-TileTable decode_tiles(std::string_view arch, int head_dim, bool) {
+TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
   const int number = arch_number(arch);
   const bool hopper_class = number >= 90 && number < 120;  // 227 KB of shared memory per block
   const int tile_n = head_dim == 64 ? 128 : 64;
@@ -53,12 +53,14 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool) {
 // Dense caches with many rows per KV head are prefill's, unless they need seqused_k or a varlen
 // batch, which on sm_80..sm_89 only this family takes.
 // Hopper with TMA loads: d128 with 16 rows takes 128-key tiles in two stages (one CTA per SM
-// streaming 64 KB stages: 477 us on the batch-64 case against 482 for 64 x 3); 32 rows keep
-// 64-key tiles (128 would spill: 255 registers); other head dims as decode.
-TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal) {
-  if (head_dim != 128) return decode_tiles(arch, head_dim, causal);
+// streaming 64 KB stages: 477 us on the batch-64 case against 482 for 64 x 3), in three over a
+// paged cache (pages of 64 / 128 / 256 rows: 487 / 482 / 482 us against 513 / 501 / 499 with
+// two, dense 479: the pages' scattered reads want a stage more in flight); 32 rows keep 64-key
+// tiles (128 would spill: 255 registers); other head dims as decode.
+TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal, bool paged) {
+  if (head_dim != 128) return decode_tiles(arch, head_dim, causal, paged);
   TileTable table;
-  table.rules[0] = {INT_MAX, TileConfig{16, 128, 2}, 16};
+  table.rules[0] = {INT_MAX, TileConfig{16, 128, paged ? 3 : 2}, 16};
   table.rules[1] = {INT_MAX, TileConfig{32, 64, 3}, INT_MAX};
   table.count = 2;
   return table;
@@ -131,8 +133,8 @@ std::string decode_tma_unsupported(const ForwardProblem& problem) {
     return fmt::format("gathers pages of {} rows slower than decode: takes {} or more",
                        problem.page_size, kMinTmaPageRows);
   const FmhaParams& p = problem.params;
-  for (long long stride : {p.k_stride_b, p.k_stride_s, p.k_stride_h, p.v_stride_b, p.v_stride_s,
-                           p.v_stride_h})
+  for (long long stride :
+       {p.k_stride_b, p.k_stride_s, p.k_stride_h, p.v_stride_b, p.v_stride_s, p.v_stride_h})
     if (stride * 2 >= kMaxTmaStride)
       return fmt::format("a K/V stride of {} elements is past TMA's 2^40-byte limit", stride);
   // Prefill-shaped problems with seqused_k or a varlen batch are the wgmma family's on Hopper.
@@ -149,7 +151,7 @@ bool runs_on_hopper(std::string_view arch) { return arch == "sm_90a"; }
 // The two decode families: one kernel template, told apart by their names (decode_shape).
 constexpr KernelFamily decode_family(std::string_view name, std::string_view summary,
                                      bool (*runs_on)(std::string_view),
-                                     TileTable (*tiles)(std::string_view, int, bool),
+                                     TileTable (*tiles)(std::string_view, int, bool, bool),
                                      std::string (*unsupported)(const ForwardProblem&)) {
   return {
       .role = FamilyRole::attention,

@@ -22,7 +22,7 @@ std::string merge_check(const Variant& v) {
 
 int merge_shared_bytes(const Variant&) { return 0; }
 
-TileTable merge_tiles(std::string_view, int, bool) { return TileTable::single(kMergeTiles); }
+TileTable merge_tiles(std::string_view, int, bool, bool) { return TileTable::single(kMergeTiles); }
 
 std::string merge_arguments(const Variant& v) {
   return fmt::format("{}, {}", v.head_dim, MergeShape::kWarps);

@@ -77,7 +77,7 @@ SmemClass smem_class(std::string_view arch) {
   return SmemClass::kb99;  // sm_86, sm_89, sm_120, sm_121 and anything unknown
 }
 
-TileTable mma_tiles(std::string_view arch, int head_dim, bool causal) {
+TileTable mma_tiles(std::string_view arch, int head_dim, bool causal, bool) {
   const SmemClass smem = smem_class(arch);
   const auto row =
       std::find_if(std::begin(kTileTable), std::end(kTileTable),

@@ -21,7 +21,7 @@ std::string simt_check(const Variant& v) {
 
 int simt_shared_bytes(const Variant& v) { return shape_of(v).shared_bytes(); }
 
-TileTable simt_tiles(std::string_view, int, bool) { return TileTable::single({64, 64, 1}); }
+TileTable simt_tiles(std::string_view, int, bool, bool) { return TileTable::single({64, 64, 1}); }
 
 LaunchPlan simt_plan(const Variant& v, const ForwardProblem& problem, const DeviceInfo&) {
   const SimtShape shape = shape_of(v);

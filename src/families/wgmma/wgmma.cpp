@@ -49,7 +49,7 @@ std::string wgmma_check(const Variant& v) {
 // Short sequences take 128-key (and for causal d64 128-query) tiles: the last key tile of a
 // 512-key row is 20-30 % padding with 160-176 keys, and under the causal diagonal a 192-row tile
 // visits keys only its bottom rows need.
-TileTable wgmma_tiles(std::string_view, int head_dim, bool causal) {
+TileTable wgmma_tiles(std::string_view, int head_dim, bool causal, bool) {
   if (head_dim <= 64)
     return causal ? TileTable{{{{4096, {128, 128, 3}}, {INT_MAX, {192, 128, 2}}}}, 2}
                   : TileTable::single({192, 128, 3});
