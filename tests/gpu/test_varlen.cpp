@@ -144,26 +144,36 @@ void check_varlen_variant(const VarlenRun& r, const VarlenCase& c, const VarlenB
   if (options.num_splits > 1) CHECK(r.workspace_bytes > 0);
 }
 
-// Every kernel and split count (heuristic, unsplit, 5), with tight and loose max_seqlen hints.
-void run_varlen_matrix(VarlenDeviceProblem& p, const HostVarlen& host,
-                       const std::vector<Reference>& refs) {
+// Each of `runs` with tight and loose max_seqlen hints, checked (check_varlen, the variant).
+void check_runs(VarlenDeviceProblem& p, const HostVarlen& host, const std::vector<Reference>& refs,
+                const std::vector<ForwardOptions>& runs) {
   const VarlenCase& c = host.shape;
   for (const VarlenBatch& varlen : {p.varlen(), loose_hints(p.varlen(), c)})
-    for (int splits : {0, 1, 5})
-      for (const auto& kernel : decode_kernels()) {
-        ForwardOptions options;
-        options.num_splits = splits;
-        options.family = kernel;
-        const std::string what = describe(c, varlen, options);
-        CAPTURE(what);
-        const auto r = run_varlen(p, c, varlen, options);
-        if (!r) continue;
-        const std::string variant = r->variant.name();
-        CAPTURE(variant);
-        check_varlen(host, refs, *r);
-        check_varlen_variant(*r, c, varlen, options);
-        MESSAGE(fmt::format("{:<45} {} workspace {} B", variant, what, r->workspace_bytes));
-      }
+    for (const ForwardOptions& options : runs) {
+      const std::string what = describe(c, varlen, options);
+      CAPTURE(what);
+      const auto r = run_varlen(p, c, varlen, options);
+      if (!r) continue;
+      const std::string variant = r->variant.name();
+      CAPTURE(variant);
+      check_varlen(host, refs, *r);
+      check_varlen_variant(*r, c, varlen, options);
+      MESSAGE(fmt::format("{:<45} {} workspace {} B", variant, what, r->workspace_bytes));
+    }
+}
+
+// Every decode kernel and split count (heuristic, unsplit, 5).
+void run_varlen_matrix(VarlenDeviceProblem& p, const HostVarlen& host,
+                       const std::vector<Reference>& refs) {
+  std::vector<ForwardOptions> runs;
+  for (int splits : {0, 1, 5})
+    for (const auto& kernel : decode_kernels()) {
+      ForwardOptions options;
+      options.num_splits = splits;
+      options.family = kernel;
+      runs.push_back(options);
+    }
+  check_runs(p, host, refs, runs);
 }
 
 // A shuffle of the query and key lengths (a fixed seed) in which a sequence with queries has no
@@ -463,29 +473,25 @@ std::vector<TileConfig> wgmma_shapes(const VarlenCase& c) {
   return shapes;
 }
 
-// The dispatcher's choice and every wgmma shape, with tight and loose hints.
+// The dispatcher's choice and every wgmma shape.
 void run_prefill_matrix(VarlenDeviceProblem& p, const HostVarlen& host,
                         const std::vector<Reference>& refs) {
-  const VarlenCase& c = host.shape;
   std::vector<ForwardOptions> runs(1);
-  for (const TileConfig& tiles : wgmma_shapes(c)) {
+  for (const TileConfig& tiles : wgmma_shapes(host.shape)) {
     ForwardOptions options;
     options.family = "wgmma";
     options.tiles = tiles;
     runs.push_back(options);
   }
-  for (const VarlenBatch& varlen : {p.varlen(), loose_hints(p.varlen(), c)})
-    for (const ForwardOptions& options : runs) {
-      const std::string what = describe(c, varlen, options);
-      CAPTURE(what);
-      const auto r = run_varlen(p, c, varlen, options);
-      if (!r) continue;
-      const std::string variant = r->variant.name();
-      CAPTURE(variant);
-      check_varlen(host, refs, *r);
-      check_varlen_variant(*r, c, varlen, options);
-      MESSAGE(fmt::format("{:<45} {}", variant, what));
-    }
+  check_runs(p, host, refs, runs);
+}
+
+// Fresh random inputs for the case, its float64 reference, and the matrix above.
+void run_prefill_case(const VarlenCase& c, std::mt19937& rng) {
+  const HostVarlen host = HostVarlen::random(c, rng);
+  const std::vector<Reference> refs = host.reference();
+  VarlenDeviceProblem p(engine(), host);
+  run_prefill_matrix(p, host, refs);
 }
 
 }  // namespace
@@ -511,10 +517,7 @@ TEST_CASE(
       std::shuffle(c.seqlens_q.begin(), c.seqlens_q.end(), rng);
       for (int n : c.seqlens_q)
         c.seqlens_k.push_back(n + (shape.chunked ? static_cast<int>(rng() % 300) : 0));
-      const HostVarlen host = HostVarlen::random(c, rng);
-      const std::vector<Reference> refs = host.reference();
-      VarlenDeviceProblem p(engine(), host);
-      run_prefill_matrix(p, host, refs);
+      run_prefill_case(c, rng);
     }
 }
 
@@ -529,10 +532,7 @@ TEST_CASE("varlen prefill: seqused_k below, at and above the packed keys; padded
     // key less: the slots past each length are NaN, which P·V must never see.
     c.seqused = {1000, 50, 257, 0, 699};
     c.head_padding = 8, c.row_padding = 16, c.tail_rows = 5, c.head_major = true;
-    const HostVarlen host = HostVarlen::random(c, rng);
-    const std::vector<Reference> refs = host.reference();
-    VarlenDeviceProblem p(engine(), host);
-    run_prefill_matrix(p, host, refs);
+    run_prefill_case(c, rng);
   }
 }
 
@@ -546,9 +546,6 @@ TEST_CASE("varlen prefill: 300 sequences (past the sorted schedule's 256) of 0 t
       c.seqlens_k.push_back(c.seqlens_q.back());
     }
     c.seqlens_q[7] = 0;  // at least one empty sequence between others
-    const HostVarlen host = HostVarlen::random(c, rng);
-    const std::vector<Reference> refs = host.reference();
-    VarlenDeviceProblem p(engine(), host);
-    run_prefill_matrix(p, host, refs);
+    run_prefill_case(c, rng);
   }
 }
