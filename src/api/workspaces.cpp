@@ -5,6 +5,7 @@
 #include "core/log.hpp"
 #include "cuda/context.hpp"
 #include "cuda/driver.hpp"
+#include "flashjit/flashjit.hpp"
 
 namespace flashjit::detail {
 
@@ -23,10 +24,25 @@ void* Workspaces::get(CUcontext context, CUstream stream, std::size_t bytes) {
 }
 
 Workspaces::~Workspaces() {
-  auto release = [](const Buffer& buffer) {
-    if (buffer.address == 0) return;
-    ScopedContext current(buffer.context);
-    driver().cuMemFree(buffer.address);
+  // Nothing may leave a destructor: ScopedContext throws when a context cannot be made current
+  // (one already destroyed), which leaves nothing to wait for or free there.
+  auto in_context = [](CUcontext context, auto&& call) {
+    try {
+      ScopedContext current(context);
+      call();
+    } catch (const Error&) {
+    }
+  };
+  // cuMemFree only "may" synchronize (CUDA's driver API reference): launches still in flight on
+  // these buffers finish first, one synchronization per context used. Teardown only.
+  std::vector<CUcontext> contexts;
+  for (const auto& [key, buffer] : buffers_)
+    if (std::find(contexts.begin(), contexts.end(), buffer.context) == contexts.end())
+      contexts.push_back(buffer.context);
+  for (CUcontext context : contexts) in_context(context, [] { driver().cuCtxSynchronize(); });
+  auto release = [&](const Buffer& buffer) {
+    if (buffer.address != 0)
+      in_context(buffer.context, [&] { driver().cuMemFree(buffer.address); });
   };
   for (const auto& [key, buffer] : buffers_) release(buffer);
   for (const Buffer& buffer : retired_) release(buffer);

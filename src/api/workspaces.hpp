@@ -1,6 +1,7 @@
 // The engine's own split-KV scratch: one device buffer per (context, stream), grown on the call
 // that first needs more and reused in stream order after that, so warm forwards never allocate.
-// A buffer that grows is kept until the engine goes (earlier launches may still read it).
+// A buffer that grows is kept until the engine goes (earlier launches may still read it); the
+// engine's teardown waits for the launches in flight before it frees them.
 #pragma once
 
 #include <cuda.h>
