@@ -50,8 +50,6 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
   return table;
 }
 
-// Dense caches with many rows per KV head are prefill's, unless they need seqused_k or a varlen
-// batch, which on sm_80..sm_89 only this family takes.
 // Hopper with TMA loads: d128 with 16 rows takes 128-key tiles in two stages (one CTA per SM
 // streaming 64 KB stages: 477 us on the batch-64 case against 482 for 64 x 3), in three over a
 // paged cache (pages of 64 / 128 / 256 rows: 487 / 482 / 482 us against 513 / 501 / 499 with
@@ -66,14 +64,21 @@ TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal, boo
   return table;
 }
 
+// Dense caches with many rows per KV head are prefill's. `exempt`: what the family takes anyway,
+// at any row count, spelled for the message.
+std::string rows_beyond_decode(const ForwardProblem& problem, bool exempt, const char* unless) {
+  if (exempt || problem.rows_per_kv_head() <= DecodeShape::kMaxRowsPerKvHead) return {};
+  return fmt::format(
+      "takes at most {} query rows per KV head (seqlen_q x heads_q / heads_kv) unless {}, this "
+      "problem has {}",
+      DecodeShape::kMaxRowsPerKvHead, unless, problem.rows_per_kv_head());
+}
+
+// Paged, seqused_k and varlen problems at any row count: on sm_80..sm_89 no other family takes
+// the last two.
 std::string decode_unsupported(const ForwardProblem& problem) {
-  if (!problem.paged && !problem.has_seqused && !problem.varlen &&
-      problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead)
-    return fmt::format(
-        "takes at most {} query rows per KV head (seqlen_q x heads_q / heads_kv) from a dense "
-        "cache, this problem has {}",
-        DecodeShape::kMaxRowsPerKvHead, problem.rows_per_kv_head());
-  return {};
+  return rows_beyond_decode(problem, problem.paged || problem.per_sequence_lengths(),
+                            "paged, with seqused_k or varlen");
 }
 
 // K and V are read once: L2 fetches 128 bytes per miss, not 256 (512 -> 482 us on the batch-64
@@ -138,12 +143,7 @@ std::string decode_tma_unsupported(const ForwardProblem& problem) {
     if (stride * 2 >= kMaxTmaStride)
       return fmt::format("a K/V stride of {} elements is past TMA's 2^40-byte limit", stride);
   // Prefill-shaped problems with seqused_k or a varlen batch are the wgmma family's on Hopper.
-  if (!problem.paged && problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead)
-    return fmt::format(
-        "takes at most {} query rows per KV head (seqlen_q x heads_q / heads_kv) unless paged, "
-        "this problem has {}",
-        DecodeShape::kMaxRowsPerKvHead, problem.rows_per_kv_head());
-  return decode_unsupported(problem);
+  return rows_beyond_decode(problem, problem.paged, "paged");
 }
 
 bool runs_on_hopper(std::string_view arch) { return arch == "sm_90a"; }
