@@ -3,7 +3,7 @@
 from dataclasses import dataclass, field
 
 from .checks import TOLERANCES
-from .masks import visible_pairs
+from .masks import CAUSAL_WORDS, visible_pairs
 from .decode_cases import KV_GRIDS, parse_kv_case
 from .varlen_cases import VARLEN_GRIDS, parse_varlen_case
 
@@ -66,8 +66,7 @@ def parse_case(text):
         b, hq, hkv, sq, sk, d = (int(p) for p in parts[:6])
     except ValueError:
         raise ValueError(usage) from None
-    causal_words = {"1": True, "true": True, "causal": True, "yes": True,
-                    "0": False, "false": False, "full": False, "no": False, "nc": False}
+    causal_words = {**CAUSAL_WORDS, "yes": True, "no": False, "nc": False}
     if parts[6].lower() not in causal_words:
         raise ValueError(f"{usage}; causal is 0/1/true/false, got {parts[6]!r}")
     dtype = parts[7].lower() if len(parts) > 7 else "bf16"

@@ -5,7 +5,7 @@ are SDPA (cuDNN, flash), FlashAttention-4 and, for paged cases, flashjit's own d
 from dataclasses import dataclass, field
 
 from .checks import TOLERANCES
-from .masks import visible_pairs
+from .masks import CAUSAL_WORDS, visible_pairs
 
 HBM_TBS = 4.8  # H200 HBM3e peak, TB/s: the floor every KV case is held against (--hbm-tbs)
 
@@ -94,8 +94,7 @@ def parse_kv_case(text):
         b, hq, hkv, sq, sk, d = (int(p) for p in parts[:6])
     except ValueError:
         raise ValueError(usage) from None
-    causal = {"1": True, "true": True, "causal": True, "0": False, "false": False,
-              "full": False}.get(parts[6])
+    causal = CAUSAL_WORDS.get(parts[6])
     dtype = parts[7] if len(parts) > 7 else "bf16"
     paging = parts[8] if len(parts) > 8 else "dense"
     if causal is None or dtype not in TOLERANCES:

@@ -10,7 +10,7 @@ import random
 from dataclasses import dataclass, field
 
 from .checks import TOLERANCES
-from .masks import visible_pairs
+from .masks import CAUSAL_WORDS, visible_pairs
 
 VARLEN_SEED = 6  # the first seed whose draw of 16 spans nearly all of 128..8192 (131..8037)
 
@@ -114,8 +114,7 @@ def parse_varlen_case(text):
         b, hq, hkv, d = (int(p) for p in parts[:4])
     except ValueError:
         raise ValueError(usage) from None
-    causal = {"1": True, "true": True, "causal": True, "0": False, "false": False,
-              "full": False}.get(parts[4])
+    causal = CAUSAL_WORDS.get(parts[4])
     dtype = parts[5] if len(parts) > 5 else "bf16"
     spec = parts[6] if len(parts) > 6 else "128-8192"
     if causal is None or dtype not in TOLERANCES:
