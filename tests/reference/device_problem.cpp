@@ -3,11 +3,9 @@
 namespace flashjit::test {
 namespace {
 
-std::size_t bytes_of(const HostTensor& t) { return t.bits.size() * sizeof(std::uint16_t); }
-
 DeviceBuffer uploaded(const Engine& engine, const HostTensor& t) {
-  DeviceBuffer buffer(engine, bytes_of(t));
-  buffer.upload(t.bits.data(), bytes_of(t));
+  DeviceBuffer buffer(engine, t.bytes());
+  buffer.upload(t.bits.data(), t.bytes());
   return buffer;
 }
 
@@ -25,7 +23,7 @@ DeviceProblem::DeviceProblem(const Engine& engine, HostTensor q, HostTensor k, H
       q_device_(uploaded(engine, q_)),
       k_device_(uploaded(engine, k_)),
       v_device_(uploaded(engine, v_)),
-      out_device_(engine, bytes_of(q_)),
+      out_device_(engine, q_.bytes()),
       lse_device_(engine, lse_count(q_) * sizeof(float)) {
   poison(poison_byte);
 }
@@ -43,7 +41,7 @@ void DeviceProblem::poison(unsigned char value) {
 
 HostTensor DeviceProblem::output() const {
   HostTensor out = q_;
-  out_device_.download(out.bits.data(), bytes_of(out));
+  out_device_.download(out.bits.data(), out.bytes());
   return out;
 }
 

@@ -13,8 +13,6 @@
 namespace flashjit::test {
 namespace {
 
-std::size_t bytes_of(const HostTensor& t) { return t.bits.size() * sizeof(std::uint16_t); }
-
 std::size_t lse_count(const KvCase& c) {
   return static_cast<std::size_t>(c.batch) * c.heads_q * c.seqlen_q;
 }
@@ -128,9 +126,9 @@ KvDeviceProblem::KvDeviceProblem(const Engine& engine, const HostKv& host,
     : shape_(host.shape),
       q_view_(host.q.view),
       k_view_(host.k.view),
-      q_(engine, bytes_of(host.q)),
-      k_(engine, bytes_of(host.k)),
-      v_(engine, bytes_of(host.v)),
+      q_(engine, host.q.bytes()),
+      k_(engine, host.k.bytes()),
+      v_(engine, host.v.bytes()),
       outputs_(engine, host.q.view, host.q.bits.size(), lse_count(host.shape)) {
   if (!host.page_table.empty())
     page_table_.emplace(engine, host.page_table.size() * sizeof(std::int32_t));
@@ -150,9 +148,9 @@ void KvDeviceProblem::upload(const HostKv& host) {
   if (!same)
     throw std::invalid_argument(
         fmt::format("KvDeviceProblem of {} cannot take {}", shape_.describe(), c.describe()));
-  q_.upload(host.q.bits.data(), bytes_of(host.q));
-  k_.upload(host.k.bits.data(), bytes_of(host.k));
-  v_.upload(host.v.bits.data(), bytes_of(host.v));
+  q_.upload(host.q.bits.data(), host.q.bytes());
+  k_.upload(host.k.bits.data(), host.k.bytes());
+  v_.upload(host.v.bits.data(), host.v.bytes());
   if (page_table_)
     page_table_->upload(host.page_table.data(), host.page_table.size() * sizeof(std::int32_t));
   if (seqused_) seqused_->upload(host.seqused.data(), host.seqused.size() * sizeof(std::int32_t));

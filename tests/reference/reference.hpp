@@ -2,6 +2,7 @@
 // patterns in strided [b, s, h, d] layouts, the same views the engine takes.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <random>
 #include <vector>
@@ -21,6 +22,7 @@ struct HostTensor {
   double at(std::int64_t b, std::int64_t s, std::int64_t h, std::int64_t d) const;
   void fill_random(std::mt19937& rng, double scale = 1.0);
   void fill(std::uint16_t pattern);
+  std::size_t bytes() const { return bits.size() * sizeof(std::uint16_t); }  // of `bits`
 };
 
 float to_float(DType dtype, std::uint16_t bits);

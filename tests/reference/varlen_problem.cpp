@@ -13,8 +13,6 @@
 namespace flashjit::test {
 namespace {
 
-std::size_t bytes_of(const HostTensor& t) { return t.bits.size() * sizeof(std::uint16_t); }
-
 std::size_t lse_count(const VarlenCase& c) {
   return static_cast<std::size_t>(c.heads_q) * static_cast<std::size_t>(c.total_q());
 }
@@ -238,15 +236,15 @@ VarlenDeviceProblem::VarlenDeviceProblem(const Engine& engine, const HostVarlen&
     : shape_(host.shape),
       q_view_(host.q.view),
       k_view_(host.k.view),
-      q_(engine, bytes_of(host.q)),
-      k_(engine, bytes_of(host.k)),
-      v_(engine, bytes_of(host.v)),
+      q_(engine, host.q.bytes()),
+      k_(engine, host.k.bytes()),
+      v_(engine, host.v.bytes()),
       outputs_(engine, host.q.view, host.q.bits.size(), lse_count(host.shape)),
       cu_q_(engine, host.cu_seqlens_q.size() * sizeof(std::int32_t)),
       cu_k_(engine, host.cu_seqlens_q.size() * sizeof(std::int32_t)) {
-  q_.upload(host.q.bits.data(), bytes_of(host.q));
-  k_.upload(host.k.bits.data(), bytes_of(host.k));
-  v_.upload(host.v.bits.data(), bytes_of(host.v));
+  q_.upload(host.q.bits.data(), host.q.bytes());
+  k_.upload(host.k.bits.data(), host.k.bytes());
+  v_.upload(host.v.bits.data(), host.v.bytes());
   cu_q_.upload(host.cu_seqlens_q.data(), cu_q_.size());
   // A paged case has no key packing; its cu_seqlens_k buffer (for refusal tests) packs the
   // capacities.
