@@ -123,19 +123,9 @@ Reference reference_per_sequence(const HostTensor& q, const std::vector<HostTens
 
 KvDeviceProblem::KvDeviceProblem(const Engine& engine, const HostKv& host,
                                  unsigned char poison_byte)
-    : shape_(host.shape),
-      q_view_(host.q.view),
-      k_view_(host.k.view),
-      q_(engine, host.q.bytes()),
-      k_(engine, host.k.bytes()),
-      v_(engine, host.v.bytes()),
-      outputs_(engine, host.q.view, host.q.bits.size(), lse_count(host.shape)) {
-  if (!host.page_table.empty())
-    page_table_.emplace(engine, host.page_table.size() * sizeof(std::int32_t));
-  if (!host.seqused.empty()) seqused_.emplace(engine, host.seqused.size() * sizeof(std::int32_t));
-  upload(host);
-  poison(poison_byte);
-}
+    : DeviceKvInputs(engine, host.q, host.k, host.v, host.page_table, host.seqused,
+                     lse_count(host.shape), poison_byte),
+      shape_(host.shape) {}
 
 void KvDeviceProblem::upload(const HostKv& host) {
   const KvCase& c = host.shape;
@@ -148,27 +138,8 @@ void KvDeviceProblem::upload(const HostKv& host) {
   if (!same)
     throw std::invalid_argument(
         fmt::format("KvDeviceProblem of {} cannot take {}", shape_.describe(), c.describe()));
-  q_.upload(host.q.bits.data(), host.q.bytes());
-  k_.upload(host.k.bits.data(), host.k.bytes());
-  v_.upload(host.v.bits.data(), host.v.bytes());
-  if (page_table_)
-    page_table_->upload(host.page_table.data(), host.page_table.size() * sizeof(std::int32_t));
-  if (seqused_) seqused_->upload(host.seqused.data(), host.seqused.size() * sizeof(std::int32_t));
+  DeviceKvInputs::upload(host.q, host.k, host.v, host.page_table, host.seqused);
   shape_ = c;
-}
-
-const std::int32_t* KvDeviceProblem::seqused_k() const {
-  return seqused_ ? static_cast<const std::int32_t*>(seqused_->data()) : nullptr;
-}
-
-const std::int32_t* KvDeviceProblem::page_table() const {
-  return page_table_ ? static_cast<const std::int32_t*>(page_table_->data()) : nullptr;
-}
-
-KVCache KvDeviceProblem::kv() const {
-  if (shape_.paged())
-    return KVCache::paged(k(), v(), page_table(), shape_.pages_per_seq(), seqused_k());
-  return KVCache::dense(k(), v(), seqused_k());
 }
 
 }  // namespace flashjit::test

@@ -10,9 +10,8 @@
 #include <string>
 #include <vector>
 
-#include "flashjit/device_memory.hpp"
+#include "device_kv_inputs.hpp"
 #include "flashjit/flashjit.hpp"
-#include "poisoned_output.hpp"
 #include "reference.hpp"
 
 namespace flashjit::test {
@@ -68,7 +67,8 @@ Reference reference_per_sequence(const HostTensor& q, const std::vector<HostTens
                                  bool causal);
 
 // A HostKv on the GPU, with an output and LSE filled with a poison byte before each run.
-class KvDeviceProblem {
+// (q, k, v, out, lse [batch, heads_q, seqlen_q], page_table, seqused_k: DeviceKvInputs.)
+class KvDeviceProblem : public DeviceKvInputs {
  public:
   KvDeviceProblem(const Engine& engine, const HostKv& host, unsigned char poison = 0xff);
 
@@ -76,31 +76,10 @@ class KvDeviceProblem {
   // streams that use them first). Throws std::invalid_argument for another shape.
   void upload(const HostKv& host);
 
-  TensorView q() const { return with_data(q_view_, q_); }
-  TensorView out() const { return outputs_.out(); }
-  float* lse() const { return outputs_.lse(); }  // [batch, heads_q, seqlen_q]
-  KVCache kv() const;
-  TensorView k() const { return with_data(k_view_, k_); }  // the dense tensor or the page pool
-  TensorView v() const { return with_data(k_view_, v_); }
-  const std::int32_t* seqused_k() const;   // null without seqused
-  const std::int32_t* page_table() const;  // null when dense
-
-  // Refills the output and LSE with the poison byte; what the GPU wrote (after synchronizing).
-  void poison(unsigned char value = 0xff) { outputs_.poison(value); }
-  HostTensor output() const { return outputs_.output(); }  // in q's view
-  std::vector<float> lse_values() const { return outputs_.lse_values(); }
+  KVCache kv() const { return kv_cache(shape_.paged(), shape_.pages_per_seq()); }
 
  private:
-  static TensorView with_data(TensorView view, const DeviceBuffer& buffer) {
-    view.data = buffer.data();
-    return view;
-  }
-
   KvCase shape_;
-  TensorView q_view_, k_view_;
-  DeviceBuffer q_, k_, v_;
-  PoisonedOutput outputs_;
-  std::optional<DeviceBuffer> page_table_, seqused_;
 };
 
 }  // namespace flashjit::test

@@ -233,18 +233,11 @@ std::vector<bool> HostVarlen::written_lse() const {
 
 VarlenDeviceProblem::VarlenDeviceProblem(const Engine& engine, const HostVarlen& host,
                                          unsigned char poison_byte)
-    : shape_(host.shape),
-      q_view_(host.q.view),
-      k_view_(host.k.view),
-      q_(engine, host.q.bytes()),
-      k_(engine, host.k.bytes()),
-      v_(engine, host.v.bytes()),
-      outputs_(engine, host.q.view, host.q.bits.size(), lse_count(host.shape)),
+    : DeviceKvInputs(engine, host.q, host.k, host.v, host.page_table, host.seqused,
+                     lse_count(host.shape), poison_byte),
+      shape_(host.shape),
       cu_q_(engine, host.cu_seqlens_q.size() * sizeof(std::int32_t)),
       cu_k_(engine, host.cu_seqlens_q.size() * sizeof(std::int32_t)) {
-  q_.upload(host.q.bits.data(), host.q.bytes());
-  k_.upload(host.k.bits.data(), host.k.bytes());
-  v_.upload(host.v.bits.data(), host.v.bytes());
   cu_q_.upload(host.cu_seqlens_q.data(), cu_q_.size());
   // A paged case has no key packing; its cu_seqlens_k buffer (for refusal tests) packs the
   // capacities.
@@ -253,15 +246,6 @@ VarlenDeviceProblem::VarlenDeviceProblem(const Engine& engine, const HostVarlen&
   const std::vector<std::int32_t> cu_k =
       shape_.paged() ? prefix_sums(capacities) : host.cu_seqlens_k;
   cu_k_.upload(cu_k.data(), cu_k_.size());
-  if (!host.page_table.empty()) {
-    page_table_.emplace(engine, host.page_table.size() * sizeof(std::int32_t));
-    page_table_->upload(host.page_table.data(), page_table_->size());
-  }
-  if (!host.seqused.empty()) {
-    seqused_.emplace(engine, host.seqused.size() * sizeof(std::int32_t));
-    seqused_->upload(host.seqused.data(), seqused_->size());
-  }
-  poison(poison_byte);
 }
 
 const std::int32_t* VarlenDeviceProblem::cu_seqlens_q() const {
@@ -270,15 +254,6 @@ const std::int32_t* VarlenDeviceProblem::cu_seqlens_q() const {
 
 const std::int32_t* VarlenDeviceProblem::cu_seqlens_k() const {
   return static_cast<const std::int32_t*>(cu_k_.data());
-}
-
-KVCache VarlenDeviceProblem::kv() const {
-  const auto* seqused = seqused_ ? static_cast<const std::int32_t*>(seqused_->data()) : nullptr;
-  if (shape_.paged())
-    return KVCache::paged(with_data(k_view_, k_), with_data(k_view_, v_),
-                          static_cast<const std::int32_t*>(page_table_->data()),
-                          shape_.pages_per_seq, seqused);
-  return KVCache::dense(with_data(k_view_, k_), with_data(k_view_, v_), seqused);
 }
 
 VarlenBatch VarlenDeviceProblem::varlen() const {

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "device_kv_inputs.hpp"
 #include "flashjit/device_memory.hpp"
 #include "flashjit/flashjit.hpp"
-#include "poisoned_output.hpp"
 #include "reference.hpp"
 
 namespace flashjit::test {
@@ -83,36 +83,20 @@ struct HostVarlen {
 };
 
 // A HostVarlen on the GPU, with an output and LSE filled with a poison byte before each run.
-class VarlenDeviceProblem {
+// (q, k, v, out, lse [heads_q, total_q], page_table, seqused_k: DeviceKvInputs.)
+class VarlenDeviceProblem : public DeviceKvInputs {
  public:
   VarlenDeviceProblem(const Engine& engine, const HostVarlen& host, unsigned char poison = 0xff);
 
-  TensorView q() const { return with_data(q_view_, q_); }
-  TensorView out() const { return outputs_.out(); }
-  float* lse() const { return outputs_.lse(); }  // [heads_q, total_q]
-  KVCache kv() const;
+  KVCache kv() const { return kv_cache(shape_.paged(), shape_.pages_per_seq); }
   // The batch with tight max_seqlen hints (the longest sequence's), cu_seqlens_k only when dense.
   VarlenBatch varlen() const;
   const std::int32_t* cu_seqlens_q() const;
   const std::int32_t* cu_seqlens_k() const;  // the dense packing's (set for a paged case too)
 
-  // Refills the output and LSE with the poison byte; what the GPU wrote (after synchronizing).
-  void poison(unsigned char value = 0xff) { outputs_.poison(value); }
-  HostTensor output() const { return outputs_.output(); }  // in q's view
-  std::vector<float> lse_values() const { return outputs_.lse_values(); }
-
  private:
-  static TensorView with_data(TensorView view, const DeviceBuffer& buffer) {
-    view.data = buffer.data();
-    return view;
-  }
-
   VarlenCase shape_;
-  TensorView q_view_, k_view_;
-  DeviceBuffer q_, k_, v_;
-  PoisonedOutput outputs_;
   DeviceBuffer cu_q_, cu_k_;
-  std::optional<DeviceBuffer> page_table_, seqused_;
 };
 
 }  // namespace flashjit::test
