@@ -37,8 +37,8 @@ constexpr Problem kProblems[] = {
 };
 
 // Decode kernels read a KV cache with seqused_k (so every row count is theirs), paged ones through
-// a shuffled page table of 64-row pages (the smallest decode_tma takes); the merge kernel merges
-// two random states.
+// a shuffled page table of 64-row pages (decode_tma takes them at every head dim); the merge
+// kernel merges two random states.
 constexpr int kPageSize = 64;
 
 // The cache a decode variant reads for problem p over k/v: random lengths up to seqlen_k, pages

@@ -61,7 +61,7 @@ std::vector<Variant> fallback_variants(const ForwardProblem& problem, const Devi
       continue;
     const TileTable table =
         family->tile_table(device.arch, problem.head_dim, problem.causal, problem.paged);
-    std::vector<TileConfig> shapes = {table.pick(problem.seqlen_k, problem.rows_per_kv_head())};
+    std::vector<TileConfig> shapes = {table.pick(problem)};
     for (int i = 0; i < table.count; ++i) shapes.push_back(table.rules[i].tiles);
     for (const TileConfig& tiles : shapes) {
       const Variant v =
@@ -87,7 +87,7 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
           forced_tiles
               ? *forced_tiles
               : family->tile_table(device.arch, problem.head_dim, problem.causal, problem.paged)
-                    .pick(problem.seqlen_k, problem.rows_per_kv_head());
+                    .pick(problem);
       variant = variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal,
                            tiles, problem.paged, problem.per_sequence_lengths());
       if (forced_tiles) why = family->check_tiles(variant);

@@ -16,24 +16,27 @@
 
 namespace flashjit::detail {
 
-// A family's tile choice for one (arch, head_dim, causal): the first rule whose max_seqlen_k covers
-// the problem's key length wins; the last rule covers any length. Short sequences may want smaller
-// key tiles (less padding in the last one), long ones the shape with the best steady state.
+// A family's tile choice for one (arch, head_dim, causal, paged): the first rule whose limits all
+// cover the problem wins; the last rule covers any problem. Short sequences may want smaller key
+// tiles (less padding in the last one), long ones the shape with the best steady state.
 struct TileTable {
   struct Rule {
     int max_seqlen_k;
     TileConfig tiles;
     // Query rows per KV head (seqlen_q * heads_q / heads_kv) the rule covers: the decode family
-    // sizes its tile by them. Both limits must cover the problem.
+    // sizes its tile by them.
     int max_rows_per_kv_head = INT_MAX;
+    // Rows per page of a paged cache the rule covers (a dense cache passes any): small pages may
+    // want short key tiles.
+    int max_page_size = INT_MAX;
   };
   static constexpr int kMaxRules = 4;
   std::array<Rule, kMaxRules> rules{};
   int count = 0;
 
-  // One shape for every length.
+  // One shape for every problem.
   static TileTable single(TileConfig tiles) { return {{Rule{INT_MAX, tiles}}, 1}; }
-  TileConfig pick(int seqlen_k, int rows_per_kv_head) const;
+  TileConfig pick(const ForwardProblem& problem) const;
 };
 
 // What a family computes: attention forward (the dispatcher chooses among these), or the merge of

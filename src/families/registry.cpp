@@ -44,9 +44,11 @@ const KernelFamily& family_named(std::string_view name, std::string_view what) {
   throw Error(ErrorCode::invalid_argument, fmt::format("{} {}", what, unknown_family(name)));
 }
 
-TileConfig TileTable::pick(int seqlen_k, int rows_per_kv_head) const {
+TileConfig TileTable::pick(const ForwardProblem& problem) const {
   for (int i = 0; i + 1 < count; ++i)
-    if (seqlen_k <= rules[i].max_seqlen_k && rows_per_kv_head <= rules[i].max_rows_per_kv_head)
+    if (problem.seqlen_k <= rules[i].max_seqlen_k &&
+        problem.rows_per_kv_head() <= rules[i].max_rows_per_kv_head &&
+        (!problem.paged || problem.page_size <= rules[i].max_page_size))
       return rules[i].tiles;
   return rules[count - 1].tiles;
 }

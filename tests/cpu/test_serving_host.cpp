@@ -114,9 +114,9 @@ TEST_CASE("precompile's defaults include paged decode, varlen prefill and merge 
   CHECK(wgmma == 36);
   CHECK(varlen == 18);
   // Each of the two decode kernels: 2 dtypes x 2 masks x 2 caches x (2 + 2 + 1) tiles over
-  // d64/d128/d256.
-  CHECK(decode == 80);
-  CHECK(paged == 40);
+  // d64/d128/d256, and decode_tma's short-key tile for small pages at d128 (2 dtypes x 2 masks).
+  CHECK(decode == 84);
+  CHECK(paged == 44);
   CHECK(merge == 12);  // 2 dtypes x 6 head dims
   // d256 decode does not fit the 99 KB of an sm_86 block, so it is not built there.
   for (const Variant& v : default_variants("sm_86")) {
@@ -136,9 +136,18 @@ TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to 
   CHECK_FALSE(prefill.varlen);  // a dense batch runs the kernel without per-sequence lengths
   PagedArgs a;
   const auto paged = detail::validate_forward(a.q, a.kv, a.q, nullptr, a.options);
-  // Pages of 16 rows: the cp.async kernel gathers them faster than 16-row TMA boxes.
+  // Pages of 16 rows: TMA boxes of one page each into 64-key tiles.
   CHECK(detail::select_variant(paged, gpu, nullptr).name() ==
-        "decode.sm90a.bf16.d128.m16n64s3.paged");
+        "decode_tma.sm90a.bf16.d128.m16n64s3.paged");
+  // Pages of 8 rows (and small pages at other head dims): the cp.async kernel gathers them.
+  PagedArgs small_pages;
+  small_pages.pages = TensorView::bshd(fake(0x200000), DType::bf16, 2000, 8, 8, 128);
+  small_pages.kv = KVCache::paged(small_pages.pages, small_pages.pages, kTable, 8, kLengths);
+  CHECK(detail::select_variant(detail::validate_forward(small_pages.q, small_pages.kv,
+                                                        small_pages.q, nullptr,
+                                                        small_pages.options),
+                               gpu, nullptr)
+            .name() == "decode.sm90a.bf16.d128.m16n64s3.paged");
   PagedArgs big_pages;
   big_pages.pages = TensorView::bshd(fake(0x200000), DType::bf16, 100, 128, 8, 128);
   big_pages.kv = KVCache::paged(big_pages.pages, big_pages.pages, kTable, 8);

@@ -50,20 +50,30 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
   return table;
 }
 
-// Hopper with TMA loads: d128 with 16 rows takes 128-key tiles in two stages (one CTA per SM
-// streaming 64 KB stages: 477 us on the batch-64 case against 482 for 64 x 3), in three over a
-// paged cache (pages of 64 / 128 / 256 rows: 487 / 482 / 482 us against 513 / 501 / 499 with
-// two, dense 479: the pages' scattered reads want a stage more in flight); 32 rows keep 64-key
-// tiles (128 would spill: 255 registers), in two stages on a dense cache (three CTAs per SM:
-// 478.8 us at seqlen_q 8 against 488.3 with three stages), three over pages; other head dims
-// as decode.
+// Hopper with TMA loads, d128 (docs/perf-log.md, decode sections; batch-64 decode, dense 478.5 us):
+// - 16 rows, dense: 128-key tiles in two stages (one CTA per SM streaming 64 KB stages: 477 us
+//   against 482 for 64 x 3);
+// - 16 rows over pages of 64 rows or more: 128-key tiles in three stages (pages of 64 / 128 / 256:
+//   487 / 482 / 482 us against 513 / 501 / 499 with two: the scattered pages want a stage more in
+//   flight);
+// - 16 rows over pages of 16 or 32 rows: 64-key tiles in three stages, two CTAs per SM (pages of
+//   16: 504.7 us against 597 for 128 x 3 and 555 for the cp.async kernel; 32: 492.8);
+// - 32 rows: 64-key tiles (128 would spill: 255 registers), two stages on a dense cache (478.8 us
+//   at seqlen_q 8 against 488.3 with three), three over pages.
+// Other head dims as decode.
+constexpr int kShortTilePageRows = 32;  // pages of at most this many rows take 64-key tiles
+
 TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal, bool paged) {
   if (head_dim != 128) return decode_tiles(arch, head_dim, causal, paged);
   const int stages = paged ? 3 : 2;
   TileTable table;
   table.rules[0] = {INT_MAX, TileConfig{16, 128, stages}, 16};
-  table.rules[1] = {INT_MAX, TileConfig{32, 64, stages}, INT_MAX};
-  table.count = 2;
+  if (paged) {
+    table.rules[1] = table.rules[0];
+    table.rules[0] = {INT_MAX, TileConfig{16, 64, stages}, 16, kShortTilePageRows};
+  }
+  table.count = paged ? 2 : 1;
+  table.rules[table.count++] = {INT_MAX, TileConfig{32, 64, stages}, INT_MAX};
   return table;
 }
 
@@ -130,16 +140,21 @@ std::string decode_arguments(const Variant& v) {
 // 16-byte vectors per row must divide the 128 threads' copy passes.
 constexpr int kDecodeHeadDims[] = {64, 128, 256};
 
-// Pages below this many rows are gathered faster by the cp.async kernel than by as many small TMA
-// boxes (batch-64 decode, pages of 16: 538 us against 716; docs/perf-log.md).
-constexpr int kMinTmaPageRows = 64;
+// TMA boxes never cross a page, so a page size's lowest set bit bounds their rows
+// (DecodeShape::page_box_rows); below this many rows per box the cp.async kernel gathers faster.
+// d128 has short-key tiles for small pages (decode_tma_tiles: pages of 16 at 504.7 us against
+// 555); other head dims were measured only with their one tile (pages of 16 at 716 us against
+// 538 for the cp.async kernel); boxes of 8 rows were not measured.
+int min_tma_box_rows(int head_dim) { return head_dim == 128 ? 16 : 64; }
 
-// TMA boxes need strides below 2^40 bytes and pages of kMinTmaPageRows or more; else the cp.async
-// family runs it.
+// TMA boxes need strides below 2^40 bytes and pages whose boxes have min_tma_box_rows or more;
+// else the cp.async family runs it.
 std::string decode_tma_unsupported(const ForwardProblem& problem) {
-  if (problem.paged && problem.page_size < kMinTmaPageRows)
-    return fmt::format("gathers pages of {} rows slower than decode: takes {} or more",
-                       problem.page_size, kMinTmaPageRows);
+  const int min_box_rows = min_tma_box_rows(problem.head_dim);
+  if (problem.paged && (problem.page_size & -problem.page_size) < min_box_rows)
+    return fmt::format(
+        "gathers pages of {} rows slower than decode: takes page sizes that are multiples of {}",
+        problem.page_size, min_box_rows);
   const FmhaParams& p = problem.params;
   for (long long stride :
        {p.k_stride_b, p.k_stride_s, p.k_stride_h, p.v_stride_b, p.v_stride_s, p.v_stride_h})
