@@ -138,7 +138,7 @@ TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to 
   const auto paged = detail::validate_forward(a.q, a.kv, a.q, nullptr, a.options);
   // Pages of 16 rows: TMA boxes of one page each into 64-key tiles.
   CHECK(detail::select_variant(paged, gpu, nullptr).name() ==
-        "decode_tma.sm90a.bf16.d128.m16n64s3.paged");
+        "decode_tma.sm90a.bf16.d128.m16n64s2.paged");
   // Pages of 8 rows (and small pages at other head dims): the cp.async kernel gathers them.
   PagedArgs small_pages;
   small_pages.pages = TensorView::bshd(fake(0x200000), DType::bf16, 2000, 8, 8, 128);

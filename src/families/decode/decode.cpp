@@ -56,8 +56,10 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
 // - 16 rows over pages of 64 rows or more: 128-key tiles in three stages (pages of 64 / 128 / 256:
 //   487 / 482 / 482 us against 513 / 501 / 499 with two: the scattered pages want a stage more in
 //   flight);
-// - 16 rows over pages of 16 or 32 rows: 64-key tiles in three stages, two CTAs per SM (pages of
-//   16: 504.7 us against 597 for 128 x 3 and 555 for the cp.async kernel; 32: 492.8);
+// - 16 rows over pages of 16 or 32 rows: 64-key tiles in two stages, three CTAs per SM (pages of
+//   16: 499.9 us, in 3 splits at batch 64, against 505.2 with three stages, 597 for 128 x 3 and
+//   555 for the cp.async
+//   kernel; 32: 492.8);
 // - 32 rows: 64-key tiles (128 would spill: 255 registers), two stages on a dense cache (478.8 us
 //   at seqlen_q 8 against 488.3 with three), three over pages.
 // Other head dims as decode.
@@ -70,7 +72,7 @@ TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal, boo
   table.rules[0] = {INT_MAX, TileConfig{16, 128, stages}, 16};
   if (paged) {
     table.rules[1] = table.rules[0];
-    table.rules[0] = {INT_MAX, TileConfig{16, 64, stages}, 16, kShortTilePageRows};
+    table.rules[0] = {INT_MAX, TileConfig{16, 64, 2}, 16, kShortTilePageRows};
   }
   table.count = paged ? 2 : 1;
   table.rules[table.count++] = {INT_MAX, TileConfig{32, 64, stages}, INT_MAX};
@@ -142,7 +144,7 @@ constexpr int kDecodeHeadDims[] = {64, 128, 256};
 
 // TMA boxes never cross a page, so a page size's lowest set bit bounds their rows
 // (DecodeShape::page_box_rows); below this many rows per box the cp.async kernel gathers faster.
-// d128 has short-key tiles for small pages (decode_tma_tiles: pages of 16 at 504.7 us against
+// d128 has short-key tiles for small pages (decode_tma_tiles: pages of 16 at 499.9 us against
 // 555); other head dims were measured only with their one tile (pages of 16 at 716 us against
 // 538 for the cp.async kernel); boxes of 8 rows were not measured.
 int min_tma_box_rows(int head_dim) { return head_dim == 128 ? 16 : 64; }
