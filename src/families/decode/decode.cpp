@@ -58,8 +58,7 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
 //   flight);
 // - 16 rows over pages of 16 or 32 rows: 64-key tiles in two stages, three CTAs per SM (pages of
 //   16: 499.9 us, in 3 splits at batch 64, against 505.2 with three stages, 597 for 128 x 3 and
-//   555 for the cp.async
-//   kernel; 32: 492.8);
+//   555 for the cp.async kernel; 32: 492.8);
 // - 32 rows: 64-key tiles (128 would spill: 255 registers), two stages on a dense cache (478.8 us
 //   at seqlen_q 8 against 488.3 with three), three over pages.
 // Other head dims as decode.
