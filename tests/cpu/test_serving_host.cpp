@@ -127,8 +127,12 @@ TEST_CASE("precompile's defaults include paged decode, varlen prefill and merge 
 
 TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to wgmma") {
   const DeviceInfo gpu = h200();
+  // Up to 16k keys a dense cache takes the 32-row, 64-key tile even for one query row; longer
+  // ones 16 rows of 128 keys.
   const Variant one = detail::select_variant(decode_problem(64, 1, 8192), gpu, nullptr);
-  CHECK(one.name() == "decode_tma.sm90a.bf16.d128.m16n128s2");
+  CHECK(one.name() == "decode_tma.sm90a.bf16.d128.m32n64s2");
+  CHECK(detail::select_variant(decode_problem(8, 1, 32768), gpu, nullptr).name() ==
+        "decode_tma.sm90a.bf16.d128.m16n128s2");
   const Variant spec = detail::select_variant(decode_problem(64, 8, 8192, true), gpu, nullptr);
   CHECK(spec.name() == "decode_tma.sm90a.bf16.d128.m32n64s2.causal");
   const Variant prefill = detail::select_variant(decode_problem(8, 512, 8192, true), gpu, nullptr);
@@ -173,12 +177,14 @@ TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many f
   auto splits = [&](int batch, int seqlen_q, int seqlen_k) {
     const auto problem = decode_problem(batch, seqlen_q, seqlen_k);
     const Variant v = detail::select_variant(problem, gpu, nullptr);
-    // 16 rows: 128-key tiles in two stages (133 KB), one CTA per SM.
-    CHECK(detail::decode_ctas_per_sm(family(v.family.c_str()).shared_bytes(v), gpu) == 1);
+    // Up to 16k keys 32 rows of 64 keys in two stages (80 KB), two CTAs per SM; past that 16 rows
+    // of 128 keys (133 KB), one CTA per SM.
+    CHECK(detail::decode_ctas_per_sm(family(v.family.c_str()).shared_bytes(v), gpu) ==
+          (seqlen_k <= 16384 ? 2 : 1));
     return detail::decode_num_splits(v, problem, gpu);
   };
   CHECK(detail::decode_ctas_per_sm(106 * 1024, gpu) == 2);  // 2 CTAs of ~106 KB fit an SM
-  CHECK(splits(64, 1, 8192) == 1);    // 512 CTAs on 132 SMs: four nearly full waves already
+  CHECK(splits(64, 1, 8192) == 1);    // 512 CTAs on 2 x 132 slots: two nearly full waves
   CHECK(splits(8, 1, 32768) == 2);    // 64 x 2 = 128 CTAs: one wave
   CHECK(splits(1, 1, 131072) == 16);  // 8 x 16 = 128 CTAs
   CHECK(splits(1, 1, 64) == 1);       // one key tile cannot be split
@@ -188,7 +194,7 @@ TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many f
   const detail::SplitPlan plan = detail::plan_splits(family("decode"), v, forced, gpu);
   CHECK(plan.num_splits == 5);
   CHECK(v.family == "decode_tma");
-  CHECK(plan.split_tiles == 2);  // 8 tiles of 128 keys over 5 splits
+  CHECK(plan.split_tiles == 4);  // 16 tiles of 64 keys over 5 splits
   const std::size_t rows = 2 * 3 * 32 * 5;
   CHECK(plan.lse_offset == (rows * 128 * 4 + 255) / 256 * 256);
   CHECK(plan.workspace_bytes == plan.lse_offset + (rows * 4 + 255) / 256 * 256);

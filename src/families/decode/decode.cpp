@@ -51,8 +51,12 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
 }
 
 // Hopper with TMA loads, d128 (docs/perf-log.md, decode sections; batch-64 decode, dense 478.5 us):
-// - 16 rows, dense: 128-key tiles in two stages (one CTA per SM streaming 64 KB stages: 477 us
-//   against 482 for 64 x 3);
+// - 16 rows, dense, up to 16k keys: the 32-row tile below (two CTAs per SM; 476.8 / 480.0 /
+//   483.3 us at seqlen_q 1 / 2 / 4 against 478.8 / 485.4 / 489.4 for 16 x 128 x 2, and 16 x 64 x 2
+//   at 515 / 523 in one split, 488 / 502 in the three splits the heuristic gives it);
+// - 16 rows, dense, longer: 128-key tiles in two stages (one CTA per SM streaming 64 KB stages:
+//   batch 1 x 128k 130.7 us in 16 splits against 134.5 for 32 x 64 x 2 in 33; 477 us at batch
+//   64 x 8k against 482 for 64 x 3);
 // - 16 rows over pages of 64 rows or more: 128-key tiles in three stages (pages of 64 / 128 / 256:
 //   487 / 482 / 482 us against 513 / 501 / 499 with two: the scattered pages want a stage more in
 //   flight);
@@ -64,17 +68,21 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
 // Other head dims as decode.
 constexpr int kShortTilePageRows = 32;  // pages of at most this many rows take 64-key tiles
 
+constexpr int kShortKeysDense = 16384;  // dense caches of at most this many keys: 32 x 64 x 2
+
 TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal, bool paged) {
   if (head_dim != 128) return decode_tiles(arch, head_dim, causal, paged);
-  const int stages = paged ? 3 : 2;
+  const TileConfig rows_32 = {32, 64, paged ? 3 : 2};
   TileTable table;
-  table.rules[0] = {INT_MAX, TileConfig{16, 128, stages}, 16};
   if (paged) {
-    table.rules[1] = table.rules[0];
     table.rules[0] = {INT_MAX, TileConfig{16, 64, 2}, 16, kShortTilePageRows};
+    table.rules[1] = {INT_MAX, TileConfig{16, 128, 3}, 16};
+  } else {
+    table.rules[0] = {kShortKeysDense, rows_32, 16};
+    table.rules[1] = {INT_MAX, TileConfig{16, 128, 2}, 16};
   }
-  table.count = paged ? 2 : 1;
-  table.rules[table.count++] = {INT_MAX, TileConfig{32, 64, stages}, INT_MAX};
+  table.rules[2] = {INT_MAX, rows_32, INT_MAX};
+  table.count = 3;
   return table;
 }
 
