@@ -74,23 +74,29 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
         tma_load_4d(smem + Shape::kQOffset + b * TileM * Shape::kRowBytes, tma_q, &bars->q_full,
                     64 * b, seq.q_start + row0, u.head, seq.q_batch);
       const int kv_head = u.head / p.heads_per_kv;
-      for (int j = 0; j < n_tiles; ++j, ++pipe) {
-        const int stage = pipe % Stages;
-        const unsigned phase = (pipe / Stages) & 1;
-        // K(j), then V(j), each into its ring's stage once the consumers have freed it. A fresh
-        // barrier counts as having completed the phase before phase 0: parity ^ 1 passes.
-        auto load = [&](unsigned long long* empty, unsigned long long* full, int offset,
-                        const TmaDescriptor* map) {
-          mbarrier_wait(empty, phase ^ 1);
-          mbarrier_arrive_expect_tx(full, Shape::kKVBytes);
-          unsigned char* tile = smem + offset + stage * Shape::kKVBytes;
+      // Key tile j into its ring's slot `at` (counted over the whole loop) once the consumers
+      // have freed it. A fresh barrier counts as having completed the phase before phase 0:
+      // parity ^ 1 passes.
+      auto load = [&](unsigned long long* empty, unsigned long long* full, int offset,
+                      const TmaDescriptor* map, int j, int at) {
+        const int stage = at % Stages;
+        mbarrier_wait(&empty[stage], ((at / Stages) & 1) ^ 1);
+        mbarrier_arrive_expect_tx(&full[stage], Shape::kKVBytes);
+        unsigned char* tile = smem + offset + stage * Shape::kKVBytes;
 #pragma unroll
-          for (int b = 0; b < Shape::kDimBlocks; ++b)
-            tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, full, 64 * b,
-                        seq.k_start + j * TileN, kv_head, seq.k_batch);
-        };
-        load(&bars->k_empty[stage], &bars->k_full[stage], Shape::kKOffset, tma_k);
-        load(&bars->v_empty[stage], &bars->v_full[stage], Shape::kVOffset, tma_v);
+        for (int b = 0; b < Shape::kDimBlocks; ++b)
+          tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, &full[stage], 64 * b,
+                      seq.k_start + j * TileN, kv_head, seq.k_batch);
+      };
+      // Keys ahead (WgmmaGeometry::keys_ahead): K(j + 1) before V(j), since K's slot frees once
+      // both consumers' S(j - 1) is done and V's only after their P·V(j - 2); else K(j), V(j).
+      if (Shape::kKeysAhead) load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, 0, pipe);
+      for (int j = 0; j < n_tiles; ++j, ++pipe) {
+        if (!Shape::kKeysAhead)
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, j, pipe);
+        else if (j + 1 < n_tiles)
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, j + 1, pipe + 1);
+        load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, j, pipe);
       }
     }
   }
@@ -437,9 +443,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       auto overlapped_step = [&](int j, auto masked) {
         const int k_slot = pipe + j, v_slot = pipe + j - 1;
         wait_full(bars->k_full, k_slot);
-        wait_full(bars->v_full, v_slot);
+        if (!Shape::kKeysAhead) wait_full(bars->v_full, v_slot);
         turns.begin();
         issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(k_slot));
+        if (Shape::kKeysAhead) wait_full(bars->v_full, v_slot);  // V(j - 1) lands behind K(j)
         issue_pv<T, HeadDim, TileN>(o, pf, v_tile(v_slot));
         turns.end();
         wgmma_wait<1>();  // S(j) is ready; P·V may still run

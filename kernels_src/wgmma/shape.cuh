@@ -68,6 +68,11 @@ struct WgmmaGeometry {
                                        barrier_bytes() + table_bytes() + kAlignSlack <=
                                    kMaxSharedBytes;
   }
+  // Keys ahead: the producer loads K(j + 1) before V(j), and a consumer waits for V(j - 1) only
+  // after issuing Q·K(j) (FlashAttention-4's order). Measured on an H200, A/B in one process
+  // (docs/perf-log.md, session 6): d128 +1-2 % (16k non-causal 690 -> 703 TFLOPS), d64 causal 16k
+  // +2 %, d256 -0.3 to -1 %, which keeps V ahead of the next K.
+  FLASHJIT_HOST_DEVICE constexpr bool keys_ahead() const { return head_dim <= 128; }
   // Shared memory, in order: Q, Stages x K, Stages x V, O's staging buffer (when staged), the
   // mbarriers, the varlen schedule's table; plus the slack the kernel spends aligning the start
   // to 1024 bytes.
@@ -102,6 +107,7 @@ struct WgmmaShape {
   static constexpr int kOSliceBytes = kGeometry.o_slice_bytes();
   static constexpr int kBarrierBytes = kGeometry.barrier_bytes();
   static constexpr bool kStageO = kGeometry.stages_output();
+  static constexpr bool kKeysAhead = kGeometry.keys_ahead();
   static constexpr int kQOffset = kGeometry.q_offset();
   static constexpr int kKOffset = kGeometry.k_offset();
   static constexpr int kVOffset = kGeometry.v_offset();
