@@ -28,7 +28,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the package and the binding
 import flashjit_ctypes as fj  # noqa: E402
 from compare import gpu  # noqa: E402
-from compare.backends import FlashjitRunner, SdpaRunner, fake_view, make_inputs  # noqa: E402
+from compare.backends import (FlashjitRunner, SdpaRunner, fake_view, make_inputs,  # noqa: E402
+                              select_variant)
 from compare.cases import GRIDS, build_cases  # noqa: E402
 from compare.checks import DEFAULT_CHECK_BUDGET, reference_check  # noqa: E402
 from compare.report import geomean  # noqa: E402
@@ -65,16 +66,22 @@ def parse_impl(text, libs):
     return Impl(name, lib, head_dim, causal, shape)
 
 
-def tiles_family(engine, tiles):
-    """The family forced tiles go to: the library's fastest (None: no tiles, its own choice)."""
-    return engine.owner.families()[0] if tiles else None
+def tiles_family(engine, case, tiles):
+    """The family forced tiles go to: the one the library's dispatcher picks for the case (the
+    first registered family may not take it: decode_tma refuses prefill). None: no tiles."""
+    if not tiles:
+        return None
+    name, error = select_variant(engine, case, "auto")
+    if error is not None:
+        raise error
+    return name.split(".")[0]
 
 
 class Runner(FlashjitRunner):
     """compare_sdpa's runner with the tile shape forced (None: the library's choice)."""
 
     def __init__(self, engine, case, q, k, v, scale, tiles):
-        family = tiles_family(engine, tiles)
+        family = tiles_family(engine, case, tiles)
         super().__init__(engine, case, q, k, v, family or "auto", scale)
         self.options = engine.options(case.causal, scale, self.lse.data_ptr(), family, tiles)
 
