@@ -52,34 +52,57 @@ void HostTensor::fill_random(std::mt19937& rng, double scale) {
 
 void HostTensor::fill(std::uint16_t pattern) { std::fill(bits.begin(), bits.end(), pattern); }
 
+namespace {
+
+// Whether query position `at` (bottom-right aligned) sees key j.
+bool visible(const ScoreMods& mods, bool causal, std::int64_t at, std::int64_t j) {
+  const std::int64_t right = causal ? 0 : mods.window_right;  // causal: no key past the query
+  if (right >= 0 && j > at + right) return false;
+  if (j < mods.sink_tokens) return true;
+  return mods.window_left < 0 || j >= at - mods.window_left;
+}
+
+}  // namespace
+
 Reference reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                              double softmax_scale, bool causal) {
+                              double softmax_scale, bool causal, const ScoreMods& mods) {
   const auto B = q.view.shape[0], SQ = q.view.shape[1], HQ = q.view.shape[2], D = q.view.shape[3];
   const auto SK = k.view.shape[1], HKV = k.view.shape[2];
+  constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   Reference ref;
   ref.out.assign(static_cast<size_t>(B * SQ * HQ * D), 0.0);
-  ref.lse.assign(static_cast<size_t>(B * HQ * SQ), -std::numeric_limits<double>::infinity());
+  ref.lse.assign(static_cast<size_t>(B * HQ * SQ), kNegInf);
   std::vector<double> scores(static_cast<size_t>(SK));
   for (std::int64_t b = 0; b < B; ++b)
     for (std::int64_t h = 0; h < HQ; ++h) {
       const std::int64_t hk = h / (HQ / HKV);
+      const double sink = mods.sink_logits.empty() ? kNegInf : mods.sink_logits[h];
+      const double slope = mods.alibi_slopes.empty() ? 0.0 : mods.alibi_slopes[h];
       for (std::int64_t i = 0; i < SQ; ++i) {
-        // Bottom-right aligned causal mask, as FlashAttention.
-        const std::int64_t visible = causal ? std::min(SK, i + 1 + SK - SQ) : SK;
-        if (visible <= 0) continue;  // output stays 0, LSE -inf
-        double max_score = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < visible; ++j) {
+        const std::int64_t at = i + SK - SQ;
+        double max_score = sink;
+        for (std::int64_t j = 0; j < SK; ++j) {
+          if (!visible(mods, causal, at, j)) {
+            scores[j] = kNegInf;
+            continue;
+          }
           double dot = 0;
           for (std::int64_t d = 0; d < D; ++d) dot += q.at(b, i, h, d) * k.at(b, j, hk, d);
-          scores[j] = dot * softmax_scale;
-          max_score = std::max(max_score, scores[j]);
+          double s = dot * softmax_scale;
+          if (mods.softcap > 0) s = mods.softcap * std::tanh(s / mods.softcap);
+          s -= slope * static_cast<double>(std::abs(at - j));
+          scores[j] = s;
+          max_score = std::max(max_score, s);
         }
-        double sum = 0;
-        for (std::int64_t j = 0; j < visible; ++j)
-          sum += (scores[j] = std::exp(scores[j] - max_score));
+        if (max_score == kNegInf) continue;  // no visible key and no sink: 0, LSE -inf
+        double sum = sink == kNegInf ? 0.0 : std::exp(sink - max_score);
+        for (std::int64_t j = 0; j < SK; ++j)
+          if (scores[j] != kNegInf) sum += (scores[j] = std::exp(scores[j] - max_score));
         double* out = &ref.out[static_cast<size_t>(((b * SQ + i) * HQ + h) * D)];
-        for (std::int64_t j = 0; j < visible; ++j)
+        for (std::int64_t j = 0; j < SK; ++j) {
+          if (scores[j] == kNegInf) continue;
           for (std::int64_t d = 0; d < D; ++d) out[d] += scores[j] / sum * v.at(b, j, hk, d);
+        }
         ref.lse[static_cast<size_t>((b * HQ + h) * SQ + i)] = max_score + std::log(sum);
       }
     }

@@ -30,9 +30,28 @@ std::uint16_t from_float(DType dtype, float value);
 
 struct Reference {
   std::vector<double> out;  // [b, sq, hq, d] contiguous
-  std::vector<double> lse;  // [b, hq, sq]; -inf for rows with no visible key
+  std::vector<double> lse;  // [b, hq, sq]; -inf for rows with no visible key (and no sink)
 };
+
+// Score modifications and masks beyond causal, in FlashAttention's conventions. Positions are
+// bottom-right aligned: query i of sq sits at key position i' = i + sk - sq.
+struct ScoreMods {
+  // Sliding window: key j is visible iff i' - window_left <= j <= i' + window_right; -1 leaves a
+  // side unbounded. Causal caps window_right at 0.
+  int window_left = -1, window_right = -1;
+  // StreamingLLM: the first sink_tokens keys stay visible whatever the window (not past causal).
+  int sink_tokens = 0;
+  // > 0: scores become softcap * tanh(s / softcap), s = softmax_scale * q·k, before ALiBi and
+  // the masks.
+  double softcap = 0;
+  // Per query head (empty: none): s -= slope * |i' - j|.
+  std::vector<double> alibi_slopes;
+  // Per query head (empty: none): one more logit in each row's softmax denominator, with no value
+  // (gpt-oss). It enters the LSE; a row with no visible key gets output 0 and LSE = the sink.
+  std::vector<double> sink_logits;
+};
+
 Reference reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v,
-                              double softmax_scale, bool causal);
+                              double softmax_scale, bool causal, const ScoreMods& mods = {});
 
 }  // namespace flashjit::test
