@@ -12,8 +12,10 @@ float32 reference on fresh random inputs (poisoned outputs) before it is timed.
 
 --lib NAME=PATH: an implementation with the library's own tile choice, on every case.
 --impl NAME=LIB:D[n|c][:MxNxS]: LIB only on cases of head dim D ("any": all; suffix n: non-causal
-only, c: causal only), with the tiles forced when given. --only-impls: --lib entries are not run on every case.
-Exit status 1 when a check failed.
+only, c: causal only), with the tiles forced when given (on the family the dispatcher picks for
+the case). --only-impls: --lib entries are not run on every case. --fa4: FlashAttention-4's
+flash_attn_func as a peer too, checked and timed like the others (ratio_fa4 in ab.json).
+Exit status 1 when a check of ours failed.
 """
 
 import argparse
@@ -86,6 +88,33 @@ class Runner(FlashjitRunner):
         self.options = engine.options(case.causal, scale, self.lse.data_ptr(), family, tiles)
 
 
+class Fa4Runner:
+    """FlashAttention-4's flash_attn_func (bundle: shared/device/fa4/README.md) on the case's
+    inputs, a peer timed the same way; .error says why it cannot run."""
+
+    def __init__(self, case, q, k, v, scale):
+        self.error, self.out, self.fn = None, None, None
+        try:
+            from flash_attn.cute import flash_attn_func
+        except Exception as e:  # ImportError, or the CuTe DSL failing to initialise
+            self.error = f"not importable ({type(e).__name__}: {e})"
+            return
+
+        def call():
+            result = flash_attn_func(q, k, v, softmax_scale=scale, causal=case.causal)
+            return result[0] if isinstance(result, (tuple, list)) else result
+        try:
+            self.out = call()  # the first call compiles its kernel (~2 s)
+            gpu.sync()
+        except Exception as e:  # FA4 refuses with assertions, TypeErrors and DSL errors
+            self.error = f"refused: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
+            return
+        self.fn = call
+
+    def __call__(self):
+        self.fn()
+
+
 def run_case(index, case, impls, engines, timer, args):
     scale = 1.0 / math.sqrt(case.head_dim)
     q, k, v = make_inputs(case, args.seed + index)
@@ -108,6 +137,14 @@ def run_case(index, case, impls, engines, timer, args):
     cudnn = SdpaRunner("cudnn", case, q, k, v, scale, "same")
     if cudnn.error is None:
         runners["cudnn"] = cudnn
+    if args.fa4:
+        fa4 = Fa4Runner(case, q, k, v, scale)
+        if fa4.error is None:
+            runners["fa4"] = fa4
+            outputs["fa4"] = (fa4.out, None)  # checked like ours (no LSE)
+            row["impls"]["fa4"] = {"status": "ok"}
+        else:
+            row["impls"]["fa4"] = {"status": "error", "reason": fa4.error}
     errors, _, _ = reference_check(case, q, k, v, scale, outputs, args.check_budget)
     for name in outputs:
         row["impls"][name]["check"] = errors[name]
@@ -126,6 +163,8 @@ def run_case(index, case, impls, engines, timer, args):
         cell["tflops"] = case.flops() / (ms * 1e-3) / 1e12
         if "cudnn" in medians and name != "cudnn":
             cell["ratio_cudnn"] = medians["cudnn"] / ms
+        if "fa4" in medians and name not in ("fa4", "cudnn"):
+            cell["ratio_fa4"] = medians["fa4"] / ms
     return row
 
 
@@ -163,6 +202,8 @@ def main():
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--check-budget", type=int, default=DEFAULT_CHECK_BUDGET)
+    ap.add_argument("--fa4", action="store_true",
+                    help="FlashAttention-4 as a peer too (flash_attn.cute importable)")
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
 
@@ -181,7 +222,7 @@ def main():
     args.out.mkdir(parents=True, exist_ok=True)
 
     rows, failed = [], False
-    names = [i.name for i in impls] + ["cudnn"]
+    names = [i.name for i in impls] + ["cudnn"] + (["fa4"] if args.fa4 else [])
     print(f"{'case':44} " + " ".join(f"{n:>14}" for n in names), flush=True)
     t0 = time.monotonic()
     for index, case in enumerate(cases):
@@ -193,7 +234,7 @@ def main():
             if c is None:
                 cells.append(f"{'':>14}")
             elif "tflops" not in c:
-                failed = True
+                failed = failed or n != "fa4"  # a peer that cannot run is reported, not failed
                 cells.append(f"{c['status'][:14]:>14}")
             else:
                 ratio = f" {c['ratio_cudnn']:.3f}" if "ratio_cudnn" in c else ""
@@ -209,6 +250,12 @@ def main():
                                   "min_ratio_cudnn": min(ratios)}
             print(f"{impl.name}: geomean {summary[impl.name]['geomean_ratio_cudnn']:.3f}x cuDNN "
                   f"over {len(ratios)} cases, lowest {min(ratios):.3f}")
+        to_fa4 = [r["impls"][impl.name]["ratio_fa4"] for r in rows
+                  if "ratio_fa4" in r["impls"].get(impl.name, {})]
+        if to_fa4:
+            summary[impl.name].update(geomean_ratio_fa4=geomean(to_fa4), min_ratio_fa4=min(to_fa4))
+            print(f"{impl.name}: geomean {geomean(to_fa4):.3f}x FA4 over {len(to_fa4)} cases, "
+                  f"lowest {min(to_fa4):.3f}")
     print(f"wall {time.monotonic() - t0:.0f} s")
     (args.out / "ab.json").write_text(json.dumps(
         {"libs": {n: str(lib.path) for n, lib in libs.items()}, "impls": [vars(i) for i in impls],
