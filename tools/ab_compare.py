@@ -123,9 +123,9 @@ def run_case(index, case, impls, engines, timer, args):
     for impl in impls:
         if not impl.applies(case):
             continue
-        runner = Runner(engines[impl.lib], case, q, k, v, scale, impl.tiles)
-        runner.poison()
         try:
+            runner = Runner(engines[impl.lib], case, q, k, v, scale, impl.tiles)
+            runner.poison()
             runner()
             gpu.sync()
         except fj.FlashjitError as e:
@@ -180,7 +180,8 @@ def precompile(impls, cases, libs, engines):
                 try:
                     engine = engines[impl.lib]
                     wanted[impl.lib].add(engine.select_variant(
-                        q, k, k, q, causal=case.causal, family=tiles_family(engine, impl.tiles),
+                        q, k, k, q, causal=case.causal,
+                        family=tiles_family(engine, case, impl.tiles),
                         tiles=impl.tiles))
                 except fj.FlashjitError as e:
                     print(f"{impl.name} {case.label()}: {e.message}")
