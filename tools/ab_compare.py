@@ -26,6 +26,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the package and the binding
 import flashjit_ctypes as fj  # noqa: E402
@@ -33,6 +34,7 @@ from compare import gpu  # noqa: E402
 from compare.backends import (FlashjitRunner, SdpaRunner, fake_view, make_inputs,  # noqa: E402
                               select_variant)
 from compare.cases import GRIDS, build_cases  # noqa: E402
+from compare.decode_backends import Fa4Runner  # noqa: E402
 from compare.checks import DEFAULT_CHECK_BUDGET, reference_check  # noqa: E402
 from compare.report import geomean  # noqa: E402
 from compare.timing import CudaTimer, round_robin  # noqa: E402
@@ -88,33 +90,6 @@ class Runner(FlashjitRunner):
         self.options = engine.options(case.causal, scale, self.lse.data_ptr(), family, tiles)
 
 
-class Fa4Runner:
-    """FlashAttention-4's flash_attn_func (bundle: shared/device/fa4/README.md) on the case's
-    inputs, a peer timed the same way; .error says why it cannot run."""
-
-    def __init__(self, case, q, k, v, scale):
-        self.error, self.out, self.fn = None, None, None
-        try:
-            from flash_attn.cute import flash_attn_func
-        except Exception as e:  # ImportError, or the CuTe DSL failing to initialise
-            self.error = f"not importable ({type(e).__name__}: {e})"
-            return
-
-        def call():
-            result = flash_attn_func(q, k, v, softmax_scale=scale, causal=case.causal)
-            return result[0] if isinstance(result, (tuple, list)) else result
-        try:
-            self.out = call()  # the first call compiles its kernel (~2 s)
-            gpu.sync()
-        except Exception as e:  # FA4 refuses with assertions, TypeErrors and DSL errors
-            self.error = f"refused: {type(e).__name__}: {' '.join(str(e).split())[:200]}"
-            return
-        self.fn = call
-
-    def __call__(self):
-        self.fn()
-
-
 def run_case(index, case, impls, engines, timer, args):
     scale = 1.0 / math.sqrt(case.head_dim)
     q, k, v = make_inputs(case, args.seed + index)
@@ -138,7 +113,7 @@ def run_case(index, case, impls, engines, timer, args):
     if cudnn.error is None:
         runners["cudnn"] = cudnn
     if args.fa4:
-        fa4 = Fa4Runner(case, q, k, v, scale)
+        fa4 = Fa4Runner(case, SimpleNamespace(q=q, k=k, v=v), scale)
         if fa4.error is None:
             runners["fa4"] = fa4
             outputs["fa4"] = (fa4.out, None)  # checked like ours (no LSE)

@@ -155,8 +155,9 @@ class FlashjitKvRunner:
 class Fa4Runner:
     """FlashAttention-4 on a case: flash_attn_func on the dense K/V, or flash_attn_varlen_func
     on the pages (page_table, seqused_k, q batched [b, s_q, h, d] without cu_seqlens), in the
-    same memory as flashjit's. .error says why not (import, signature, refusal); .out is the
-    trial call's output, the first call (which compiles the kernel, ~2 s)."""
+    same memory as flashjit's. Dense prefill cases (no `paged` field; tools/ab_compare.py) take
+    the dense call. .error says why not (import, signature, refusal); .out is the trial call's
+    output, the first call (which compiles the kernel, ~2 s)."""
 
     PAGED_KEYWORDS = ("page_table", "seqused_k", "max_seqlen_k", "softmax_scale", "causal")
 
@@ -168,7 +169,7 @@ class Fa4Runner:
             self.error = f"not importable ({type(e).__name__}: {e}); {FA4_HELP}"
             return
         q, x = inputs.q, inputs
-        if case.paged:
+        if getattr(case, "paged", False):
             missing = _missing_keywords(flash_attn_varlen_func, self.PAGED_KEYWORDS)
             kwargs = dict(page_table=x.page_table, seqused_k=x.seqused_k,
                           max_seqlen_k=case.seqlen_k, softmax_scale=scale, causal=case.causal)
