@@ -143,22 +143,20 @@ TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to 
   // Pages of 16 rows: TMA boxes of one page each into 64-key tiles.
   CHECK(detail::select_variant(paged, gpu, nullptr).name() ==
         "decode_tma.sm90a.bf16.d128.m16n64s2.paged");
+  // The pick over a cache of num_pages pages of page_size rows (8 per sequence).
+  auto pick_for_pages = [&](std::int64_t num_pages, std::int64_t page_size,
+                            const std::int32_t* seqused) {
+    PagedArgs p;
+    p.pages = TensorView::bshd(fake(0x200000), DType::bf16, num_pages, page_size, 8, 128);
+    p.kv = KVCache::paged(p.pages, p.pages, kTable, 8, seqused);
+    return detail::select_variant(detail::validate_forward(p.q, p.kv, p.q, nullptr, p.options),
+                                  gpu, nullptr)
+        .name();
+  };
   // Pages of 8 rows (and small pages at other head dims): the cp.async kernel gathers them.
-  PagedArgs small_pages;
-  small_pages.pages = TensorView::bshd(fake(0x200000), DType::bf16, 2000, 8, 8, 128);
-  small_pages.kv = KVCache::paged(small_pages.pages, small_pages.pages, kTable, 8, kLengths);
-  CHECK(detail::select_variant(detail::validate_forward(small_pages.q, small_pages.kv,
-                                                        small_pages.q, nullptr,
-                                                        small_pages.options),
-                               gpu, nullptr)
-            .name() == "decode.sm90a.bf16.d128.m16n64s3.paged");
-  PagedArgs big_pages;
-  big_pages.pages = TensorView::bshd(fake(0x200000), DType::bf16, 100, 128, 8, 128);
-  big_pages.kv = KVCache::paged(big_pages.pages, big_pages.pages, kTable, 8);
-  CHECK(detail::select_variant(detail::validate_forward(big_pages.q, big_pages.kv, big_pages.q,
-                                                        nullptr, big_pages.options),
-                               gpu, nullptr)
-            .name() == "decode_tma.sm90a.bf16.d128.m16n128s3.paged");  // a stage more than dense
+  CHECK(pick_for_pages(2000, 8, kLengths) == "decode.sm90a.bf16.d128.m16n64s3.paged");
+  // A stage more than dense over pages of 128 rows.
+  CHECK(pick_for_pages(100, 128, nullptr) == "decode_tma.sm90a.bf16.d128.m16n128s3.paged");
   // Elsewhere the cp.async kernel of the same family takes it.
   DeviceInfo a100 = gpu;
   a100.arch = "sm_80";
