@@ -6,6 +6,7 @@ namespace flashjit {
 struct bf16 { unsigned short bits; };
 struct fp16 { unsigned short bits; };
 
+__device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(bf16 x) {
   return __uint_as_float(static_cast<unsigned>(x.bits) << 16);
 }
