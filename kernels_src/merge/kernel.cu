@@ -59,6 +59,11 @@ __global__ void __launch_bounds__(Warps * 32) merge_states_kernel(const MergePar
   static_assert(HeadDim % 32 == 0, "whole columns per lane");
   constexpr int N = HeadDim / 32;  // columns per lane
   constexpr float kLog2e = 1.4426950408889634f;
+#if __CUDA_ARCH__ >= 900
+  // Launched under the split-KV kernel's tail (LaunchPlan::overlaps_previous): its partials are
+  // complete and visible only past this wait, a no-op for an ordinary launch.
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
   const int lane = threadIdx.x % 32;
   const long long row = static_cast<long long>(blockIdx.x) * Warps + threadIdx.x / 32;
   if (row >= static_cast<long long>(p.batch) * p.seqlen * p.heads) return;

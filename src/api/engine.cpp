@@ -204,6 +204,9 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
         merge.kernel, merge.function,
         detail::merge_plan(static_cast<long long>(problem.batch) * problem.seqlen_q *
                            problem.heads_q)};
+    // The merge follows the attention kernel on the same stream: from sm_90 on it launches
+    // under that kernel's tail and waits for it on the device.
+    ready->merge->plan.overlaps_previous = device.cc_major >= 9;
   }
   if (ready->plan.maps.size() > detail::LaunchPlan::kMaxMaps ||
       ready->plan.values.size() > detail::LaunchPlan::kMaxValues)

@@ -22,7 +22,14 @@ void launch_with_args(CUfunction function, const LaunchPlan& plan, void** args, 
   const DriverApi& cu = driver();
   for (const auto& value : plan.values) args[count++] = const_cast<std::byte*>(value.data());
 
-  const CUlaunchConfig config = launch_config(plan, stream);
+  CUlaunchConfig config = launch_config(plan, stream);
+  CUlaunchAttribute overlap{};
+  if (plan.overlaps_previous) {
+    overlap.id = CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION;
+    overlap.value.programmaticStreamSerializationAllowed = 1;
+    config.attrs = &overlap;
+    config.numAttrs = 1;
+  }
   check(cu.cuLaunchKernelEx(&config, function, args, nullptr), "cuLaunchKernelEx");
 }
 

@@ -30,6 +30,10 @@ struct LaunchPlan {
   // Kernel arguments after FmhaParams, in order: the tensor maps, then plain values.
   std::vector<TensorMapArg> maps;
   std::vector<std::vector<std::byte>> values;
+  // Programmatic dependent launch (sm_90 on): the kernel may be launched while the stream's
+  // previous kernel is still finishing, and waits for it (griddepcontrol.wait) before reading
+  // what it wrote. Hides the launch gap of the split-KV merge.
+  bool overlaps_previous = false;
 };
 
 // The plan's grid, block and shared memory as the driver's launch configuration on `stream`.
