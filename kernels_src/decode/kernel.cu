@@ -122,18 +122,27 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   const T* v_base = static_cast<const T*>(p.v) + kv_head * p.v_stride_h;
   const int copy_row = threadIdx.x / kVecs;
   const int copy_col = threadIdx.x % kVecs * 8;
+  // Paged TMA: warp 0's lane b holds the page table entry of box b of the next tile to load, read
+  // one tile ahead (tiles are loaded in order), so issuing a tile's boxes never waits on the page
+  // table; boxes past the sequence read nothing (their entries may be anything).
+  const int box_rows = Paged ? kShape.page_box_rows(p.page_size) : TileN;
+  const int boxes = TileN / box_rows;
+  auto read_page = [&](int tile) {
+    const int key = tile * TileN + lane * box_rows;
+    if (lane >= boxes || key >= seqlen) return 0;
+    const int index = page_shift >= 0 ? key >> page_shift : key / p.page_size;
+    return __ldg(p.page_table + batch * p.page_table_stride + index);
+  };
+  int next_page = 0;
   // Issues the copies of key tile `tile` into ring stage `stage`; keys past the sequence are
   // zero-filled (reading nothing), so padding never brings NaN into P·V.
   auto load_tile = [&](int tile, int stage) {
     T* k_smem = ring + stage * kShape.stage_elements();
     T* v_smem = k_smem + kShape.tile_elements();
     if constexpr (Tma) {
-      // Warp 0 only: lane 0 announces the stage's bytes, then each lane issues the boxes of its
-      // runs of rows, so the page table reads of one tile are in flight together. Boxes wholly
-      // past the sequence are skipped (their page table entries may be anything); the rows they
-      // would have filled are zeroed after the stage lands.
-      const int box_rows = Paged ? kShape.page_box_rows(p.page_size) : TileN;
-      const int boxes = TileN / box_rows;
+      // Warp 0 only: lane 0 announces the stage's bytes, then lane b issues box b (a run of rows
+      // within one page) from the page table entry it read a tile ago. Boxes wholly past the
+      // sequence are skipped; the rows they would have filled are zeroed after the stage lands.
       constexpr int kChunks = HeadDim / DecodeShape::kBoxWidth;
       if (lane == 0) {
         const int live = min(boxes, (seqlen - tile * TileN + box_rows - 1) / box_rows);
@@ -141,11 +150,18 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
                                                     DecodeShape::kBoxWidth * 2 * 2);  // K and V
       }
       __syncwarp();
-      for (int box = lane; box < boxes; box += 32) {
-        const int r = box * box_rows;
+      const int page = next_page;
+      if (Paged) next_page = read_page(tile + 1);
+      static_assert(TileN / 8 <= 32, "a box per lane (boxes hold at least 8 rows)");
+      if (lane < boxes) {
+        const int r = lane * box_rows;
         const int key = tile * TileN + r;
-        if (key >= seqlen) break;
-        const KvRow at = locate_key<Paged>(p, batch, key, page_shift, k_block, k_start);
+        if (key >= seqlen) return;
+        KvRow at{k_block, k_start + key};
+        if (Paged) {
+          const int index = page_shift >= 0 ? key >> page_shift : key / p.page_size;
+          at = {page, key - index * p.page_size};
+        }
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
           const int offset = (c * TileN + r) * DecodeShape::kBoxWidth;
@@ -186,6 +202,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
     __syncthreads();  // the barriers are initialized before anyone uses them
     if (warp == 0) {
+      if (Paged) next_page = read_page(tile_begin);
 #pragma unroll
       for (int i = 0; i < Stages - 1; ++i)
         if (tile_begin + i < tile_end) load_tile(tile_begin + i, i);
