@@ -3,7 +3,8 @@
 // in an allocation of exactly its size, so that tools/sanitize.sh can run compute-sanitizer over
 // all of the kernel code in one go. Exits non-zero on any error, any output left unwritten or
 // non-finite, or a default variant that no problem reached. `flashjit_every_variant decode` runs
-// only the families whose names start with "decode".
+// only the families whose names start with "decode"; `flashjit_every_variant "" softcap` the
+// soft-capped twins of every attention variant instead.
 #include <fmt/format.h>
 
 #include <cmath>
@@ -11,6 +12,7 @@
 #include <algorithm>
 #include <random>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "flashjit/device_memory.hpp"
@@ -128,6 +130,7 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
     // the shapes chosen for long sequences too.
     options.tiles = TileConfig{variant.tile_m, variant.tile_n, variant.stages};
     options.lse = problem.lse();
+    options.softcap = variant.softcap ? 20.f : 0.f;
     // Decode: split too, so the merge of split partials runs under the sanitizers as well.
     if (decode) options.num_splits = 3;
     const Variant chosen = engine.select_variant(problem.q(), kv, problem.out(), options);
@@ -144,13 +147,27 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
 
 }  // namespace
 
-// argv[1] (optional): run only the families whose names start with it (e.g. "decode", "merge").
+// argv[1] (optional): run only the families whose names start with it (e.g. "decode", "merge";
+// "" for all). argv[2] (optional): "plain" (default) the default variants, "softcap" their
+// soft-capped twins (Variant::softcap, attention families), "both" both.
 int main(int argc, char** argv) {
   try {
     Engine engine(0);
-    std::vector<Variant> variants = default_variants(engine.device().arch);
-    if (argc > 1)
-      std::erase_if(variants, [&](const Variant& v) { return !v.family.starts_with(argv[1]); });
+    const std::string_view which = argc > 2 ? argv[2] : "plain";
+    if (which != "plain" && which != "softcap" && which != "both") {
+      fmt::print(stderr, "usage: {} [FAMILY_PREFIX [plain|softcap|both]]\n", argv[0]);
+      return 2;
+    }
+    std::vector<Variant> variants;
+    for (const Variant& v : default_variants(engine.device().arch)) {
+      if (argc > 1 && !v.family.starts_with(argv[1])) continue;
+      if (which != "softcap") variants.push_back(v);
+      if (which != "plain" && v.family != "merge") {
+        Variant capped = v;
+        capped.softcap = true;
+        variants.push_back(capped);
+      }
+    }
     fmt::print("{} ({}): {} default variants\n", engine.device().name, engine.device().arch,
                variants.size());
     // Compiled up front, all cores at once: the sanitizers look at launches, not at NVRTC.

@@ -77,6 +77,7 @@ class FlashjitForwardOptions(ctypes.Structure):
         ("num_splits", ctypes.c_int32),
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_uint64),
+        ("softcap", ctypes.c_float),  # absent before soft-capping: older builds ignore it
     ]
 
 
@@ -383,12 +384,13 @@ class Engine:
             pass
 
     def options(self, causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None,
-                num_splits=0, workspace=None, workspace_bytes=0):
+                num_splits=0, workspace=None, workspace_bytes=0, softcap=0.0):
         """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
         the dispatcher's choice, else one of the library's families() (checked here); tiles:
         None for the family's table, else (tile_m, tile_n, stages); num_splits: 0 for the
         split-KV heuristic, else 1..128; workspace: a device pointer of workspace_bytes, or a
-        torch tensor (its size is used), or None for the engine's own."""
+        torch tensor (its size is used), or None for the engine's own; softcap: > 0 caps scores
+        at softcap * tanh(score / softcap)."""
         if family:
             self.owner.check_family(family)
         o = FlashjitForwardOptions()
@@ -404,6 +406,7 @@ class Engine:
             workspace = workspace.data_ptr()
         o.workspace = int(workspace) if workspace else None
         o.workspace_bytes = int(workspace_bytes) if workspace else 0
+        o.softcap = float(softcap)
         return o
 
     # --- KV cache (flashjit_forward_kv and friends; FlashjitLoadError on older builds) -------
@@ -530,9 +533,9 @@ class Engine:
             raise FlashjitError("flashjit_forward", status, self.owner.last_error())
 
     def forward(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None, family=None,
-                stream=None, tiles=None):
-        self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family, tiles),
-                         stream)
+                stream=None, tiles=None, softcap=0.0):
+        self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family, tiles,
+                                                    softcap=softcap), stream)
 
     def select_variant(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None,
                        family=None, tiles=None):

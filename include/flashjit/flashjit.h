@@ -47,6 +47,8 @@ typedef struct flashjit_forward_options {
   /* Optional scratch of at least flashjit_workspace_bytes() bytes; NULL: the engine's own. */
   void* workspace;
   uint64_t workspace_bytes;
+  /* Logit soft-capping: > 0 caps scores at softcap * tanh(score / softcap); 0: off. */
+  float softcap;
 } flashjit_forward_options;
 
 /* The keys and values of a forward (Engine::forward's KVCache): dense k/v [batch, seqlen_k,

@@ -67,12 +67,14 @@ struct FamilyInfo {
   std::string summary;             // one line: what the kernel is
   std::vector<int> head_dims;      // head dims it has kernels for
   std::vector<std::string> archs;  // the known archs it runs on
+  bool softcap = false;            // builds soft-capped variants (ForwardOptions::softcap)
 };
 FLASHJIT_API const std::vector<FamilyInfo>& families();
 
 // Everything one compiled binary is specialized on. Its canonical name is readable, complete and
 // parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" or "decode.sm90a.bf16.d128.m16n64s3.paged":
-// feature suffixes (causal, paged, varlen) follow the tiles in that order, present only when set.
+// feature suffixes (causal, paged, varlen, softcap) follow the tiles in that order, present only
+// when set.
 struct FLASHJIT_API Variant {
   std::string family = "simt";  // a name from families()
   std::string arch;  // NVRTC target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, ...
@@ -87,6 +89,9 @@ struct FLASHJIT_API Variant {
   // such variants (wgmma) keep dense batches on kernels without that code. The decode families
   // take lengths at run time and have none.
   bool varlen = false;
+  // Logit soft-capping compiled in (ForwardOptions::softcap > 0): scores become
+  // softcap * tanh(scale * q·k / softcap) before masking and softmax.
+  bool softcap = false;
 
   std::string name() const;
   // Throws Error(invalid_argument) naming the field that is wrong, or for a variant that the
@@ -294,6 +299,10 @@ struct ForwardOptions {
   // call that needs it (so warm a shape up before capturing it in a CUDA graph, or pass one).
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
+  // Logit soft-capping (Gemma 2, Grok): > 0 turns each score s = softmax_scale * q·k into
+  // softcap * tanh(s / softcap) before masking and softmax, in kernels built for it
+  // (Variant::softcap); 0: off. The LSE is of the capped scores.
+  float softcap = 0.f;
 };
 
 struct DeviceInfo {

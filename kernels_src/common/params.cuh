@@ -18,6 +18,10 @@ struct FmhaParams {
   int heads_per_kv;     // heads_q / heads_kv (GQA group size)
   float scale_log2;     // softmax_scale * log2(e): scores go straight into exp2
   float softmax_scale;  // kept for the natural-log LSE
+  // Soft-capped variants (Variant::softcap): a score becomes softcap * tanh(q·k * softcap_scale),
+  // softcap_scale = softmax_scale / softcap, already in natural-log units, so the host sets
+  // scale_log2 = log2(e) and softmax_scale = 1 for them.
+  float softcap, softcap_scale;
 
   // Paged KV cache (families with the paged feature): key j of sequence b is row j % page_size of
   // page page_table[b * page_table_stride + j / page_size].

@@ -19,6 +19,7 @@
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
+#include "common/softcap.cuh"
 #include "common/sm90_tma.cuh"
 #include "common/types.cuh"
 #include "decode/shape.cuh"
@@ -40,7 +41,7 @@ __device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int 
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged,
-          bool Tma>
+          bool Tma, bool Softcap>
 __global__ void __launch_bounds__(DecodeShape::kThreads)
     fmha_decode_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor k_map,
                        const __grid_constant__ TmaDescriptor v_map) {
@@ -285,6 +286,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     } else {
       gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage * kStageBytes);
     }
+    soft_cap<Softcap>(s, p);
     const int lane_key = tile * TileN + warp * kWarpKeys + (lane % 4) * 2;
     // A lane's first row sees the fewest keys (limits grow with the row).
     if (tile * TileN + TileN > row_key_end[0][0]) {

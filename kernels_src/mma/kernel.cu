@@ -15,6 +15,7 @@
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
+#include "common/softcap.cuh"
 #include "common/quad_reduce.cuh"
 #include "common/tile_copy_async.cuh"
 #include "common/types.cuh"
@@ -42,7 +43,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaPar
     }
 }
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap>
 __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
   constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kThreads = MmaShape::kThreads;
@@ -119,6 +120,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
 
     float s[MT][NT][4];
     gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage_offset);
+    soft_cap<Softcap>(s, p);
     const int key0 = tile * TileN;
     if (tile_needs_mask<Causal, kWarpRows, TileN>(p, row0 + warp_row0, key0))
       mask_scores<Causal, MT, NT>(s, p, row0 + warp_row0 + lane / 4, key0 + (lane % 4) * 2);

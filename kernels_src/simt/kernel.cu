@@ -9,6 +9,7 @@
 #include "common/masking.cuh"
 #include "common/params.cuh"
 #include "common/quad_reduce.cuh"
+#include "common/softcap.cuh"
 #include "common/tile_io.cuh"
 #include "common/types.cuh"
 #include "simt/shape.cuh"
@@ -25,7 +26,7 @@ __device__ __forceinline__ void unpack8(const uint4& packed, float (&out)[8]) {
   unpack2<T>(packed.w, out[6], out[7]);
 }
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap>
 __global__ void __launch_bounds__(SimtShape{HeadDim, TileM, TileN}.threads())
     fmha_simt_kernel(const FmhaParams p) {
   constexpr SimtShape kShape{HeadDim, TileM, TileN};
@@ -89,6 +90,7 @@ __global__ void __launch_bounds__(SimtShape{HeadDim, TileM, TileN}.threads())
         for (int e = 0; e < 8; ++e) score[j] = fmaf(qv[e], kv[e], score[j]);
       }
     }
+    soft_cap<Softcap>(score, p);
     if (tile_needs_mask<Causal, TileM, TileN>(p, row0, key0)) {
 #pragma unroll
       for (int j = 0; j < kKeysPerThread; ++j)

@@ -22,6 +22,7 @@
 #include "common/sm90_tma.cuh"
 #include "common/sm90_warpgroup.cuh"
 #include "common/sm90_wgmma.cuh"
+#include "common/softcap.cuh"
 #include "common/types.cuh"
 #include "wgmma/schedule.cuh"
 #include "wgmma/shape.cuh"
@@ -361,7 +362,8 @@ struct Turns {
 
 // ---- consumer main loop -----------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
+          bool Softcap>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -405,6 +407,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       float s[TileN / 2], correction[2];
       unsigned pf[TileN / 16][4];
       auto softmax_step = [&](int j, auto masked) {  // S(j) -> P(j) in place, and O's correction
+        soft_cap<Softcap>(s, p);
         if constexpr (decltype(masked)::value)
           mask_scores<Causal, TileN>(s, seq, row0 + at.row, j * TileN + at.col);
         softmax.update(s, p.scale_log2, correction);
@@ -488,7 +491,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 
 // ---- kernel -----------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
+          bool Softcap>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
@@ -531,8 +535,8 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
                                                                 &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen>(p, sched, table, &tma_o, smem, bars,
-                                                              warpgroup - 1);
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap>(p, sched, table, &tma_o,
+                                                                       smem, bars, warpgroup - 1);
   }
 }
 

@@ -83,6 +83,7 @@ flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
   options.num_splits = o->num_splits;
   options.workspace = o->workspace;
   options.workspace_bytes = static_cast<std::size_t>(o->workspace_bytes);
+  options.softcap = o->softcap;
   return options;
 }
 

@@ -27,6 +27,7 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   key.total_k = problem.total_k;
   key.has_seqused = problem.has_seqused;
   key.num_splits = problem.num_splits;
+  key.softcap = problem.softcap > 0.f;
   if (tiles) {
     key.tile_m = tiles->tile_m;
     key.tile_n = tiles->tile_n;

@@ -30,7 +30,7 @@ struct PlanKey {
   std::int32_t paged = 0, page_size = 0, num_pages = 0, has_seqused = 0, num_splits = 0;
   std::int32_t varlen = 0, total_q = 0, total_k = 0;
   std::int32_t tile_m = 0, tile_n = 0, stages = 0;  // forced tiles; 0: the family's table
-  std::int32_t unused = 0;                          // keeps the struct free of padding
+  std::int32_t softcap = 0;  // 1: soft-capped (its value is a run-time parameter, not the key's)
 
   static PlanKey of(CUcontext context, const ForwardProblem& problem,
                     const KernelFamily* forced_family, const std::optional<TileConfig>& tiles);

@@ -227,6 +227,10 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
       !std::isfinite(problem.softmax_scale * kLog2e))
     reject(fmt::format("softmax_scale is {}: expected a finite value > 0 and below {:.3g}",
                        problem.softmax_scale, std::numeric_limits<float>::max() / kLog2e));
+  problem.softcap = options.softcap;
+  if (!std::isfinite(problem.softcap) || problem.softcap < 0.f ||
+      (problem.softcap > 0.f && !std::isfinite(problem.softmax_scale / problem.softcap)))
+    reject(fmt::format("softcap is {}: expected 0 (off) or a finite value > 0", problem.softcap));
   if (options.lse != nullptr && reinterpret_cast<std::uintptr_t>(options.lse) % 4 != 0)
     reject("lse is not 4-byte aligned: expected a float* device buffer");
 
@@ -248,6 +252,12 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   p.heads_per_kv = problem.heads_kv > 0 ? problem.heads_q / problem.heads_kv : 1;
   p.softmax_scale = problem.softmax_scale;
   p.scale_log2 = problem.softmax_scale * kLog2e;
+  if (problem.softcap > 0.f) {  // capped scores come out already scaled (params.cuh)
+    p.softcap = problem.softcap;
+    p.softcap_scale = problem.softmax_scale / problem.softcap;
+    p.softmax_scale = 1.f;
+    p.scale_log2 = kLog2e;
+  }
   p.page_table = kv.page_table;
   p.page_table_stride = paged ? kv.page_table_stride : 0;
   p.page_size = problem.page_size;

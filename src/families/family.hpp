@@ -50,6 +50,7 @@ enum FamilyFeature : unsigned {
   kFeatureSeqUsedK = 1u << 1,  // KVCache::seqused_k
   kFeatureSplitKv = 1u << 2,   // ForwardOptions::num_splits > 1
   kFeatureVarlen = 1u << 3,    // VarlenBatch (packed sequences of different lengths)
+  kFeatureSoftcap = 1u << 4,   // ForwardOptions::softcap (Variant::softcap)
 };
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed

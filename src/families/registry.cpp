@@ -66,6 +66,8 @@ void check_variant(const Variant& v) {
                      fmt::join(family->head_dims, ", ")));
   if (v.paged && !(family->features & kFeaturePagedKv))
     fail(fmt::format("family {} does not read paged KV caches", v.family));
+  if (v.softcap && !(family->features & kFeatureSoftcap))
+    fail(fmt::format("family {} has no soft-capped variants", v.family));
   if (v.varlen && !family->varlen_variants)
     fail(
         fmt::format("family {} has no varlen variants (it takes sequence lengths at run time, "
@@ -88,7 +90,8 @@ KernelSpec kernel_spec(const Variant& v) {
   const std::string arguments =
       family.template_arguments
           ? family.template_arguments(v)
-          : fmt::format("{}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages, v.causal);
+          : fmt::format("{}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages,
+                        v.causal, v.softcap);
   spec.name_expression =
       fmt::format("{}<flashjit::{}, {}>", family.kernel_template, to_string(v.dtype), arguments);
   spec.options = {"--gpu-architecture=" + v.arch, "-std=c++17", "--ptxas-options=-v", "-lineinfo",
@@ -108,7 +111,8 @@ const std::vector<int>& head_dims_of_all_families() {
 }
 
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
-                   bool causal, TileConfig tiles, bool paged, bool per_sequence_lengths) {
+                   bool causal, TileConfig tiles, bool paged, bool per_sequence_lengths,
+                   bool softcap) {
   return Variant{std::string(family.name),
                  std::string(arch),
                  dtype,
@@ -118,7 +122,8 @@ Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtyp
                  tiles.stages,
                  causal,
                  paged,
-                 per_sequence_lengths && family.varlen_variants};
+                 per_sequence_lengths && family.varlen_variants,
+                 softcap};
 }
 
 }  // namespace flashjit::detail
@@ -133,7 +138,8 @@ const std::vector<FamilyInfo>& families() {
                       family->role == detail::FamilyRole::attention,
                       std::string(family->summary),
                       {family->head_dims.begin(), family->head_dims.end()},
-                      {}};
+                      {},
+                      (family->features & detail::kFeatureSoftcap) != 0};
       for (const std::string& arch : detail::known_archs())
         if (family->runs_on(arch)) info.archs.push_back(arch);
       list.push_back(std::move(info));

@@ -48,6 +48,7 @@ std::string metadata_json(const CompiledKernel& k, std::string_view cubin) {
               {"tile_n", v.tile_n},
               {"stages", v.stages},
               {"causal", v.causal},
+              {"softcap", v.softcap},
               {"key", k.key},
               {"lowered_name", k.lowered_name},
               {"registers", e.registers},

@@ -270,6 +270,10 @@ TEST_CASE("bad flags exit 2 with a message naming the flag and the values it tak
   CHECK(contains(err, "maybe"));
   CHECK(contains(err, "yes"));
 
+  err = fails("precompile --arch sm_90a --softcap maybe");
+  CHECK(contains(err, "--softcap"));
+  CHECK(contains(err, "maybe"));
+
   err = fails("precompile --arch sm_90a --head-dim 100");
   CHECK(contains(err, "--head-dim"));
   CHECK(contains(err, "100"));
@@ -362,6 +366,16 @@ TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
     expected += v.name() + "\n";
   CHECK(run.out == expected);
   CHECK(json::parse(run_cli(cache, dir + " list --json").out).empty());
+  // --softcap yes: the soft-capped twin of every default attention variant, and no merge kernel.
+  const Run capped = run_cli(cache, dir + " precompile --arch sm_90a --softcap yes --dry-run");
+  REQUIRE(capped.status == 0);
+  std::string expected_capped;
+  for (flashjit::Variant v : flashjit::default_variants("sm_90a"))
+    if (v.family != "merge") {
+      v.softcap = true;
+      expected_capped += v.name() + "\n";
+    }
+  CHECK(capped.out == expected_capped);
 }
 
 TEST_CASE("--version, and -q keeps a successful precompile silent") {

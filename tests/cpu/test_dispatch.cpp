@@ -113,6 +113,14 @@ TEST_CASE("launch plans are keyed by every size, stride and option, and by no po
   moved.params.softmax_scale = 0.5f;
   CHECK(detail::PlanKey::of(nullptr, moved, nullptr, std::nullopt) == key);
 
+  // Soft-capping runs other kernels; the cap's value is a run-time parameter.
+  detail::ForwardProblem capped = base;
+  capped.softcap = 30.f;
+  const auto capped_key = detail::PlanKey::of(nullptr, capped, nullptr, std::nullopt);
+  CHECK_FALSE(capped_key == key);
+  capped.softcap = 50.f;
+  CHECK(detail::PlanKey::of(nullptr, capped, nullptr, std::nullopt) == capped_key);
+
   detail::ForwardProblem strided = base;
   strided.params.k_stride_s *= 2;
   CHECK_FALSE(detail::PlanKey::of(nullptr, strided, nullptr, std::nullopt) == key);

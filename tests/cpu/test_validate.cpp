@@ -7,6 +7,7 @@
 #include <string>
 
 #include "flashjit/flashjit.hpp"
+#include "api/dispatch.hpp"
 #include "api/validate.hpp"
 
 using namespace flashjit;
@@ -48,6 +49,27 @@ TEST_CASE("valid arguments pass and fill the kernel params") {
   CHECK(problem.softmax_scale == doctest::Approx(1.0 / std::sqrt(128.0)));
   a.q = TensorView::bhsd(fake(0x100000), DType::bf16, 2, 128, 8, 128);  // BHSD is fine too
   CHECK(detail::validate_forward(a.q, a.k, a.v, a.out, a.options).params.q_stride_h == 128 * 128);
+}
+
+TEST_CASE("a softcap passes its scores to the kernel already scaled, and picks capped variants") {
+  Args a;
+  a.options.softcap = 30.f;
+  const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+  CHECK(problem.softcap == 30.f);
+  CHECK(problem.params.softcap == 30.f);
+  CHECK(problem.params.softcap_scale == doctest::Approx(1.0 / std::sqrt(128.0) / 30.0));
+  CHECK(problem.params.softmax_scale == 1.f);  // the LSE of capped scores is in their own units
+  CHECK(problem.params.scale_log2 == doctest::Approx(1.4426950408889634));
+  DeviceInfo h200;
+  h200.arch = "sm_90a", h200.multiprocessors = 132, h200.max_shared_per_block_optin = 232448;
+  const Variant v = detail::select_variant(problem, h200, nullptr);
+  CHECK(v.softcap);
+  CHECK(v.family == "wgmma");
+  a.options.softcap = 0.f;
+  CHECK_FALSE(
+      detail::select_variant(detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200,
+                             nullptr)
+          .softcap);
 }
 
 TEST_CASE("each bad input is named") {
@@ -103,6 +125,16 @@ TEST_CASE("each bad input is named") {
   SUBCASE("bad softmax scale") {
     a.options.softmax_scale = std::numeric_limits<float>::infinity();
     CHECK(mentions(rejection(a), "softmax_scale is inf"));
+  }
+  SUBCASE("bad softcap") {
+    a.options.softcap = -1.f;
+    CHECK(mentions(rejection(a), "softcap is -1: expected 0 (off) or a finite value > 0"));
+    a.options.softcap = std::numeric_limits<float>::quiet_NaN();
+    CHECK(mentions(rejection(a), "softcap is nan"));
+    a.options.softcap = std::numeric_limits<float>::infinity();
+    CHECK(mentions(rejection(a), "softcap is inf"));
+    a.options.softcap = 1e-45f;  // the scale divided by it is not finite
+    CHECK(mentions(rejection(a), "softcap is 1e-45"));
   }
   SUBCASE("misaligned lse") {
     a.options.lse = static_cast<float*>(fake(0x500002));

@@ -29,6 +29,27 @@ TEST_CASE("a name reads as its fields") {
   CHECK(v.stages == 1);
   CHECK(v.causal);
   CHECK_FALSE(Variant::parse("simt.sm80.bf16.d64.m64n64s1").causal);
+  CHECK_FALSE(v.softcap);
+}
+
+TEST_CASE("soft-capped variants: a .softcap suffix, last, on every attention family") {
+  const Variant capped = Variant::parse("wgmma.sm90a.bf16.d128.m128n176s2.causal.varlen.softcap");
+  CHECK(capped.softcap);
+  CHECK(capped.varlen);
+  CHECK(capped.name() == "wgmma.sm90a.bf16.d128.m128n176s2.causal.varlen.softcap");
+  for (const FamilyInfo& family : families()) CHECK(family.softcap == family.attention);
+  for (const Variant& v : default_variants("sm_90a")) {
+    if (v.family == "merge") continue;
+    Variant with_cap = v;
+    with_cap.softcap = true;
+    INFO(with_cap.name());
+    CHECK(Variant::parse(with_cap.name()) == with_cap);
+  }
+  // Suffix order is fixed, so a variant has one name; merge kernels have no scores to cap.
+  CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.softcap.causal"),
+                       doctest::Contains("causal, paged, varlen, softcap (in that order"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.softcap"),
+                       doctest::Contains("no soft-capped variants"), Error);
 }
 
 namespace {

@@ -60,5 +60,21 @@ TEST_CASE("flashjit_forward computes what Engine::forward computes, and rejects 
   CHECK(flashjit_select_variant(handle, &tq, &tk, &tv, &tout, &options, name, sizeof name) ==
         FLASHJIT_OK);
   CHECK(Variant::parse(name).causal);
+  // The C options' softcap reaches the same kernel as ForwardOptions::softcap.
+  options.softcap = 20.f;
+  cpp_options.softcap = 20.f;
+  CHECK(flashjit_forward(handle, &tq, &tk, &tv, &tout, &options, nullptr) == FLASHJIT_OK);
+  engine.forward(with(dq), with(dk), with(dv), with(cpp_out), cpp_options);
+  synchronize(engine);
+  c_out.download(from_c.data(), bytes);
+  cpp_out.download(from_cpp.data(), bytes);
+  CHECK(from_c == from_cpp);
+  CHECK(flashjit_select_variant(handle, &tq, &tk, &tv, &tout, &options, name, sizeof name) ==
+        FLASHJIT_OK);
+  CHECK(Variant::parse(name).softcap);
+  options.softcap = -1.f;
+  CHECK(flashjit_forward(handle, &tq, &tk, &tv, &tout, &options, nullptr) ==
+        FLASHJIT_INVALID_ARGUMENT);
+  CHECK(std::string(flashjit_last_error()).find("softcap is -1") != std::string::npos);
   flashjit_engine_destroy(handle);
 }

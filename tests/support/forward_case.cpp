@@ -13,9 +13,24 @@
 namespace flashjit::test {
 
 std::string ForwardCase::describe() const {
-  return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}", batch, heads_q, heads_kv, seqlen_q,
+  return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}", batch, heads_q, heads_kv, seqlen_q,
                      seqlen_k, head_dim, causal ? "causal" : "full", to_string(dtype),
-                     bhsd ? "bhsd" : "bshd");
+                     bhsd ? "bhsd" : "bshd",
+                     softcap > 0.f ? fmt::format(" softcap {} (q, k sd {})", softcap, input_scale)
+                                   : "");
+}
+
+std::optional<ForwardCheck> run_if_supported(Engine& engine, const ForwardCase& c,
+                                             const std::string& family, unsigned seed) {
+  try {
+    return run_forward_case(engine, c, family, seed);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::unsupported)
+      MESSAGE(fmt::format("{} not run on {}: {}", family, c.describe(), e.what()));
+    else
+      FAIL_CHECK(fmt::format("{} {}: {}", family, c.describe(), e.what()));
+    return std::nullopt;
+  }
 }
 
 void check_within_bounds(const ForwardErrors& errors, DType dtype) {
@@ -30,8 +45,8 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   auto q = HostTensor::make(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bhsd);
   auto k = HostTensor::make(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.bhsd);
   auto v = HostTensor::make(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.bhsd);
-  q.fill_random(rng);
-  k.fill_random(rng);
+  q.fill_random(rng, c.input_scale);
+  k.fill_random(rng, c.input_scale);
   v.fill_random(rng);
 
   const DeviceProblem problem(engine, std::move(q), std::move(k), std::move(v));
@@ -39,6 +54,7 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   options.causal = c.causal;
   options.family = family;
   options.tiles = tiles;
+  options.softcap = c.softcap;
   if (c.with_lse) options.lse = problem.lse();
   ForwardCheck check;
   check.variant =
@@ -47,8 +63,10 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   synchronize(engine);
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+  ScoreMods mods;
+  mods.softcap = c.softcap;
   const Reference ref = reference_attention(problem.host_q(), problem.host_k(), problem.host_v(),
-                                            scale, c.causal);
+                                            scale, c.causal, mods);
   const std::vector<float> lse = problem.lse_values();
   static_cast<ForwardErrors&>(check) =
       compare_forward(problem.output(), c.with_lse ? &lse : nullptr, ref);

@@ -1,6 +1,7 @@
 // One forward problem run on the GPU and checked against the float64 reference.
 #pragma once
 
+#include <optional>
 #include <string>
 
 #include "compare.hpp"
@@ -14,6 +15,8 @@ struct ForwardCase {
   DType dtype = DType::bf16;
   bool bhsd = false;
   bool with_lse = true;
+  float softcap = 0.f;       // ForwardOptions::softcap
+  double input_scale = 1.0;  // standard deviation of the random q and k (large: capped scores)
   std::string describe() const;
 };
 
@@ -26,6 +29,11 @@ struct ForwardCheck : ForwardErrors {
 ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
                               std::optional<std::string> family, unsigned seed,
                               std::optional<TileConfig> tiles = {});
+
+// run_forward_case for one family, or nullopt when it cannot run: a visible MESSAGE for
+// Error(unsupported), a failed check for any other error.
+std::optional<ForwardCheck> run_if_supported(Engine& engine, const ForwardCase& c,
+                                             const std::string& family, unsigned seed);
 
 // Asserts every bound of compare.hpp (doctest CHECK), naming the ones that fail.
 void check_within_bounds(const ForwardErrors& errors, DType dtype);

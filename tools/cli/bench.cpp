@@ -108,7 +108,7 @@ std::vector<BenchCase> chosen_cases(const BenchOptions& o) {
   std::vector<BenchCase> cases;
   for (const auto& family : families)
     for (DType dtype : dtypes_or_all(o.dtypes))
-      for (bool causal : causal_values(o.causal))
+      for (bool causal : yes_no_values(o.causal))
         for (int head_dim : o.head_dims)
           for (int seqlen : o.seqlens) {
             BenchCase c{family, dtype, causal, head_dim, seqlen};

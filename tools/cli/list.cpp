@@ -30,6 +30,7 @@ nlohmann::ordered_json entry_json(const CacheEntry& entry) {
           {"dtype", to_string(v.dtype)},
           {"head_dim", v.head_dim},
           {"causal", v.causal},
+          {"softcap", v.softcap},
           {"tile_m", v.tile_m},
           {"tile_n", v.tile_n},
           {"stages", v.stages},

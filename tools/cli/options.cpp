@@ -72,16 +72,30 @@ CLI::Option* add_family_option(CLI::App& command, std::vector<std::string>& fami
       ->type_name("FAMILY");
 }
 
-CLI::Option* add_causal_option(CLI::App& command, std::string& choice) {
-  return command.add_option("--causal", choice, "Causal mask: yes, no or both")
+namespace {
+
+CLI::Option* add_yes_no_option(CLI::App& command, const std::string& name, std::string& choice,
+                               const std::string& help, const std::string& default_choice) {
+  return command.add_option(name, choice, help)
       ->check(CLI::IsMember({"yes", "no", "both"}))
-      ->default_str("both")
+      ->default_str(default_choice)
       ->type_name("CHOICE");
+}
+
+}  // namespace
+
+CLI::Option* add_causal_option(CLI::App& command, std::string& choice) {
+  return add_yes_no_option(command, "--causal", choice, "Causal mask: yes, no or both", "both");
+}
+
+CLI::Option* add_softcap_option(CLI::App& command, std::string& choice) {
+  return add_yes_no_option(command, "--softcap", choice,
+                           "Soft-capped variants (ForwardOptions::softcap): no, yes or both", "no");
 }
 
 DType dtype_from_name(std::string_view name) { return name == "fp16" ? DType::fp16 : DType::bf16; }
 
-std::vector<bool> causal_values(std::string_view choice) {
+std::vector<bool> yes_no_values(std::string_view choice) {
   if (choice == "yes") return {true};
   if (choice == "no") return {false};
   return {false, true};

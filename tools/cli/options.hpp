@@ -36,12 +36,15 @@ CLI::Option* add_head_dim_option(CLI::App& command, std::vector<int>& head_dims)
 // --family NAME[,NAME...]: names from families()
 CLI::Option* add_family_option(CLI::App& command, std::vector<std::string>& families,
                                const std::string& help);
-// --causal yes|no|both
+// --causal yes|no|both (default both)
 CLI::Option* add_causal_option(CLI::App& command, std::string& choice);
+// --softcap yes|no|both (default no): soft-capped variants (Variant::softcap)
+CLI::Option* add_softcap_option(CLI::App& command, std::string& choice);
 
 // Values already checked by the options above.
 DType dtype_from_name(std::string_view name);
-std::vector<bool> causal_values(std::string_view choice);
+// yes -> {true}, no -> {false}, both -> {false, true}
+std::vector<bool> yes_no_values(std::string_view choice);
 
 // The values to cover: the user's list, or every value when the list is empty.
 std::vector<DType> dtypes_or_all(const std::vector<std::string>& names);

@@ -19,6 +19,7 @@ struct PrecompileOptions {
   std::vector<std::string> archs;
   std::vector<int> head_dims;
   std::string causal = "both";
+  std::string softcap = "no";
   std::vector<std::string> dtypes;
   std::vector<std::string> families;
   std::vector<std::string> variant_names;
@@ -106,19 +107,32 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
   const auto archs = options.archs.empty() ? archs_of_local_gpus() : options.archs;
   const auto head_dims = head_dims_or_all(options.head_dims);
   const auto dtypes = dtypes_or_all(options.dtypes);
-  const auto causal = causal_values(options.causal);
+  const auto causal = yes_no_values(options.causal);
+  const auto softcap = yes_no_values(options.softcap);
+  auto builds_softcap = [](const std::string& family) {
+    for (const FamilyInfo& info : families())
+      if (info.name == family) return info.softcap;
+    return false;
+  };
   for (const std::string& arch : archs)
-    for (Variant& variant : default_variants(arch)) {
+    for (const Variant& variant : default_variants(arch)) {
       if (!contains(head_dims, variant.head_dim) || !contains(dtypes, variant.dtype) ||
           !contains(causal, variant.causal))
         continue;
       if (!options.families.empty() && !contains(options.families, variant.family)) continue;
-      add(std::move(variant));
+      // Each default shape once per --softcap value, where the family builds soft-capped kernels.
+      for (bool capped : softcap) {
+        if (capped && !builds_softcap(variant.family)) continue;
+        Variant chosen_variant = variant;
+        chosen_variant.softcap = capped;
+        add(std::move(chosen_variant));
+      }
     }
   if (chosen.empty())
     throw Error(ErrorCode::invalid_argument,
-                fmt::format("no default variant for {} matches --head-dim, --dtype, --causal "
-                            "and --family; `flashjit precompile --arch {} --dry-run` lists them",
+                fmt::format("no default variant for {} matches --head-dim, --dtype, --causal, "
+                            "--softcap and --family; `flashjit precompile --arch {} --dry-run` "
+                            "lists them",
                             fmt::join(archs, ", "), archs.front()));
   return chosen;
 }
@@ -242,6 +256,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
                                 "(default: the GPUs found here)");
   auto* head_dim = add_head_dim_option(*command, options->head_dims);
   auto* causal = add_causal_option(*command, options->causal);
+  auto* softcap = add_softcap_option(*command, options->softcap);
   auto* dtype = add_dtype_option(*command, options->dtypes);
   auto* family = add_family_option(*command, options->families,
                                    "Kernel families (default: every one that runs on the arch)");
@@ -253,6 +268,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->excludes(arch)
       ->excludes(head_dim)
       ->excludes(causal)
+      ->excludes(softcap)
       ->excludes(dtype)
       ->excludes(family)
       ->type_name("NAME");
@@ -263,6 +279,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->check(CLI::ExistingFile)
       ->excludes(head_dim)
       ->excludes(causal)
+      ->excludes(softcap)
       ->excludes(dtype)
       ->excludes(family)
       ->excludes("--variant")

@@ -101,7 +101,7 @@ std::vector<Case> chosen_cases(const VerifyOptions& o) {
     for (const Shape& shape : chosen_shapes(o))
       for (int head_dim : head_dims_or_all(o.head_dims))
         for (DType dtype : dtypes_or_all(o.dtypes))
-          for (bool causal : causal_values(o.causal))
+          for (bool causal : yes_no_values(o.causal))
             cases.push_back({shape, head_dim, dtype, causal, family});
   return cases;
 }

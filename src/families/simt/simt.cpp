@@ -34,6 +34,7 @@ constexpr int kSimtHeadDims[] = {32, 64, 96, 128, 192, 256};
 }  // namespace
 
 constinit extern const KernelFamily kSimtFamily = {
+    .features = kFeatureSoftcap,
     .name = "simt",
     .summary = "scalar fp32 math, no tensor cores: the first correct kernel",
     .source_file = "simt/kernel.cu",
