@@ -19,6 +19,15 @@ __device__ __forceinline__ unsigned long long smem_desc_sw128(unsigned smem_addr
          static_cast<unsigned long long>(stride >> 4) << 32 | 1ull << 62;
 }
 
+// The descriptor of the same operand `bytes` further on (a multiple of 16): the start address is
+// the low 14 bits in 16-byte units and shared memory ends below 2^18 bytes, so the add never
+// carries into the other fields. Descriptors built once per tile and advanced by constants cost
+// one add per wgmma instead of the masks and shifts of a fresh one.
+__device__ __forceinline__ unsigned long long smem_desc_advance(unsigned long long desc,
+                                                                unsigned bytes) {
+  return desc + (bytes >> 4);
+}
+
 // Orders this thread's earlier register writes before the next wgmma reads them.
 __device__ __forceinline__ void wgmma_fence() {
   asm volatile("wgmma.fence.sync.aligned;" ::: "memory");

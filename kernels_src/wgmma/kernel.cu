@@ -121,13 +121,15 @@ __device__ __forceinline__ FragmentPosition fragment_position() {
 template <typename T, int HeadDim, int TileM, int TileN>
 __device__ __forceinline__ void issue_qk(float (&s)[TileN / 2], unsigned q_rows, unsigned k_tile) {
   wgmma_fence();
+  const unsigned long long q_desc = smem_desc_sw128(q_rows, 16, 1024);
+  const unsigned long long k_desc = smem_desc_sw128(k_tile, 16, 1024);
 #pragma unroll
   for (int kk = 0; kk < HeadDim / 16; ++kk) {
     // 16 head dims = 32 bytes inside a 128-byte swizzle row; every 4 slices the next column block.
-    const unsigned q = q_rows + (kk / 4) * TileM * 128 + (kk % 4) * 32;
-    const unsigned k = k_tile + (kk / 4) * TileN * 128 + (kk % 4) * 32;
-    const unsigned long long desc_q = smem_desc_sw128(q, 16, 1024);
-    const unsigned long long desc_k = smem_desc_sw128(k, 16, 1024);
+    const unsigned long long desc_q =
+        smem_desc_advance(q_desc, (kk / 4) * TileM * 128 + (kk % 4) * 32);
+    const unsigned long long desc_k =
+        smem_desc_advance(k_desc, (kk / 4) * TileN * 128 + (kk % 4) * 32);
     if (kk == 0)
       wgmma_ss<T, TileN, false>(s, desc_q, desc_k);
     else
@@ -141,10 +143,11 @@ template <typename T, int HeadDim, int TileN>
 __device__ __forceinline__ void issue_pv(float (&o)[HeadDim / 2],
                                          const unsigned (&p)[TileN / 16][4], unsigned v_tile) {
   wgmma_fence();
+  const unsigned long long v_desc = smem_desc_sw128(v_tile, TileN * 128, 1024);
 #pragma unroll
   for (int kk = 0; kk < TileN / 16; ++kk) {
     // 16 keys = two 8-row groups (stride 1024 B); head dims step by column block (TileN rows).
-    const unsigned long long desc_v = smem_desc_sw128(v_tile + kk * 16 * 128, TileN * 128, 1024);
+    const unsigned long long desc_v = smem_desc_advance(v_desc, kk * 16 * 128);
     wgmma_rs_tnsp_b<T, HeadDim>(o, p[kk], desc_v);
   }
   wgmma_commit();
@@ -173,9 +176,17 @@ struct RowSoftmax {
   __device__ __forceinline__ void update(float (&s)[N], float scale_log2, float (&correction)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      float tile_max = neg_inf();
+      // Four independent partial maxima: the reduction is on the path to every exponential, and
+      // one chain over the row would be N / 2 dependent steps.
+      static_assert(N >= 8, "two 8-column blocks at least");
+      float partial[4] = {s[2 * i], s[2 * i + 1], s[2 * i + 4], s[2 * i + 5]};
 #pragma unroll
-      for (int e = 2 * i; e < N; e += 4) tile_max = fmaxf(tile_max, fmaxf(s[e], s[e + 1]));
+      for (int e = 2 * i + 8; e < N; e += 4) {
+        const int chain = 2 * ((e / 4) % 2);
+        partial[chain] = fmaxf(partial[chain], s[e]);
+        partial[chain + 1] = fmaxf(partial[chain + 1], s[e + 1]);
+      }
+      const float tile_max = fmaxf(fmaxf(partial[0], partial[1]), fmaxf(partial[2], partial[3]));
       const float new_max = fmaxf(max[i], quad_max(tile_max));
       const float offset = scaled_max(new_max, scale_log2);
       correction[i] = exp2_ftz(max[i] * scale_log2 - offset);  // 0 while max was -inf
@@ -527,7 +538,9 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   }
   __syncthreads();
 
-  const int warpgroup = threadIdx.x / kWarpgroupThreads;
+  // Read through a shuffle so the compiler knows it is warp-uniform: the consumers' Q descriptors
+  // then live in uniform registers.
+  const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / kWarpgroupThreads, 0);
   if (warpgroup == 0) {
     warpgroup_lower_registers<Shape::kProducerRegs>();
     if (threadIdx.x == 0)
