@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
-"""flashjit vs PyTorch SDPA (cuDNN and flash backends), side by side on one GPU.
+"""flashjit vs PyTorch SDPA (cuDNN and flash backends) and FlashAttention-4, side by side on
+one GPU.
 
 For each case: fresh random inputs; flashjit's output (and LSE) checked against a float32
-reference computed with torch on the same inputs; then flashjit, SDPA-cuDNN and SDPA-flash timed
-with CUDA events, repetitions interleaved round-robin, medians compared. The KV-cache grids
-(--grid decode, decode-dense, paged) add FlashAttention-4 and paged caches, timed in bursts of
+reference computed with torch on the same inputs; then flashjit, SDPA-cuDNN, SDPA-flash and,
+when flash_attn.cute imports (--no-fa4: not), FA4 timed with CUDA events, repetitions
+interleaved round-robin, medians compared (x FA4, and x best: the faster of cuDNN and FA4).
+The KV-cache grids (--grid decode, decode-dense, paged) add paged caches, timed in bursts of
 back-to-back calls, against the HBM floor.
 
     LD_LIBRARY_PATH=.devpack python3 tools/compare_sdpa.py --lib .devpack/libflashjit.so.0 \

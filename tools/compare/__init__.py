@@ -1,4 +1,5 @@
-"""flashjit vs PyTorch SDPA: the comparison harness behind tools/compare_sdpa.py.
+"""flashjit vs PyTorch SDPA and FlashAttention-4: the comparison harness behind
+tools/compare_sdpa.py.
 
 One concern a module, in the order data flows through a run:
 
@@ -9,11 +10,13 @@ One concern a module, in the order data flows through a run:
                  varlen grid
     gpu          where tensors live and how to wait for them (hooks a CPU-only test replaces)
     backends     inputs, the flashjit runner, the SDPA runner
+    fa4          FlashAttention-4: loading it, its signature checks, its dense and paged calls
     decode_backends  KV inputs (dense and shuffled pages), flashjit forward_kv, FlashAttention-4
     varlen_backends  packed inputs and their dense twin, flashjit forward_varlen, FA4 varlen
     checks       the float32 reference check and its tolerances
     timing       CUDA-event timer, bursts, round-robin repetitions, repetition plan
-    run_case     one case: run, check, time, ratios (its results.json entry)
+    run_case     one case: run, check, time, ratios to SDPA, FA4 and the best peer (its
+                 results.json entry)
     run_decode   one KV case: run, check, time in bursts, TB/s, ratios to the best peer
     run_varlen   one varlen case: run, check per sequence, time in bursts, varlen vs dense
     run_all      every case in turn, guarded; the final report
@@ -23,6 +26,7 @@ One concern a module, in the order data flows through a run:
     plots        tflops_vs_seqlen.png and ratios.png
     environment  versions and GPU recorded in results.json
     selftest     synthetic numbers through the report path (--selftest-report, no GPU)
+    selftest_dense  FA4's dense bookkeeping on made-up timings, a CPU rehearsal of run_case
     selftest_kv  the binding's struct layouts, synthetic KV results, a CPU rehearsal of a KV run
     selftest_varlen  synthetic varlen results, a CPU rehearsal of a varlen run
     cli          the command line and main()

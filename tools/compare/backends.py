@@ -1,4 +1,5 @@
-"""The two sides of a comparison on one case: inputs, the flashjit runner, the SDPA runner."""
+"""The sides of a comparison on one case: inputs, the flashjit runner, the SDPA runner (FA4's is
+fa4.Fa4Runner)."""
 
 import warnings
 
@@ -9,6 +10,9 @@ from .family_spec import family_and_tiles
 
 SDPA_BACKENDS = ("cudnn", "flash")
 SDPA_LABELS = {"cudnn": "SDPA cuDNN", "flash": "SDPA flash"}
+# The peers of a dense case's best-peer ratio: the faster of SDPA cuDNN and FA4 (fa4.Fa4Runner;
+# SDPA flash is FlashAttention-2, which FA4 supersedes).
+BEST_PEERS = ("cudnn", "fa4")
 
 
 def torch_dtype(name):

@@ -17,14 +17,17 @@ from .decode_cases import HBM_TBS, KV_GRIDS, is_kv_case
 from .varlen_backends import varlen_variant_picks
 from .varlen_cases import VARLEN_GRIDS, is_varlen_case
 from .environment import environment
+from .fa4 import load_fa4
+from .run_decode import NO_FA4
 from .report import SCHEMA, Output, short
-from .run_all import finish_report, run_cases
+from .run_all import finish_report, kind_of, run_cases
 from .timing import CudaTimer
 
 
 def build_parser():
     p = argparse.ArgumentParser(
-        description="flashjit vs PyTorch SDPA (cuDNN, flash): correctness and speed, one command.",
+        description="flashjit vs PyTorch SDPA (cuDNN, flash) and FlashAttention-4: correctness "
+                    "and speed, one command.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="Example: LD_LIBRARY_PATH=.devpack python3 tools/compare_sdpa.py "
                "--lib .devpack/libflashjit.so.0 --grid standard --out out/compare")
@@ -79,6 +82,10 @@ def build_parser():
     p.add_argument("--min-calls", type=int, default=10,
                    help="KV cases: fewest calls in one timed burst (default 10; varlen cases: "
                         "fewer when that many would outlast --burst-ms, at least 1)")
+    p.add_argument("--no-fa4", action="store_true",
+                   help="leave FlashAttention-4 (flash_attn.cute) out: by default it is a peer "
+                        "of every grid when it can be imported (dense grids: the FA4, x FA4 and "
+                        "x best columns)")
     p.add_argument("--limit", type=int, help="only the first N cases (smoke runs)")
     p.add_argument("--no-check", action="store_true", help="skip the reference check")
     p.add_argument("--no-time", action="store_true", help="skip timing (check only)")
@@ -201,7 +208,9 @@ def measure(args, lib, ladder, torch, start):
     env = environment(lib, args.device)
     print_preamble(out, env, args)
     ctx = {"args": args, "engine": engine, "families": args.families, "ladder": ladder,
-           "deadline": start + args.deadline, **pick_variants(engine, args)}
+           "deadline": start + args.deadline, "fa4_off": fa4_off_reason(args),
+           **pick_variants(engine, args)}
+    print_fa4_line(out, env, args, ctx["fa4_off"])
     compile_info = precompile_variants(lib, ctx, out)
     ctx["timer"] = CudaTimer(args.spin_ms)
 
@@ -240,7 +249,7 @@ def run_settings(args):
             "lse_tolerance": LSE_TOLERANCE, "cache_dir": args.cache_dir,
             "deadline_s": args.deadline, "hbm_tbs": args.hbm_tbs,
             "num_splits": args.num_splits, "burst_ms": args.burst_ms,
-            "min_calls": args.min_calls,
+            "min_calls": args.min_calls, "fa4": not args.no_fa4,
             "reference": "float32 torch ops (matmul without TF32, logsumexp, softmax), "
                          "bottom-right causal mask, on the same bf16/fp16 inputs; first chunk "
                          "cross-checked against SDPA's math backend in fp32"}
@@ -274,6 +283,33 @@ def print_preamble(out, env, args):
             f"{args.burst_ms:g} ms, at least 1); TFLOPS from exact FLOPs (4*d*h_q per visible "
             "pair); vs dense = varlen TFLOPS / the same implementation's dense TFLOPS; x FA4 = "
             "FA4's time / flashjit's on the same call; packed outputs checked per sequence")
+
+
+def fa4_off_reason(args):
+    """Why FA4 is off for the dense grids' cases, None when it is on: --no-fa4, or
+    flash_attn.cute not importable (tried once, here; the reason ends with FA4_HELP)."""
+    if args.no_fa4:
+        return NO_FA4
+    if not any(kind_of(c) == "attention" for c in args.cases):
+        return None
+    return load_fa4()[1]
+
+
+def print_fa4_line(out, env, args, off):
+    """The dense grids' FA4 line above the table: how it is called and timed, or, once for the
+    whole column, why it is off."""
+    if not any(kind_of(c) == "attention" for c in args.cases):
+        return
+    if off:
+        out("FA4 column: " + (off if off.startswith("off") else f"off, {off}"))
+        return
+    out(f"FA4 {env.get('flash_attn_4') or '(version unknown)'} (CuTe DSL "
+        f"{env.get('cutlass_dsl')}): flash_attn.cute.flash_attn_func(q, k, v, softmax_scale=, "
+        "causal=) on flashjit's memory (BHSD through .transpose(1,2) views; GQA: K/V with h_kv "
+        "heads; causal bottom-right); its first call (compile) untimed, then timed and checked "
+        "like SDPA; skip = FA4 refused the case (a note says why; left out of its geomeans); "
+        "x FA4 = FA4 time / flashjit time; x best = the faster of cuDNN and FA4 / flashjit "
+        "(> 1: flashjit faster)")
 
 
 def case_picks(engine, case, args):

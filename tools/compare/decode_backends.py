@@ -1,19 +1,15 @@
 """The implementations a KV case compares: its inputs (dense K/V and the same keys in shuffled
-pages), flashjit's forward_kv, and FlashAttention-4 (flash_attn.cute). SDPA is backends'
-SdpaRunner, asked for the bottom-right mask only."""
-
-import inspect
+pages) and flashjit's forward_kv. FlashAttention-4 is fa4's Fa4Runner (also named here, where
+tools/ab_compare.py imports it from); SDPA is backends' SdpaRunner, asked for the bottom-right
+mask only."""
 
 import flashjit_ctypes as fj
 
-from . import gpu
+from . import fa4, gpu
 from .family_spec import family_and_tiles
 from .backends import alloc_bshd, make_inputs
 
-FA4_HELP = ("FA4 (flash_attn.cute) runs from the bundle of shared/device/fa4/README.md: carry "
-            ".fa4, unpack it to /tmp/site and export PYTHONPATH=/tmp/site:"
-            "/tmp/site/nvidia_cutlass_dsl/dsl_packages")
-
+Fa4Runner = fa4.Fa4Runner  # its old home, where tools/ab_compare.py imports it from
 
 
 def attach_workspace(options, size):
@@ -150,71 +146,3 @@ class FlashjitKvRunner:
 
     def __call__(self):
         self.engine.forward_kv_raw(self.q, self.kv, self.out_view, self.options, self.stream)
-
-
-class Fa4Runner:
-    """FlashAttention-4 on a case: flash_attn_func on the dense K/V, or flash_attn_varlen_func
-    on the pages (page_table, seqused_k, q batched [b, s_q, h, d] without cu_seqlens), in the
-    same memory as flashjit's. Dense prefill cases (no `paged` field; tools/ab_compare.py) take
-    the dense call. .error says why not (import, signature, refusal); .out is the trial call's
-    output, the first call (which compiles the kernel, ~2 s)."""
-
-    PAGED_KEYWORDS = ("page_table", "seqused_k", "max_seqlen_k", "softmax_scale", "causal")
-
-    def __init__(self, case, inputs, scale):
-        self.error, self.out, self.fn, self.how = None, None, None, ""
-        try:
-            from flash_attn.cute import flash_attn_func, flash_attn_varlen_func
-        except Exception as e:  # ImportError, or the CuTe DSL failing to initialise
-            self.error = f"not importable ({type(e).__name__}: {e}); {FA4_HELP}"
-            return
-        q, x = inputs.q, inputs
-        if getattr(case, "paged", False):
-            missing = _missing_keywords(flash_attn_varlen_func, self.PAGED_KEYWORDS)
-            kwargs = dict(page_table=x.page_table, seqused_k=x.seqused_k,
-                          max_seqlen_k=case.seqlen_k, softmax_scale=scale, causal=case.causal)
-            fn, args = flash_attn_varlen_func, (q, x.k_pages, x.v_pages)
-            self.how = "flash_attn_varlen_func(page_table, seqused_k), pack_gqa auto"
-        else:
-            missing = _missing_keywords(flash_attn_func, ("softmax_scale", "causal"))
-            kwargs = dict(softmax_scale=scale, causal=case.causal)
-            fn, args = flash_attn_func, (q, x.k, x.v)
-            self.how = "flash_attn_func, pack_gqa auto" + (", causal (bottom-right)"
-                                                           if case.causal else "")
-        if missing:
-            self.error = (f"{fn.__name__}{_signature(fn)} lacks {', '.join(missing)}: its API "
-                          "differs from flash-attn-4 4.0.0b36's; update Fa4Runner")
-            return
-
-        def call():
-            result = fn(*args, **kwargs)
-            return result[0] if isinstance(result, (tuple, list)) else result
-        try:
-            self.out = call()
-            gpu.sync()
-        except Exception as e:  # FA4 refuses with assertions, TypeErrors and DSL errors
-            self.error = f"refused: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
-            return
-        self.fn = call
-
-    def __call__(self):
-        self.fn()
-
-
-def _signature(fn):
-    try:
-        return str(inspect.signature(fn))
-    except (TypeError, ValueError):
-        return "(...)"
-
-
-def _missing_keywords(fn, names):
-    """The keyword parameters fn lacks ([] when its signature cannot be read: then the call
-    itself says)."""
-    try:
-        params = inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return []
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        return []
-    return [n for n in names if n not in params]

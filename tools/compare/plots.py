@@ -9,6 +9,7 @@ from .report import headline_family
 # a family below these rungs draws solid with matplotlib's next colour.
 RUNG_STYLES = [("-", "o", "tab:red"), ("-.", "^", "tab:orange"), (":", "s", "tab:gray")]
 SDPA_COLORS = {"cudnn": "tab:blue", "flash": "tab:green"}
+FA4_COLOR = "tab:purple"
 
 
 def family_style(family, ladder):
@@ -75,7 +76,7 @@ def plot_tflops_vs_seqlen(plt, groups, families, ladder, subtitle, path):
                 ax.set_visible(False)
                 continue
             draw_seqlen_panel(ax, groups[key], row_key, d, families, ladder)
-    fig.suptitle("flashjit vs PyTorch SDPA: forward TFLOPS (4·b·h·s²·d, halved for causal)"
+    fig.suptitle("flashjit vs PyTorch SDPA and FA4: forward TFLOPS (4·b·h·s²·d, halved for causal)"
                  + (f"\n{subtitle}" if subtitle else ""), fontsize=11)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
@@ -83,7 +84,7 @@ def plot_tflops_vs_seqlen(plt, groups, families, ladder, subtitle, path):
 
 
 def draw_seqlen_panel(ax, series, row_key, d, families, ladder):
-    """TFLOPS against seqlen of every flashjit family and SDPA backend over one series."""
+    """TFLOPS against seqlen of every flashjit family, SDPA backend and FA4 over one series."""
     xs = [r["seqlen_q"] for r in series]
     for family in families:
         ys = [r["flashjit"].get(family, {}).get("tflops") for r in series]
@@ -96,6 +97,10 @@ def draw_seqlen_panel(ax, series, row_key, d, families, ladder):
         if any(y is not None for y in ys):
             ax.plot(xs, [y if y is not None else float("nan") for y in ys], "--",
                     marker="x", color=SDPA_COLORS[backend], label=SDPA_LABELS[backend])
+    ys = [(r.get("fa4") or {}).get("tflops") for r in series]
+    if any(y is not None for y in ys):
+        ax.plot(xs, [y if y is not None else float("nan") for y in ys], "--", marker="+",
+                color=FA4_COLOR, label="FA4")
     dtype, layout, ratio, causal = row_key
     gqa = f", GQA {ratio}:1" if ratio > 1 else ""
     ax.set_title(f"d={d}, {'causal' if causal else 'non-causal'}, {dtype} "
@@ -118,7 +123,8 @@ def draw_seqlen_panel(ax, series, row_key, d, families, ladder):
 
 
 def ratio_rows(results, families):
-    """(label, ratio to cuDNN, ratio to flash) of the headline family, every case run."""
+    """(label, ratio to cuDNN, ratio to flash, ratio to FA4) of the headline family, every
+    case run."""
     rows = []
     for r in results:
         if r.get("skipped"):
@@ -127,33 +133,39 @@ def ratio_rows(results, families):
         cell = r["flashjit"].get(family, {})
         # a ratio against a top-left causal SDPA compares different work: not drawn
         ratios = [cell.get(f"ratio_{b}") if cell.get(f"ratio_{b}_comparable", True) else None
-                  for b in SDPA_BACKENDS]
+                  for b in SDPA_BACKENDS] + [cell.get("ratio_fa4")]
         shown = family if family != "auto" else (cell.get("variant") or "auto").split(".")[0]
         rows.append((f"{r['label']}  [{shown}]", *ratios))
     return rows
 
 
 def plot_ratios(plt, rows, subtitle, path):
-    """Horizontal bars: flashjit TFLOPS / SDPA TFLOPS per case, against each backend."""
-    fig, ax = plt.subplots(figsize=(9, 0.28 * len(rows) + 1.5))
+    """Horizontal bars: flashjit TFLOPS / peer TFLOPS per case, against each SDPA backend and
+    (where any case has it) FA4."""
+    series = [(1, SDPA_COLORS["cudnn"], "vs SDPA cuDNN"), (2, SDPA_COLORS["flash"],
+                                                          "vs SDPA flash")]
+    if any(row[3] for row in rows):
+        series.append((3, FA4_COLOR, "vs FA4"))
+    height = 0.8 / len(series)
+    fig, ax = plt.subplots(figsize=(9, 0.28 * len(rows) * len(series) / 2 + 1.5))
     ys = list(range(len(rows)))
     nan = float("nan")
-    ax.barh([y - 0.2 for y in ys], [c if c else nan for _, c, _ in rows], height=0.4,
-            color=SDPA_COLORS["cudnn"], label="vs SDPA cuDNN")
-    ax.barh([y + 0.2 for y in ys], [f if f else nan for _, _, f in rows], height=0.4,
-            color=SDPA_COLORS["flash"], label="vs SDPA flash")
-    for y, (_, c, f) in enumerate(rows):
-        for dy, value in ((-0.2, c), (0.2, f)):
+    for k, (column, color, label) in enumerate(series):
+        dy = (k - (len(series) - 1) / 2) * height
+        values = [row[column] for row in rows]
+        ax.barh([y + dy for y in ys], [v if v else nan for v in values], height=height,
+                color=color, label=label)
+        for y, value in zip(ys, values):
             if value:
                 ax.text(value, y + dy, f" {value:.2f}", va="center", fontsize=6)
     ax.axvline(1.0, color="black", linewidth=0.8)
-    values = [x for _, c, f in rows for x in (c, f) if x]
+    values = [row[column] for row in rows for column, _, _ in series if row[column]]
     if values and max(values) / min(values) > 8:  # the ladder spans decades: log scale
         ax.set_xscale("log")
     ax.set_yticks(ys)
-    ax.set_yticklabels([label for label, _, _ in rows], fontsize=7)
+    ax.set_yticklabels([row[0] for row in rows], fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("flashjit TFLOPS / SDPA TFLOPS (> 1: flashjit faster)")
+    ax.set_xlabel("flashjit TFLOPS / peer TFLOPS (> 1: flashjit faster)")
     if subtitle:
         ax.set_title(subtitle, fontsize=9)
     ax.legend(fontsize=8)

@@ -5,7 +5,7 @@ import math
 import os
 from pathlib import Path
 
-from .backends import SDPA_BACKENDS, SDPA_LABELS
+from .backends import BEST_PEERS, SDPA_BACKENDS, SDPA_LABELS
 
 SCHEMA = "flashjit-compare-sdpa/1"
 
@@ -50,8 +50,9 @@ COLUMNS = [  # (title, width, align)
     ("#", 3, ">"), ("case", 42, "<"), ("family", 6, "<"), ("check", 5, "<"),
     ("rel_err", 8, ">"), ("max_err", 8, ">"), ("lse_err", 8, ">"), ("TFLOPS", 7, ">"),
     ("cuDNN", 7, ">"), ("flash", 7, ">"), ("x cuDNN", 7, ">"), ("x flash", 7, ">"),
-    ("variant", 0, "<"),
+    ("FA4", 7, ">"), ("x FA4", 7, ">"), ("x best", 7, ">"), ("variant", 0, "<"),
 ]
+PEER_LABELS = {"cudnn": "cuDNN", "flash": "flash", "fa4": "FA4"}
 
 
 def format_row(values):
@@ -67,7 +68,8 @@ def table_header():
 
 
 def case_rows(r):
-    """Table lines of one case: one per flashjit family, SDPA numbers on the first; its notes."""
+    """Table lines of one case: one per flashjit family, SDPA's and FA4's numbers on the
+    first; its notes (an FA4 that refused the case: 'FA4 skipped: reason')."""
     families = list(r["flashjit"]) or ["-"]
     lines = [_family_row(r, i, family) for i, family in enumerate(families)]
     for note in _case_notes(r):
@@ -84,8 +86,18 @@ def _sdpa_tflops(cell):
     return fmt_num(cell.get("tflops"), ".1f") + mark
 
 
+def _fa4_tflops(cell):
+    """FA4's TFLOPS; 'skip' where it refused the case, 'off' when it is off for the run."""
+    if cell is None:
+        return "-"
+    if cell["status"] != "ok":
+        return {"n/a": "skip"}.get(cell["status"], cell["status"])
+    return fmt_num(cell.get("tflops"), ".1f")
+
+
 def _family_row(r, i, family):
-    """Line i of a case: `family`'s numbers; the case and SDPA's numbers on the first only."""
+    """Line i of a case: `family`'s numbers; the case's, SDPA's and FA4's numbers on the first
+    only."""
     cell = r["flashjit"].get(family)
     chk = (cell or {}).get("check") or {}
     shown_family = family
@@ -108,12 +120,16 @@ def _family_row(r, i, family):
         _sdpa_tflops(r["sdpa"].get("flash")) if i == 0 else "",
         fmt_num(cell.get("ratio_cudnn"), ".2f") if ok else "-",
         fmt_num(cell.get("ratio_flash"), ".2f") if ok else "-",
+        _fa4_tflops(r.get("fa4")) if i == 0 else "",
+        fmt_num(cell.get("ratio_fa4"), ".2f") if ok else "-",
+        fmt_num(cell.get("ratio_best_peer"), ".2f") if ok else "-",
         variant,
     ])
 
 
 def _case_notes(r):
-    """What was sampled by the check, SDPA refusals and fallbacks, why checks failed."""
+    """What was sampled by the check, SDPA refusals and fallbacks, FA4 skipped (why), a peer
+    outside our bounds, why checks failed."""
     notes = list(r.get("notes", []))
     checked = r.get("check", {}).get("checked")
     if checked and checked != "all heads, all rows":
@@ -127,12 +143,12 @@ def _case_notes(r):
         else:
             for note in cell.get("notes", []):
                 notes.append(f"{SDPA_LABELS[backend]}: {note}")
-            ref = cell.get("reference_error")
-            if ref and not ref.get("within_bounds", True):
-                notes.append(f"{SDPA_LABELS[backend]} itself is outside our bounds "
-                             f"(rel {ref['rel_err']:.1e}, max {ref['max_abs_err']:.1e}"
-                             + (f", {ref['nonfinite']} non-finite" if ref.get("nonfinite") else "")
-                             + ")")
+            notes += _outside_bounds(SDPA_LABELS[backend], cell)
+    fa4 = r.get("fa4")
+    if fa4 and fa4["status"] == "n/a":
+        notes.append(f"FA4 skipped: {short(fa4.get('reason', ''), 200)}")
+    elif fa4 and fa4["status"] == "ok":
+        notes += [f"FA4: {note}" for note in fa4.get("notes", [])] + _outside_bounds("FA4", fa4)
     for family, cell in r["flashjit"].items():
         chk = cell.get("check")
         if chk and not chk["pass"]:
@@ -140,6 +156,16 @@ def _case_notes(r):
     if r.get("error"):
         notes.append(f"case error: {r['error']}")
     return notes
+
+
+def _outside_bounds(label, cell):
+    """['<peer> itself is outside our bounds (...)'] when the peer's output is, else []."""
+    ref = cell.get("reference_error")
+    if not ref or ref.get("within_bounds", True):
+        return []
+    return [f"{label} itself is outside our bounds (rel {ref['rel_err']:.1e}, max "
+            f"{ref['max_abs_err']:.1e}" + (f", {ref['nonfinite']} non-finite"
+                                           if ref.get("nonfinite") else "") + ")"]
 
 
 def _failure_reasons(chk):
@@ -170,10 +196,11 @@ def geomean(values):
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def summarize(results, families):
-    """Per-family ladder numbers plus the headline (see headline_family)."""
+def summarize(results, families, fa4_off=None):
+    """Per-family ladder numbers plus the headline (see headline_family); FA4's counts.
+    fa4_off: why FA4 was off for the whole run (None: it was on)."""
     def collect(pick):
-        ratios = {b: [] for b in SDPA_BACKENDS}
+        ratios = {b: [] for b in SDPA_BACKENDS + ("fa4", "best_peer")}
         failed = checked = na = errors = timed = 0
         for r in results:
             family = pick(r)
@@ -195,8 +222,15 @@ def summarize(results, families):
             for b in SDPA_BACKENDS:
                 if cell.get(f"ratio_{b}") and cell.get(f"ratio_{b}_comparable", True):
                     ratios[b].append(cell[f"ratio_{b}"])
+            for key in ("fa4", "best_peer"):  # FA4 skipped or off: no ratio, not counted
+                if cell.get(f"ratio_{key}"):
+                    ratios[key].append(cell[f"ratio_{key}"])
+        best = ratios["best_peer"]
         return {"geomean_ratio_cudnn": geomean(ratios["cudnn"]), "cases_cudnn": len(ratios["cudnn"]),
                 "geomean_ratio_flash": geomean(ratios["flash"]), "cases_flash": len(ratios["flash"]),
+                "geomean_ratio_fa4": geomean(ratios["fa4"]), "cases_fa4": len(ratios["fa4"]),
+                "geomean_ratio_best_peer": geomean(best), "cases_best_peer": len(best),
+                "cases_at_least_best_peer": sum(1 for x in best if x >= 1.0),
                 "checked": checked, "failed_checks": failed + errors, "errors": errors,
                 "not_applicable": na, "timed": timed}
 
@@ -209,23 +243,55 @@ def summarize(results, families):
     summary["sdpa_not_applicable"] = {
         b: sum(1 for r in results if r["sdpa"].get(b, {}).get("status") == "n/a")
         for b in SDPA_BACKENDS}
+    summary["fa4"] = fa4_summary(results, fa4_off)
     summary["cases"] = len(results)
     summary["cases_skipped"] = sum(1 for r in results if r.get("skipped"))
     summary["cases_reduced_reps"] = sum(1 for r in results if r.get("reduced_reps"))
     return summary
 
 
+def fa4_summary(results, off):
+    """FA4 over the run: on or off (and why), cases it ran, was timed on, skipped (refused),
+    and where its output was outside our bounds."""
+    cells = [r.get("fa4") or {} for r in results]
+    return {"status": "off" if off else "on", "reason": off,
+            "ran": sum(1 for c in cells if c.get("status") == "ok"),
+            "timed": sum(1 for c in cells if c.get("median_ms")),
+            "skipped": sum(1 for c in cells if c.get("status") == "n/a"),
+            "outside_bounds": sum(1 for c in cells
+                                  if (c.get("reference_error") or {}).get("within_bounds")
+                                  is False)}
+
+
+def fa4_off_word(reason):
+    """'--no-fa4' or 'not importable': the short form of why FA4 is off."""
+    return "--no-fa4" if "--no-fa4" in reason else reason.split(" (", 1)[0].split(";", 1)[0]
+
+
 def summary_lines(summary, families, compile_info, wall_s):
+    fa4 = summary.get("fa4") or {"status": "on"}
+    total = summary["cases"]
+
     def ratio_text(s):
         parts = []
         for b, label in (("cudnn", "cuDNN"), ("flash", "flash")):
             g = s[f"geomean_ratio_{b}"]
             parts.append(f"x {label} {fmt_num(g, '.3f')} ({s[f'cases_{b}']} cases)")
-        return ", ".join(parts)
+        peers = "faster of " + " and ".join(PEER_LABELS[p] for p in BEST_PEERS)
+        if fa4["status"] == "off":
+            parts.append(f"x FA4 off ({fa4_off_word(fa4.get('reason') or '')})")
+            peers = "cuDNN only: FA4 off"
+        else:
+            parts.append(f"x FA4 {fmt_num(s['geomean_ratio_fa4'], '.3f')} ({s['cases_fa4']} of "
+                         f"{total} cases)")
+        n = s["cases_best_peer"]
+        return (", ".join(parts) + f"; x best peer ({peers}) "
+                f"{fmt_num(s['geomean_ratio_best_peer'], '.3f')} ({n} of {total} cases), "
+                f"flashjit >= 1.0x the best peer in {s['cases_at_least_best_peer']} of {n}")
 
     lines = []
     if len(families) > 1:
-        lines.append("ladder (geomean of flashjit TFLOPS / SDPA TFLOPS; > 1: flashjit faster):")
+        lines.append("ladder (geomean of flashjit TFLOPS / peer TFLOPS; > 1: flashjit faster):")
         for f in families:
             s = summary["families"][f]
             lines.append(f"  {f:6s} {ratio_text(s)}; checks failed {s['failed_checks']} of "
@@ -238,6 +304,10 @@ def summary_lines(summary, families, compile_info, wall_s):
     na = summary["sdpa_not_applicable"]
     if any(na.values()):
         extra.append("SDPA n/a: " + ", ".join(f"{b} {n}" for b, n in na.items() if n))
+    if fa4.get("skipped"):
+        extra.append(f"FA4 skipped {fa4['skipped']} (refused: notes say why)")
+    if fa4.get("outside_bounds"):
+        extra.append(f"FA4 outside our bounds in {fa4['outside_bounds']}")
     if h["not_applicable"]:
         extra.append(f"flashjit n/a {h['not_applicable']}")
     if summary["cases_skipped"]:
@@ -249,7 +319,7 @@ def summary_lines(summary, families, compile_info, wall_s):
     if compile_info and compile_info.get("seconds") is not None:
         extra.append(f"compile {compile_info['seconds']:.1f} s")
     extra.append(f"wall {wall_s:.0f} s")
-    lines.append(f"SUMMARY flashjit ({who}) vs SDPA: {ratio_text(h)}; failed checks "
+    lines.append(f"SUMMARY flashjit ({who}) vs SDPA and FA4: {ratio_text(h)}; failed checks "
                  f"{summary['failed_checks_total']}; " + "; ".join(extra))
     return lines
 

@@ -17,7 +17,7 @@ from .varlen_cases import is_varlen_case
 from .varlen_report import varlen_case_rows, varlen_summarize, varlen_summary_line
 
 # kind: (run it, its table lines, the empty cells of a skipped or crashed entry)
-KINDS = {"attention": (run_case, case_rows, lambda: {"flashjit": {}, "sdpa": {}}),
+KINDS = {"attention": (run_case, case_rows, lambda: {"flashjit": {}, "sdpa": {}, "fa4": None}),
          "kv": (run_kv_case, kv_case_rows, lambda: {"impls": {}}),
          "varlen": (run_varlen_case, varlen_case_rows, lambda: {"impls": {}})}
 DOCUMENT_KEYS = {"attention": "cases", "kv": "kv_cases", "varlen": "varlen_cases"}
@@ -82,7 +82,7 @@ def run_guarded(index, case, ctx):
 def finish_report(ctx, results, kv_results, document, out, out_dir, start, varlen_results=()):
     """Summary, the final results.json, the plots and table.txt; returns the summary."""
     families = ctx["families"]
-    summary = summarize(results, families)
+    summary = summarize(results, families, ctx.get("fa4_off"))
     if kv_results:
         summary["kv"] = kv_summarize(kv_results)
         summary["failed_checks_total"] += summary["kv"]["failed_checks"]

@@ -1,14 +1,17 @@
-"""One case from start to end: flashjit and SDPA run once, checked, timed, then compared."""
+"""One case from start to end: flashjit, SDPA and FA4 run once, checked, timed, then
+compared."""
 
 import math
 import statistics
 import time
+from types import SimpleNamespace
 
 import flashjit_ctypes as fj
 
 from . import gpu
-from .backends import SDPA_BACKENDS, FlashjitRunner, SdpaRunner, make_inputs
+from .backends import BEST_PEERS, SDPA_BACKENDS, FlashjitRunner, SdpaRunner, make_inputs
 from .checks import REFERENCE_SELF_TOLERANCE, reference_check
+from .fa4 import Fa4Runner
 from .timing import plan_reps, round_robin
 
 
@@ -27,20 +30,22 @@ def case_entry(index, case, **values):
 def run_case(index, case, ctx):
     """Checks and times one case; returns its results.json entry.
 
-    ctx: args, engine, families, variants and auto_family (per case key), deadline, timer."""
+    ctx: args, engine, families, variants and auto_family (per case key), deadline, timer;
+    fa4_off: why FA4 is off for the whole run (--no-fa4, not importable), None when on."""
     args = ctx["args"]
     scale = 1.0 / math.sqrt(case.head_dim)
     result = case_entry(index, case, flops_exact=case.flops_exact(), flashjit={}, sdpa={},
-                        notes=[])
+                        fa4=None, notes=[])
     result["auto_family"] = ctx["auto_family"].get(case.key())
 
     q, k, v = make_inputs(case, args.seed + index)
     flashjit = run_flashjit(result, case, ctx, q, k, v, scale)
     sdpa = start_sdpa(result, case, q, k, v, scale, args.sdpa_layout)
-    errors = check_outputs(result, case, q, k, v, scale, flashjit, sdpa, args)
-    record_checks(result, sdpa, errors)
+    fa4 = start_fa4(result, case, q, k, v, scale, ctx.get("fa4_off"))
+    errors = check_outputs(result, case, q, k, v, scale, flashjit, sdpa, args, fa4)
+    record_checks(result, sdpa, errors, fa4)
     runners = {**{f"flashjit:{f}": r for f, r in flashjit.items()},
-               **{f"sdpa:{b}": r for b, r in sdpa.items()}}
+               **{f"sdpa:{b}": r for b, r in sdpa.items()}, **({"fa4": fa4} if fa4 else {})}
     if runners and not args.no_time:
         time_runners(result, case, runners, ctx)
     add_ratios(result)
@@ -93,13 +98,33 @@ def start_sdpa(result, case, q, k, v, scale, layout_mode):
     return runners
 
 
-def check_outputs(result, case, q, k, v, scale, flashjit, sdpa, args):
+def start_fa4(result, case, q, k, v, scale, off):
+    """FA4's trial call (fa4.Fa4Runner: flash_attn_func on the same q, k, v views, its first
+    call, which compiles the kernel), or None. off: why FA4 is off for the whole run (a cell
+    'off'; the report says why once); a refusal is an n/a cell with FA4's reason."""
+    if off:
+        result["fa4"] = impl_cell("off")
+        return None
+    runner = Fa4Runner(case, SimpleNamespace(q=q, k=k, v=v), scale)
+    if runner.error:
+        result["fa4"] = impl_cell("n/a", reason=runner.error)
+        return None
+    result["fa4"] = impl_cell("ok", how=runner.how, layout=runner.layout,
+                              notes=["contiguous [b,s,h,d] copies (not timed); the same-memory "
+                                     "views were refused"] if runner.layout == "copy" else [])
+    return runner
+
+
+def check_outputs(result, case, q, k, v, scale, flashjit, sdpa, args, fa4=None):
     """Every output against the float32 reference; returns {output name: check result}.
 
-    SDPA's outputs go through it too: their error shows what bf16/fp16 costs a trusted kernel,
-    and tells whether an is_causal=True call computed our (bottom-right) mask after all."""
+    SDPA's and FA4's outputs go through it too: their error shows what bf16/fp16 costs a
+    trusted kernel, and tells whether an is_causal=True call computed our (bottom-right) mask
+    after all."""
     outputs = {f"flashjit:{f}": (r.out, r.lse) for f, r in flashjit.items()}
     outputs.update({f"sdpa:{b}": (r.out.transpose(1, 2), None) for b, r in sdpa.items()})
+    if fa4 is not None:
+        outputs["fa4"] = (fa4.out, None)  # [b, s_q, h, d], as q (FA4 returns no LSE here)
     if not outputs or args.no_check:
         result["check"] = {"checked": "not checked (--no-check)" if args.no_check else "nothing"}
         return {}
@@ -114,8 +139,16 @@ def check_outputs(result, case, q, k, v, scale, flashjit, sdpa, args):
     return errors
 
 
-def record_checks(result, sdpa, errors):
-    """Check results into the flashjit cells; the SDPA cells written, trial outputs dropped."""
+def reference_error(err):
+    """A peer's error against the reference, as its cell records it (no pass/fail of ours)."""
+    out = {key: err[key] for key in ("rel_err", "max_abs_err", "max_abs_ref", "nonfinite")}
+    out["within_bounds"] = err["pass"]
+    return out
+
+
+def record_checks(result, sdpa, errors, fa4=None):
+    """Check results into the flashjit cells; the SDPA cells written, FA4's error into its
+    cell, trial outputs dropped."""
     for family, cell in result["flashjit"].items():
         if f"flashjit:{family}" in errors:
             cell["check"] = errors[f"flashjit:{family}"]
@@ -126,16 +159,20 @@ def record_checks(result, sdpa, errors):
         cell = impl_cell("ok", layout=runner.layout, gqa=runner.gqa_mode, mask=runner.mask,
                          mask_alignment=runner.mask_alignment, notes=runner.notes)
         if err and runner.mask_alignment != "top-left":
-            cell["reference_error"] = {key: err[key] for key in
-                                       ("rel_err", "max_abs_err", "max_abs_ref", "nonfinite")}
-            cell["reference_error"]["within_bounds"] = err["pass"]
+            cell["reference_error"] = reference_error(err)
         result["sdpa"][backend] = cell
         runner.out = None
+    if fa4 is not None:
+        if errors.get("fa4"):
+            result["fa4"]["reference_error"] = reference_error(errors["fa4"])
+        fa4.out = None
 
 
 def time_runners(result, case, runners, ctx):
     """Warm-up, a repetition plan that fits the deadline, round-robin timing; medians into the
-    cells of result. runners: {'flashjit:FAMILY' or 'sdpa:BACKEND': callable}."""
+    cells of result. runners: {'flashjit:FAMILY', 'sdpa:BACKEND' or 'fa4': callable}, all
+    timed alike. Each call's enqueue (host) time is kept: a call that outlasted its spin may
+    have host time in its sample (FA4's Python path is ~100 us a call), and a note says so."""
     args = ctx["args"]
     per_call = {}
     for name, fn in runners.items():
@@ -148,13 +185,22 @@ def time_runners(result, case, runners, ctx):
                 break
     time_left = ctx["deadline"] - time.monotonic()
     targets = plan_reps(per_call, args.reps, args.min_reps, args.impl_budget, time_left - 5.0)
-    samples = round_robin(runners, targets, ctx["timer"])
+    enqueue = {}
+    samples = round_robin(runners, targets, ctx["timer"], None, enqueue)
+    spin_ms = args.spin_ms if ctx["timer"].spin_cycles else 0.0
     for name, times in samples.items():
-        kind, which = name.split(":")
-        cell = result["flashjit" if kind == "flashjit" else "sdpa"][which]
+        cell = timed_cell(result, name)
         median = statistics.median(times)
         cell.update({"median_ms": median, "min_ms": min(times), "max_ms": max(times),
-                     "reps": len(times), "tflops": case.flops() / (median * 1e-3) / 1e12})
+                     "reps": len(times), "tflops": case.flops() / (median * 1e-3) / 1e12,
+                     "enqueue_ms_max": max(enqueue[name])})
+        if spin_ms:
+            over = sum(1 for e in enqueue[name] if e > spin_ms)
+            cell["reps_enqueue_over_spin"] = over
+            if over:
+                result["notes"].append(f"{name}: {over} of {len(times)} calls took longer to "
+                                       f"enqueue than the {spin_ms:g} ms spin (host time may "
+                                       "be in those samples)")
         if len(times) < args.reps:
             result["reduced_reps"] = True
             result["notes"].append(f"{name}: only {len(times)} repetitions (calls of "
@@ -162,8 +208,22 @@ def time_runners(result, case, runners, ctx):
                                    f"{args.impl_budget:g} s, --deadline {args.deadline:g} s)")
 
 
+def timed_cell(result, name):
+    """The cell of result that runner `name` ('flashjit:FAMILY', 'sdpa:BACKEND', 'fa4') fills."""
+    kind, _, which = name.partition(":")
+    return result[kind][which] if which else result[kind]
+
+
 def add_ratios(result):
-    """Ours / theirs in TFLOPS = their median time / ours (> 1: flashjit is faster)."""
+    """Ours / theirs in TFLOPS = their median time / ours (> 1: flashjit is faster): per SDPA
+    backend, FA4 (ratio_fa4), and the best peer, the faster of cuDNN and FA4 where each did our
+    work (ratio_best_peer; result's best_peer names it)."""
+    fa4 = result.get("fa4") or {}
+    cells = {"fa4": fa4, **result["sdpa"]}
+    peers = {p: cells[p]["median_ms"] for p in BEST_PEERS if cells.get(p, {}).get("median_ms")
+             and cells[p].get("mask_alignment") != "top-left"}
+    best = min(peers, key=peers.get) if peers else None
+    result["best_peer"] = best
     for family, cell in result["flashjit"].items():
         for backend in SDPA_BACKENDS:
             theirs = result["sdpa"].get(backend, {})
@@ -171,3 +231,7 @@ def add_ratios(result):
                 cell[f"ratio_{backend}"] = theirs["median_ms"] / cell["median_ms"]
                 # comparable: same mask semantics (a top-left causal SDPA does other work)
                 cell[f"ratio_{backend}_comparable"] = theirs.get("mask_alignment") != "top-left"
+        if cell.get("median_ms") and fa4.get("median_ms"):
+            cell["ratio_fa4"] = fa4["median_ms"] / cell["median_ms"]
+        if cell.get("median_ms") and best:
+            cell["ratio_best_peer"] = peers[best] / cell["median_ms"]

@@ -11,7 +11,8 @@ import flashjit_ctypes as fj
 from . import gpu
 from .backends import SdpaRunner
 from .checks import reference_check
-from .decode_backends import (Fa4Runner, FlashjitKvRunner, KvInputs, gather_pages, impl_names)
+from .decode_backends import FlashjitKvRunner, KvInputs, gather_pages, impl_names
+from .fa4 import Fa4Runner
 from .run_case import case_entry, impl_cell
 from .timing import burst, plan_reps, round_robin
 
@@ -19,6 +20,7 @@ PEERS = ("sdpa_cudnn", "sdpa_flash", "fa4")
 LABELS = {"flashjit": "flashjit", "flashjit_dense": "flashjit dense",
           "flashjit_seqused": "flashjit +seqused_k", "sdpa_cudnn": "SDPA cuDNN",
           "sdpa_flash": "SDPA flash (FA2)", "fa4": "FA4"}
+NO_FA4 = "off (--no-fa4)"
 MAX_CALLS = 256       # calls in one burst at most (CUDA's launch queue holds ~1000)
 PAGED_TOLERANCE = 1.05  # paged within 5 % of flashjit's dense call on the same keys
 
@@ -91,7 +93,7 @@ def start_flashjit(result, case, ctx, inputs, scale):
 
 def start_peers(result, case, inputs, scale, args):
     """The peers' trial calls: SDPA cuDNN and flash on dense cases (bottom-right mask only),
-    FA4 on every case. A refusal is an n/a cell with the reason."""
+    FA4 on every case (unless --no-fa4). A refusal is an n/a cell with the reason."""
     runners = {}
     if not case.paged:
         for backend in ("cudnn", "flash"):
@@ -105,6 +107,9 @@ def start_peers(result, case, inputs, scale, args):
                 "ok", layout=r.layout, gqa=r.gqa_mode, mask=r.mask,
                 mask_alignment=r.mask_alignment, notes=r.notes, how=_sdpa_how(r))
             runners[name] = r
+    if getattr(args, "no_fa4", False):
+        result["impls"]["fa4"] = impl_cell("n/a", reason=NO_FA4)
+        return runners
     r = Fa4Runner(case, inputs, scale)
     if r.error:
         result["impls"]["fa4"] = impl_cell("n/a", reason=r.error)

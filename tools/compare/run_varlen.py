@@ -13,7 +13,7 @@ from . import gpu
 from .backends import FlashjitRunner
 from .checks import REFERENCE_SELF_TOLERANCE, reference_check
 from .run_case import case_entry, impl_cell
-from .run_decode import _refused, time_bursts
+from .run_decode import NO_FA4, _refused, time_bursts
 from .varlen_backends import (SDPA_REASON, Fa4VarlenRunner, FlashjitVarlenRunner, VarlenInputs,
                               first_call_variants, impl_names, sequence_case)
 
@@ -50,7 +50,7 @@ def run_varlen_case(index, case, ctx):
     result = case_entry(index, case, impls={}, notes=[])
     inputs = VarlenInputs(case, args.seed + index)
     runners = start_flashjit(result, case, ctx, inputs, scale)
-    runners.update(start_peers(result, case, inputs, scale))
+    runners.update(start_peers(result, case, inputs, scale, args))
     check_outputs(result, case, inputs, scale, runners, args)
     if runners and not args.no_time:
         time_impls(result, case, runners, ctx)
@@ -100,11 +100,14 @@ def start_flashjit(result, case, ctx, inputs, scale):
     return runners
 
 
-def start_peers(result, case, inputs, scale):
-    """FA4's trial calls, varlen and on the dense twin (a refusal: n/a with the reason); SDPA
-    is n/a: it has no varlen call."""
+def start_peers(result, case, inputs, scale, args):
+    """FA4's trial calls, varlen and on the dense twin (a refusal: n/a with the reason; none
+    with --no-fa4); SDPA is n/a: it has no varlen call."""
     runners = {}
     for name, dense in (("fa4", False), ("fa4_dense", True)):
+        if getattr(args, "no_fa4", False):
+            result["impls"][name] = impl_cell("n/a", reason=NO_FA4)
+            continue
         r = Fa4VarlenRunner(case, inputs, scale, dense)
         if r.error:
             result["impls"][name] = impl_cell("n/a", reason=r.error)

@@ -1,19 +1,22 @@
 """Self-test of the report path with synthetic numbers (no GPU, no torch, no library):
 --selftest-report DIR feeds them through the table, the summary, results.json and the plots.
-KV cases (selftest_kv) add their report, the binding's struct layouts and a CPU rehearsal;
-varlen cases (selftest_varlen) their report and a CPU rehearsal of their own."""
+FA4's dense bookkeeping (selftest_dense: skip rows, ratios, geomeans, best-peer counts, the
+column off) is checked on made-up timings every time, and with dense cases a CPU rehearsal of
+run_case with a torch engine and FA4 stand-in runs too. KV cases (selftest_kv) add their
+report, the binding's struct layouts and a CPU rehearsal; varlen cases (selftest_varlen) their
+report and a CPU rehearsal of their own."""
 
 import math
 import random
 
 from pathlib import Path
 
-from .backends import SDPA_BACKENDS
 from .decode_cases import is_kv_case
 from .decode_report import kv_case_rows, kv_summarize, kv_summary_line
 from .report import SCHEMA, Output, case_rows, summarize, summary_lines, table_header, write_json
 from .plots import plot_results
-from .run_case import case_entry, impl_cell
+from .run_case import add_ratios, case_entry, impl_cell
+from .selftest_dense import check_fa4_bookkeeping, dense_rehearsal
 from .selftest_kv import check_binding_layout, cpu_rehearsal, synthetic_kv_results
 from .selftest_varlen import synthetic_varlen_results, varlen_rehearsal
 from .varlen_cases import is_varlen_case
@@ -31,16 +34,30 @@ def synthetic_results(cases, families, seed=0):
     results = []
     for index, case in enumerate(cases):
         r = case_entry(index, case, flops_exact=case.flops_exact(), flashjit={}, sdpa={},
-                       notes=[], auto_family=FASTEST,
+                       fa4=None, notes=[], auto_family=FASTEST,
                        check={"checked": "all heads, all rows" if case.seqlen_q < 16384 else
                               "8 of 16 (batch, head) pairs, all rows"})
         for b, base in {"cudnn": 480.0, "flash": 380.0}.items():
             r["sdpa"][b] = synthetic_sdpa_cell(case, b, base, rng)
+        r["fa4"] = synthetic_fa4_cell(case, rng)
         for family in families:
             r["flashjit"][family] = synthetic_flashjit_cell(r, index, case, family, families,
                                                             rng)
+        add_ratios(r)
         results.append(r)
     return results
+
+
+def synthetic_fa4_cell(case, rng):
+    """FA4 refuses the non-causal d=256 cases (skip rows), else runs ~10 % faster than cuDNN."""
+    if case.head_dim == 256 and not case.causal:
+        return impl_cell("n/a", reason="refused: AssertionError: synthetic: FA4 refuses "
+                                       "non-causal d=256 here")
+    tf = 530.0 * (0.5 + 0.5 * math.log2(case.seqlen_q) / 14) * rng.uniform(0.95, 1.05)
+    return impl_cell("ok", how="flash_attn_func, pack_gqa auto, same memory", layout="same",
+                     notes=[], median_ms=case.flops() / (tf * 1e12) * 1e3, tflops=tf, reps=20,
+                     reference_error={"rel_err": 3e-3, "max_abs_err": 8e-3, "max_abs_ref": 2.0,
+                                      "nonfinite": 0, "within_bounds": True})
 
 
 def synthetic_sdpa_cell(case, backend, base, rng):
@@ -71,20 +88,16 @@ def synthetic_flashjit_cell(r, index, case, family, families, rng):
            "nonfinite": 0, "elements": 1, "lse_max_abs_err": 2e-6, "lse_bound": 1e-3,
            "lse_mismatch": 0}
     chk["pass"] = not failing
-    cell = impl_cell("ok", variant=f"{fam}.sm90a.{case.dtype}.d{case.head_dim}.m128n64s2"
+    return impl_cell("ok", variant=f"{fam}.sm90a.{case.dtype}.d{case.head_dim}.m128n64s2"
                      + (".causal" if case.causal else ""), first_call_ms=850.0,
                      median_ms=ms, tflops=tf, reps=20, check=chk)
-    for b in SDPA_BACKENDS:
-        if r["sdpa"][b].get("median_ms"):
-            cell[f"ratio_{b}"] = r["sdpa"][b]["median_ms"] / ms
-            cell[f"ratio_{b}_comparable"] = True
-    return cell
 
 
 def selftest_report(out_dir, args):
     """Feeds synthetic numbers through the table, summary, results.json and plot code; checks
-    the binding's struct layouts; with KV or varlen cases, their report and (torch on the CPU)
-    a rehearsal of their run. Returns 1 when the layouts or a rehearsal are wrong."""
+    the binding's struct layouts and FA4's dense bookkeeping; with dense, KV or varlen cases,
+    (torch on the CPU) a rehearsal of their run, and the KV and varlen cases' report. Returns 1
+    when the layouts, the bookkeeping or a rehearsal are wrong."""
     out_dir.mkdir(parents=True, exist_ok=True)
     out = Output()
     kv_cases = [c for c in args.cases if is_kv_case(c)]
@@ -107,7 +120,12 @@ def selftest_report(out_dir, args):
         for line in varlen_case_rows(r):
             out(line)
     summary = summarize(results, args.families)
-    verdicts = [check_binding_layout(Path(__file__).resolve().parents[2] / "include")]
+    verdicts = [check_binding_layout(Path(__file__).resolve().parents[2] / "include"),
+                check_fa4_bookkeeping()]
+    if results:
+        ok, rehearsed, message = dense_rehearsal(args, out)
+        verdicts.append((ok, message))
+        summary["dense_rehearsal"] = summarize(rehearsed, ["auto"]) if rehearsed else None
     if kv_cases:
         summary["kv"] = kv_summarize(kv_results)
         out(kv_summary_line(summary["kv"]))

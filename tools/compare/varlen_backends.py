@@ -13,8 +13,8 @@ from . import gpu
 from .family_spec import family_and_tiles
 from .backends import make_inputs, select_variant
 from .cases import Case
-from .decode_backends import (FA4_HELP, _missing_keywords, _signature, attach_workspace,
-                              poison_outputs)
+from .decode_backends import attach_workspace, poison_outputs
+from .fa4 import _caller, _missing_keywords, _signature, load_fa4, refusal
 
 SDPA_REASON = ("not run: SDPA takes no cu_seqlens, so it has no varlen call to time (its "
                "nested-tensor path is not measured here)")
@@ -139,13 +139,10 @@ class Fa4VarlenRunner:
 
     def __init__(self, case, inputs, scale, dense=False, module=None):
         self.error, self.out, self.fn, self.how = None, None, None, ""
-        try:
-            if module is None:
-                from flash_attn import cute as module
-            varlen_fn, dense_fn = module.flash_attn_varlen_func, module.flash_attn_func
-        except Exception as e:  # ImportError, or the CuTe DSL failing to initialise
-            self.error = f"not importable ({type(e).__name__}: {e}); {FA4_HELP}"
+        module, self.error = load_fa4(module)
+        if module is None:
             return
+        varlen_fn, dense_fn = module.flash_attn_varlen_func, module.flash_attn_func
         causal = ", causal" if case.causal else ""
         if dense:
             fn, args = dense_fn, (inputs.dq, inputs.dk, inputs.dv)
@@ -164,15 +161,12 @@ class Fa4VarlenRunner:
             self.error = (f"{fn.__name__}{_signature(fn)} lacks {', '.join(missing)}: its API "
                           "differs from flash-attn-4 4.0.0b36's; update Fa4VarlenRunner")
             return
-
-        def call():
-            result = fn(*args, **kwargs)
-            return result[0] if isinstance(result, (tuple, list)) else result
+        call = _caller(fn, args, kwargs)
         try:
             out = call()
             gpu.sync()
         except Exception as e:  # FA4 refuses with assertions, TypeErrors and DSL errors
-            self.error = f"refused: {type(e).__name__}: {' '.join(str(e).split())[:300]}"
+            self.error = f"refused: {refusal(e)}"
             return
         self.out = out if dense else out.unsqueeze(0)  # [1, total, h, d], as flashjit's
         self.fn = call
