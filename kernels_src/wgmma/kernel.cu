@@ -384,7 +384,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   // Shared-memory addresses are recomputed from one base where used: fewer live registers.
   const unsigned base = smem_u32(smem);
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
-  const Turns<Shape::kConsumers> turns(consumer);
+  const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
   const StagedOutput<T, HeadDim, Varlen> staged(base + Shape::kOOffset, consumer);
   static_assert(StagedOutput<T, HeadDim, Varlen>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
                 "named barriers of the O stores and of the turns overlap");
@@ -434,7 +434,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         if (j == n_tiles - 1) release(&bars->q_empty);
         release(&bars->k_empty[(pipe + j) % Stages]);
         softmax_step(j, masked);
-        rescale_rows(o, correction);
+        if (!Shape::kRescaleUnderQk) rescale_rows(o, correction);  // else before P·V(j)
         probabilities_to_fragments<T, TileN>(s, pf);
       };
       auto values_alone = [&](int j) {  // O += P(j)·V(j), waited on
@@ -445,6 +445,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           zero_rows<HeadDim, TileN>(
               smem + Shape::kVOffset + ((pipe + j) % Stages) * Shape::kKVBytes,
               seq.seqlen_k - j * TileN, staged.barrier);
+        if (Shape::kRescaleUnderQk) rescale_rows(o, correction);  // softmax(j)'s, before P·V(j)
         turns.begin();
         issue_pv<T, HeadDim, TileN>(o, pf, v_tile(pipe + j));
         turns.end();
@@ -460,6 +461,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         if (!Shape::kKeysAhead) wait_full(bars->v_full, v_slot);
         turns.begin();
         issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(k_slot));
+        // Under Q·K(j): O (final through P·V(j - 2)) takes softmax(j - 1)'s correction.
+        if (Shape::kRescaleUnderQk) rescale_rows(o, correction);
         if (Shape::kKeysAhead) wait_full(bars->v_full, v_slot);  // V(j - 1) lands behind K(j)
         issue_pv<T, HeadDim, TileN>(o, pf, v_tile(v_slot));
         turns.end();
@@ -472,7 +475,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         wgmma_fence_operands(o);
         wgmma_fence_operands(pf);  // P's registers stay reserved until P·V is done with them
         release(&bars->v_empty[v_slot % Stages]);
-        rescale_rows(o, correction);
+        if (!Shape::kRescaleUnderQk) rescale_rows(o, correction);
         probabilities_to_fragments<T, TileN>(s, pf);
       };
       // Masked and unmasked tiles run in separate loops: a branch inside a step would split its

@@ -73,6 +73,10 @@ struct WgmmaGeometry {
   // (docs/perf-log.md, session 6): d128 +1-2 % (16k non-causal 690 -> 703 TFLOPS), d64 causal 16k
   // +2 %, d256 -0.3 to -1 %, which keeps V ahead of the next K.
   FLASHJIT_HOST_DEVICE constexpr bool keys_ahead() const { return head_dim <= 128; }
+  // EXPERIMENT (FlashAttention-4's d256 loop, not yet measured): consumers do not take turns,
+  // and O is rescaled right after Q·K(j) is issued, under it, instead of after P·V(j-1).
+  FLASHJIT_HOST_DEVICE constexpr bool ping_pong() const { return head_dim <= 128; }
+  FLASHJIT_HOST_DEVICE constexpr bool rescale_under_qk() const { return head_dim > 128; }
   // Shared memory, in order: Q, Stages x K, Stages x V, O's staging buffer (when staged), the
   // mbarriers, the varlen schedule's table; plus the slack the kernel spends aligning the start
   // to 1024 bytes.
@@ -108,6 +112,8 @@ struct WgmmaShape {
   static constexpr int kBarrierBytes = kGeometry.barrier_bytes();
   static constexpr bool kStageO = kGeometry.stages_output();
   static constexpr bool kKeysAhead = kGeometry.keys_ahead();
+  static constexpr bool kPingPong = kGeometry.ping_pong();
+  static constexpr bool kRescaleUnderQk = kGeometry.rescale_under_qk();
   static constexpr int kQOffset = kGeometry.q_offset();
   static constexpr int kKOffset = kGeometry.k_offset();
   static constexpr int kVOffset = kGeometry.v_offset();
