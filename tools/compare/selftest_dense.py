@@ -7,11 +7,9 @@ FA4 stand-in (BSHD and BHSD memory, GQA, fp16, a refused head dim, the copy fall
 import functools
 import importlib.util
 import math
-import sys
 import time
 import types
 
-from . import gpu
 from .cases import Case
 from .fa4 import FA4_HELP
 from .report import COLUMNS, Output, case_rows, summarize, summary_lines, table_header
@@ -196,16 +194,10 @@ def dense_rehearsal(args, out):
     from .fa4 import Fa4Runner
     from .run_all import run_cases
     from .run_case import run_case
-    from .selftest_kv import CpuTimer
+    from .selftest_kv import CpuTimer, on_cpu
     from .selftest_varlen import TorchVarlenEngine
     calls, strict_calls = [], []
-    saved = gpu.DEVICE, gpu.sync, {k: sys.modules.get(k) for k in ("flash_attn",
-                                                                    "flash_attn.cute")}
-    gpu.DEVICE, gpu.sync = "cpu", lambda: None
-    package = types.ModuleType("flash_attn")
-    package.cute = sys.modules["flash_attn.cute"] = fake_dense_fa4(calls)
-    sys.modules["flash_attn"] = package
-    try:
+    with on_cpu(fake_dense_fa4(calls)):
         engine, cases = TorchVarlenEngine(), rehearsal_cases()
         run_args = _RehearsalArgs(args, cases)
         ctx = {"args": run_args, "engine": engine, "families": ["auto"], "timer": CpuTimer(),
@@ -220,13 +212,6 @@ def dense_rehearsal(args, out):
         made = len(calls)
         off_entry = run_case(0, cases[0], dict(ctx, fa4_off="off (--no-fa4)"))
         made = len(calls) - made
-    finally:
-        gpu.DEVICE, gpu.sync = saved[:2]
-        for name, module in saved[2].items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
     problems = _verify(entries, calls)
     if copied.error or copied.layout != "copy" or "copies" not in copied.how or \
             strict_calls[-1][0] is not True:

@@ -3,13 +3,16 @@ flashjit.h (a C compiler prints offsetof/sizeof), synthetic KV results through t
 where torch is installed, a CPU rehearsal of run_kv_case with a torch stand-in for the engine
 (paged and dense inputs, poisoning, the reference check, bursts, ratios, results.json)."""
 
+import contextlib
 import ctypes
 import importlib.util
 import random
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 import flashjit_ctypes as fj
@@ -23,6 +26,28 @@ STRUCTS = {"flashjit_tensor": fj.FlashjitTensor,
            "flashjit_forward_options": fj.FlashjitForwardOptions,
            "flashjit_kv_cache": fj.FlashjitKvCache,
            "flashjit_varlen": fj.FlashjitVarlen}
+
+
+@contextlib.contextmanager
+def on_cpu(fa4_module=None):
+    """Inside: gpu.DEVICE and gpu.sync set for a CPU run and, when given, fa4_module standing in
+    for flash_attn.cute; all restored on the way out."""
+    names = ("flash_attn", "flash_attn.cute")
+    saved = gpu.DEVICE, gpu.sync, {name: sys.modules.get(name) for name in names}
+    gpu.DEVICE, gpu.sync = "cpu", lambda: None
+    if fa4_module is not None:
+        package = types.ModuleType("flash_attn")
+        package.cute = sys.modules["flash_attn.cute"] = fa4_module
+        sys.modules["flash_attn"] = package
+    try:
+        yield
+    finally:
+        gpu.DEVICE, gpu.sync = saved[:2]
+        for name, module in saved[2].items():
+            if module is None:
+                sys.modules.pop(name, None)
+            else:
+                sys.modules[name] = module
 
 
 def check_binding_layout(include_dir):
@@ -179,9 +204,7 @@ def cpu_rehearsal(args):
         return None, [], "CPU rehearsal: skipped (torch not installed)"
     from .decode_backends import kv_variant_picks
     from .run_all import run_cases
-    saved = gpu.DEVICE, gpu.sync
-    gpu.DEVICE, gpu.sync = "cpu", lambda: None
-    try:
+    with on_cpu():
         engine, cases = TorchEngine(), rehearsal_cases()
         families = ["auto", "broken"]
         run_args = _RehearsalArgs(args, cases)
@@ -189,8 +212,6 @@ def cpu_rehearsal(args):
                "deadline": time.monotonic() + 120,
                "variants": {c.key(): kv_variant_picks(engine, c, families) for c in cases}}
         _, kv, _ = run_cases(ctx, args.rehearsal_out, None, {"cases": []})
-    finally:
-        gpu.DEVICE, gpu.sync = saved
     problems = []
     for r in kv:
         cells = r["impls"]

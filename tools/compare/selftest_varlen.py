@@ -7,17 +7,15 @@ flash-attn-4 4.0.0b36's signatures."""
 import ctypes
 import importlib.util
 import random
-import sys
 import time
 import types
 from pathlib import Path
 
 import flashjit_ctypes as fj
 
-from . import gpu
 from .run_case import case_entry, impl_cell
 from .run_varlen import add_ratios
-from .selftest_kv import CpuTimer
+from .selftest_kv import CpuTimer, on_cpu
 from .varlen_backends import SDPA_REASON, impl_names
 from .varlen_cases import VarlenCase
 
@@ -228,14 +226,8 @@ def varlen_rehearsal(args, out):
     from .run_all import run_cases
     from .run_varlen import run_varlen_case
     from .varlen_backends import Fa4VarlenRunner, VarlenInputs, varlen_variant_picks
-    saved = gpu.DEVICE, gpu.sync, {k: sys.modules.get(k) for k in ("flash_attn",
-                                                                    "flash_attn.cute")}
-    gpu.DEVICE, gpu.sync = "cpu", lambda: None
-    package = types.ModuleType("flash_attn")
-    package.cute = sys.modules["flash_attn.cute"] = fake_fa4()
-    sys.modules["flash_attn"] = package
     problems = []
-    try:
+    with on_cpu(fake_fa4()):
         engine, cases, families = TorchVarlenEngine(), rehearsal_cases(), ["auto", "broken",
                                                                            "packed"]
         run_args = _RehearsalArgs(args, cases)
@@ -250,13 +242,6 @@ def varlen_rehearsal(args, out):
         ctx_old["args"] = _RehearsalArgs(args, cases[:1], no_time=True)
         old_entry = run_varlen_case(0, cases[0], ctx_old)
         stale = Fa4VarlenRunner(cases[0], VarlenInputs(cases[0], 0), 0.1, module=fake_fa4(True))
-    finally:
-        gpu.DEVICE, gpu.sync = saved[:2]
-        for name, module in saved[2].items():
-            if module is None:
-                sys.modules.pop(name, None)
-            else:
-                sys.modules[name] = module
     problems += _verify(entries)
     old_cell = old_entry["impls"].get("flashjit", {})
     if old_cell.get("status_name") != "no varlen API" or \
