@@ -26,6 +26,11 @@
 
 namespace flashjit {
 
+// The page holding key `key` of a paged cache; page_shift >= 0: the page size is 2^page_shift.
+__device__ __forceinline__ int page_of(const FmhaParams& p, int key, int page_shift) {
+  return page_shift >= 0 ? key >> page_shift : key / p.page_size;
+}
+
 // Where key `key` of sequence `batch` lives: (batch, key) in a dense cache, (page, row in page)
 // in a paged one.
 struct KvRow {
@@ -36,7 +41,7 @@ template <bool Paged>
 __device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int key,
                                             int page_shift, int dense_block, int dense_start) {
   if (!Paged) return {dense_block, dense_start + key};
-  const int index = page_shift >= 0 ? key >> page_shift : key / p.page_size;
+  const int index = page_of(p, key, page_shift);
   return {__ldg(p.page_table + batch * p.page_table_stride + index), key - index * p.page_size};
 }
 
@@ -131,8 +136,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   auto read_page = [&](int tile) {
     const int key = tile * TileN + lane * box_rows;
     if (lane >= boxes || key >= seqlen) return 0;
-    const int index = page_shift >= 0 ? key >> page_shift : key / p.page_size;
-    return __ldg(p.page_table + batch * p.page_table_stride + index);
+    return __ldg(p.page_table + batch * p.page_table_stride + page_of(p, key, page_shift));
   };
   int next_page = 0;
   // Issues the copies of key tile `tile` into ring stage `stage`; keys past the sequence are
@@ -159,10 +163,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
         const int key = tile * TileN + r;
         if (key >= seqlen) return;
         KvRow at{k_block, k_start + key};
-        if (Paged) {
-          const int index = page_shift >= 0 ? key >> page_shift : key / p.page_size;
-          at = {page, key - index * p.page_size};
-        }
+        if (Paged) at = {page, key - page_of(p, key, page_shift) * p.page_size};
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
           const int offset = (c * TileN + r) * DecodeShape::kBoxWidth;
