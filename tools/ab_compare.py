@@ -37,7 +37,7 @@ from compare.cases import GRIDS, build_cases  # noqa: E402
 from compare.decode_backends import Fa4Runner  # noqa: E402
 from compare.checks import DEFAULT_CHECK_BUDGET, reference_check  # noqa: E402
 from compare.report import geomean  # noqa: E402
-from compare.timing import CudaTimer, round_robin  # noqa: E402
+from compare.timing import DEFAULT_SPIN_MS, CudaTimer, enqueue_spins, round_robin  # noqa: E402
 
 
 @dataclass
@@ -130,11 +130,15 @@ def run_case(index, case, impls, engines, timer, args):
         for _ in range(args.warmup):
             fn()
     gpu.sync()
-    samples = round_robin(runners, {n: args.reps for n in runners}, timer)
+    spins, spin_ms = enqueue_spins(runners, timer, DEFAULT_SPIN_MS)
+    enqueue = {}
+    samples = round_robin(runners, {n: args.reps for n in runners}, timer, spins, enqueue)
     medians = {n: statistics.median(t) for n, t in samples.items()}
     for name, ms in medians.items():
         cell = row["impls"].setdefault(name, {"status": "ok"})
         cell["median_ms"] = ms
+        cell["spin_ms"] = spin_ms[name]
+        cell["reps_enqueue_over_spin"] = sum(1 for e in enqueue[name] if e > spin_ms[name])
         cell["tflops"] = case.flops() / (ms * 1e-3) / 1e12
         if "cudnn" in medians and name != "cudnn":
             cell["ratio_cudnn"] = medians["cudnn"] / ms
@@ -194,7 +198,7 @@ def main():
     engines = {name: lib.create_engine(0) for name, lib in libs.items()}
     cases = build_cases(args.grid, args.case)
     precompile(impls, cases, libs, engines)
-    timer = CudaTimer()
+    timer = CudaTimer(DEFAULT_SPIN_MS)
     args.out.mkdir(parents=True, exist_ok=True)
 
     rows, failed = [], False

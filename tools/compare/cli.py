@@ -21,7 +21,7 @@ from .fa4 import load_fa4
 from .run_decode import NO_FA4
 from .report import SCHEMA, Output, short
 from .run_all import finish_report, kind_of, run_cases
-from .timing import CudaTimer
+from .timing import DEFAULT_SPIN_MS, CudaTimer
 
 
 def build_parser():
@@ -69,8 +69,9 @@ def build_parser():
                    help="score elements (heads x rows x keys) the fp32 reference may compute per "
                         f"case before it samples heads/rows (default 2^33 = {DEFAULT_CHECK_BUDGET})")
     p.add_argument("--seed", type=int, default=1234, help="base seed; case i uses seed + i")
-    p.add_argument("--spin-ms", type=float, default=0.5,
-                   help="GPU spin before each timed call, hiding launch overhead (0: none)")
+    p.add_argument("--spin-ms", type=float, default=DEFAULT_SPIN_MS,
+                   help="GPU spin before each timed call, hiding launch overhead (0: none); an "
+                        "implementation whose enqueue takes longer gets a spin of twice that")
     p.add_argument("--hbm-tbs", type=float, default=HBM_TBS,
                    help=f"HBM bandwidth (TB/s) of the KV cases' floor (default {HBM_TBS:g}, H200)")
     p.add_argument("--num-splits", type=int, default=0,

@@ -12,7 +12,7 @@ from . import gpu
 from .backends import BEST_PEERS, SDPA_BACKENDS, FlashjitRunner, SdpaRunner, make_inputs
 from .checks import REFERENCE_SELF_TOLERANCE, reference_check
 from .fa4 import Fa4Runner
-from .timing import plan_reps, round_robin
+from .timing import enqueue_spins, plan_reps, round_robin
 
 
 def impl_cell(status, **values):
@@ -183,24 +183,25 @@ def time_runners(result, case, runners, ctx):
             per_call[name] = time.perf_counter() - t0
             if per_call[name] > 1.0:  # one warm call is enough for a kernel that slow
                 break
+    timer = ctx["timer"]
+    spins, spin_ms = enqueue_spins(runners, timer, args.spin_ms)
     time_left = ctx["deadline"] - time.monotonic()
     targets = plan_reps(per_call, args.reps, args.min_reps, args.impl_budget, time_left - 5.0)
     enqueue = {}
-    samples = round_robin(runners, targets, ctx["timer"], None, enqueue)
-    spin_ms = args.spin_ms if ctx["timer"].spin_cycles else 0.0
+    samples = round_robin(runners, targets, timer, spins, enqueue)
     for name, times in samples.items():
         cell = timed_cell(result, name)
         median = statistics.median(times)
         cell.update({"median_ms": median, "min_ms": min(times), "max_ms": max(times),
                      "reps": len(times), "tflops": case.flops() / (median * 1e-3) / 1e12,
-                     "enqueue_ms_max": max(enqueue[name])})
-        if spin_ms:
-            over = sum(1 for e in enqueue[name] if e > spin_ms)
+                     "enqueue_ms_max": max(enqueue[name]), "spin_ms": spin_ms[name]})
+        if spin_ms[name]:
+            over = sum(1 for e in enqueue[name] if e > spin_ms[name])
             cell["reps_enqueue_over_spin"] = over
             if over:
                 result["notes"].append(f"{name}: {over} of {len(times)} calls took longer to "
-                                       f"enqueue than the {spin_ms:g} ms spin (host time may "
-                                       "be in those samples)")
+                                       f"enqueue than their {spin_ms[name]:.2f} ms spin (host "
+                                       "time may be in those samples)")
         if len(times) < args.reps:
             result["reduced_reps"] = True
             result["notes"].append(f"{name}: only {len(times)} repetitions (calls of "

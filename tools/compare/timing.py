@@ -5,6 +5,8 @@ import time
 
 from . import gpu
 
+DEFAULT_SPIN_MS = 0.5  # the spin before each timed call, where an implementation needs no longer
+
 
 class CudaTimer:
     """Times callables with CUDA events on the current stream.
@@ -15,7 +17,7 @@ class CudaTimer:
     (many calls between the two events, for peers whose Python host path outlasts their
     kernel) asks for a longer spin, one that covers the enqueue of all its calls."""
 
-    def __init__(self, spin_ms=0.5):
+    def __init__(self, spin_ms=DEFAULT_SPIN_MS):
         import torch
         self.torch = torch
         self.spin_cycles = 0
@@ -63,6 +65,20 @@ def burst(fn, calls):
         for _ in range(calls):
             fn()
     return run
+
+
+def enqueue_spins(impls, timer, base_ms):
+    """({name: spin cycles}, {name: spin ms}): a spin per implementation of at least base_ms that
+    covers twice its host enqueue, measured on one calibration call (a GPU with work queued
+    behind a spin shorter than the enqueue would time host time too; FA4's Python path is ~0.1-0.6
+    ms a call). No spins (0) where the timer has none."""
+    spins, spin_ms = {}, {}
+    for name, fn in impls.items():
+        handle = timer.launch(fn)
+        gpu.sync()
+        spin_ms[name] = max(base_ms, 2.0 * handle[2] + 0.2) if timer.spin_cycles else 0.0
+        spins[name] = timer.cycles_for(spin_ms[name])
+    return spins, spin_ms
 
 
 def round_robin(impls, targets, timer, spins=None, enqueue=None):
