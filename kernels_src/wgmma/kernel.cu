@@ -7,8 +7,9 @@
 // and runs S = Q·Kᵀ (wgmma, both operands in shared memory), the online softmax in registers, and
 // O += P·V (wgmma, P straight from the S registers). Registers move from the producer to the
 // consumers with setmaxnreg; at d64/d128 consumers take turns issuing GEMMs (ping-pong), and every
-// consumer overlaps softmax(j) with P·V(j-1). With three consumers O leaves through a staging buffer and a TMA store that runs
-// while the warpgroup starts its next tile; otherwise with 16-byte stores from registers.
+// consumer overlaps softmax(j) with P·V(j-1). With three consumers O leaves through a staging
+// buffer and a TMA store that runs while the warpgroup starts its next tile; otherwise with
+// 16-byte stores from registers.
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/global_store.cuh"

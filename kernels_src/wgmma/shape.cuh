@@ -76,7 +76,7 @@ struct WgmmaGeometry {
   // d256 (FlashAttention-4's d256 loop): consumers do not take turns, and O is rescaled right
   // after Q·K(j) is issued, under it, instead of after P·V(j-1). H200, session 7 (ab_compare
   // with FA4): causal 4k / 16k 694.9 / 764.1 -> 713.0 / 795.6 TFLOPS with 128 x 80 tiles (FA4
-  // 701.2 / 797.4), non-causal +0.6 %; d64 / d128 keep both (their SASS unchanged).
+  // 701.2 / 797.4), non-causal +0.6 %; d64 / d128 keep both (this choice leaves their SASS as it was).
   FLASHJIT_HOST_DEVICE constexpr bool ping_pong() const { return head_dim <= 128; }
   FLASHJIT_HOST_DEVICE constexpr bool rescale_under_qk() const { return head_dim > 128; }
   // Shared memory, in order: Q, Stages x K, Stages x V, O's staging buffer (when staged), the
