@@ -34,7 +34,7 @@ from compare import gpu  # noqa: E402
 from compare.backends import (FlashjitRunner, SdpaRunner, fake_view, make_inputs,  # noqa: E402
                               select_variant)
 from compare.cases import GRIDS, build_cases  # noqa: E402
-from compare.decode_backends import Fa4Runner  # noqa: E402
+from compare.fa4 import Fa4Runner  # noqa: E402
 from compare.checks import DEFAULT_CHECK_BUDGET, reference_check  # noqa: E402
 from compare.report import geomean  # noqa: E402
 from compare.timing import DEFAULT_SPIN_MS, CudaTimer, enqueue_spins, round_robin  # noqa: E402

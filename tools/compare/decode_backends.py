@@ -1,15 +1,12 @@
 """The implementations a KV case compares: its inputs (dense K/V and the same keys in shuffled
-pages) and flashjit's forward_kv. FlashAttention-4 is fa4's Fa4Runner (also named here, where
-tools/ab_compare.py imports it from); SDPA is backends' SdpaRunner, asked for the bottom-right
-mask only."""
+pages) and flashjit's forward_kv. FlashAttention-4 is fa4's Fa4Runner; SDPA is backends'
+SdpaRunner, asked for the bottom-right mask only."""
 
 import flashjit_ctypes as fj
 
-from . import fa4, gpu
+from . import gpu
 from .family_spec import family_and_tiles
 from .backends import alloc_bshd, make_inputs
-
-Fa4Runner = fa4.Fa4Runner  # its old home, where tools/ab_compare.py imports it from
 
 
 def attach_workspace(options, size):

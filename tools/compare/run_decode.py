@@ -14,7 +14,7 @@ from .checks import reference_check
 from .decode_backends import FlashjitKvRunner, KvInputs, gather_pages, impl_names
 from .fa4 import Fa4Runner
 from .run_case import case_entry, impl_cell
-from .timing import burst, plan_reps, round_robin
+from .timing import burst, covering_spin_ms, plan_reps, round_robin
 
 PEERS = ("sdpa_cudnn", "sdpa_flash", "fa4")
 LABELS = {"flashjit": "flashjit", "flashjit_dense": "flashjit dense",
@@ -202,8 +202,7 @@ def time_bursts(result, runners, ctx, metrics, fewest_calls=None, name_of=label)
         gpu.sync()
         gpu_ms, host_ms = max(1e-4, timer.elapsed_ms(handle) / k), handle[2] / k
         calls[name] = max(k, min(MAX_CALLS, math.ceil(args.burst_ms / gpu_ms)))
-        spin_ms[name] = max(args.spin_ms, 2.0 * calls[name] * host_ms + 0.2) if timer.spin_cycles \
-            else 0.0
+        spin_ms[name] = covering_spin_ms(timer, args.spin_ms, calls[name] * host_ms)
         spins[name] = timer.cycles_for(spin_ms[name])
         per_burst[name] = (calls[name] * gpu_ms + spin_ms[name]) / 1e3
     time_left = ctx["deadline"] - time.monotonic() - 5.0

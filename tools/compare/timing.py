@@ -67,6 +67,13 @@ def burst(fn, calls):
     return run
 
 
+def covering_spin_ms(timer, base_ms, enqueue_ms):
+    """The spin before a timed call (or burst) whose host enqueue takes enqueue_ms: at least
+    base_ms, and twice the enqueue plus 0.2 ms, so the events bracket GPU work only; 0 where the
+    timer spins not at all."""
+    return max(base_ms, 2.0 * enqueue_ms + 0.2) if timer.spin_cycles else 0.0
+
+
 def enqueue_spins(impls, timer, base_ms):
     """({name: spin cycles}, {name: spin ms}): a spin per implementation of at least base_ms that
     covers twice its host enqueue, measured on one calibration call (a GPU with work queued
@@ -76,7 +83,7 @@ def enqueue_spins(impls, timer, base_ms):
     for name, fn in impls.items():
         handle = timer.launch(fn)
         gpu.sync()
-        spin_ms[name] = max(base_ms, 2.0 * handle[2] + 0.2) if timer.spin_cycles else 0.0
+        spin_ms[name] = covering_spin_ms(timer, base_ms, handle[2])
         spins[name] = timer.cycles_for(spin_ms[name])
     return spins, spin_ms
 
