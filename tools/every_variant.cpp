@@ -131,6 +131,10 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
     options.tiles = TileConfig{variant.tile_m, variant.tile_n, variant.stages};
     options.lse = problem.lse();
     options.softcap = variant.softcap ? 20.f : 0.f;
+    if (variant.window) {  // a band narrower than the problems, on both sides unless causal
+      options.window_left = 48;
+      options.window_right = variant.causal ? -1 : 16;
+    }
     // Decode: split too, so the merge of split partials runs under the sanitizers as well.
     if (decode) options.num_splits = 3;
     const Variant chosen = engine.select_variant(problem.q(), kv, problem.out(), options);
@@ -149,23 +153,39 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
 
 // argv[1] (optional): run only the families whose names start with it (e.g. "decode", "merge";
 // "" for all). argv[2] (optional): "plain" (default) the default variants, "softcap" their
-// soft-capped twins (Variant::softcap, attention families), "both" both.
+// soft-capped twins (Variant::softcap), "window" their sliding-window twins (Variant::window),
+// where the family builds them; "both" plain and softcap, "all" the three.
 int main(int argc, char** argv) {
   try {
     Engine engine(0);
     const std::string_view which = argc > 2 ? argv[2] : "plain";
-    if (which != "plain" && which != "softcap" && which != "both") {
-      fmt::print(stderr, "usage: {} [FAMILY_PREFIX [plain|softcap|both]]\n", argv[0]);
+    if (which != "plain" && which != "softcap" && which != "window" && which != "both" &&
+        which != "all") {
+      fmt::print(stderr, "usage: {} [FAMILY_PREFIX [plain|softcap|window|both|all]]\n", argv[0]);
       return 2;
     }
+    const bool plain = which == "plain" || which == "both" || which == "all";
+    const bool softcap = which == "softcap" || which == "both" || which == "all";
+    const bool window = which == "window" || which == "all";
+    auto info_of = [](const std::string& family) -> const FamilyInfo& {
+      for (const FamilyInfo& info : families())
+        if (info.name == family) return info;
+      throw Error(ErrorCode::unsupported, "no family " + family);
+    };
     std::vector<Variant> variants;
     for (const Variant& v : default_variants(engine.device().arch)) {
       if (argc > 1 && !v.family.starts_with(argv[1])) continue;
-      if (which != "softcap") variants.push_back(v);
-      if (which != "plain" && v.family != "merge") {
+      const FamilyInfo& info = info_of(v.family);
+      if (plain) variants.push_back(v);
+      if (softcap && info.softcap) {
         Variant capped = v;
         capped.softcap = true;
         variants.push_back(capped);
+      }
+      if (window && info.window) {
+        Variant windowed = v;
+        windowed.window = true;
+        variants.push_back(windowed);
       }
     }
     fmt::print("{} ({}): {} default variants\n", engine.device().name, engine.device().arch,

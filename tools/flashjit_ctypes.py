@@ -78,6 +78,10 @@ class FlashjitForwardOptions(ctypes.Structure):
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_uint64),
         ("softcap", ctypes.c_float),  # absent before soft-capping: older builds ignore it
+        # Absent before sliding windows: older builds ignore them (and run no window).
+        ("sliding_window", ctypes.c_int32),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
     ]
 
 
@@ -384,13 +388,14 @@ class Engine:
             pass
 
     def options(self, causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None,
-                num_splits=0, workspace=None, workspace_bytes=0, softcap=0.0):
+                num_splits=0, workspace=None, workspace_bytes=0, softcap=0.0, window=(-1, -1)):
         """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
         the dispatcher's choice, else one of the library's families() (checked here); tiles:
         None for the family's table, else (tile_m, tile_n, stages); num_splits: 0 for the
         split-KV heuristic, else 1..128; workspace: a device pointer of workspace_bytes, or a
         torch tensor (its size is used), or None for the engine's own; softcap: > 0 caps scores
-        at softcap * tanh(score / softcap)."""
+        at softcap * tanh(score / softcap); window: (left, right) sliding window in
+        FlashAttention's convention, -1 an unbounded side, (-1, -1) none."""
         if family:
             self.owner.check_family(family)
         o = FlashjitForwardOptions()
@@ -407,6 +412,9 @@ class Engine:
         o.workspace = int(workspace) if workspace else None
         o.workspace_bytes = int(workspace_bytes) if workspace else 0
         o.softcap = float(softcap)
+        left, right = (int(x) for x in window)
+        o.sliding_window = 1 if (left, right) != (-1, -1) else 0
+        o.window_left, o.window_right = left, right
         return o
 
     # --- KV cache (flashjit_forward_kv and friends; FlashjitLoadError on older builds) -------
@@ -533,9 +541,9 @@ class Engine:
             raise FlashjitError("flashjit_forward", status, self.owner.last_error())
 
     def forward(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None, family=None,
-                stream=None, tiles=None, softcap=0.0):
+                stream=None, tiles=None, softcap=0.0, window=(-1, -1)):
         self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family, tiles,
-                                                    softcap=softcap), stream)
+                                                    softcap=softcap, window=window), stream)
 
     def select_variant(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None,
                        family=None, tiles=None):

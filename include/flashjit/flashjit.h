@@ -49,6 +49,11 @@ typedef struct flashjit_forward_options {
   uint64_t workspace_bytes;
   /* Logit soft-capping: > 0 caps scores at softcap * tanh(score / softcap); 0: off. */
   float softcap;
+  /* Sliding window: nonzero applies window_left / window_right (ForwardOptions: query row i sees
+   * keys [i + d - window_left, i + d + window_right], d = seqlen_k - seqlen_q; -1: unbounded);
+   * 0 (a zero-initialized struct): no window. */
+  int32_t sliding_window;
+  int32_t window_left, window_right;
 } flashjit_forward_options;
 
 /* The keys and values of a forward (Engine::forward's KVCache): dense k/v [batch, seqlen_k,

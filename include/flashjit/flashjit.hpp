@@ -68,13 +68,14 @@ struct FamilyInfo {
   std::vector<int> head_dims;      // head dims it has kernels for
   std::vector<std::string> archs;  // the known archs it runs on
   bool softcap = false;            // builds soft-capped variants (ForwardOptions::softcap)
+  bool window = false;             // builds sliding-window variants (ForwardOptions::window_*)
 };
 FLASHJIT_API const std::vector<FamilyInfo>& families();
 
 // Everything one compiled binary is specialized on. Its canonical name is readable, complete and
 // parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" or "decode.sm90a.bf16.d128.m16n64s3.paged":
-// feature suffixes (causal, paged, varlen, softcap) follow the tiles in that order, present only
-// when set.
+// feature suffixes (causal, paged, varlen, softcap, window) follow the tiles in that order,
+// present only when set.
 struct FLASHJIT_API Variant {
   std::string family = "simt";  // a name from families()
   std::string arch;  // NVRTC target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, ...
@@ -92,6 +93,9 @@ struct FLASHJIT_API Variant {
   // Logit soft-capping compiled in (ForwardOptions::softcap > 0): scores become
   // softcap * tanh(scale * q·k / softcap) before masking and softmax.
   bool softcap = false;
+  // A sliding window compiled in (ForwardOptions::window_left / window_right): each query row sees
+  // a band of keys, and key tiles wholly outside it are not visited.
+  bool window = false;
 
   std::string name() const;
   // Throws Error(invalid_argument) naming the field that is wrong, or for a variant that the
@@ -303,6 +307,13 @@ struct ForwardOptions {
   // softcap * tanh(s / softcap) before masking and softmax, in kernels built for it
   // (Variant::softcap); 0: off. The LSE is of the capped scores.
   float softcap = 0.f;
+  // Sliding window (local attention, FlashAttention's convention; Mistral, Gemma 2/3, gpt-oss):
+  // query row i sees keys [i + d - window_left, i + d + window_right], d = seqlen_k - seqlen_q
+  // (bottom-right aligned, like causal); -1 leaves that side unbounded. With causal the right
+  // side is the diagonal: window_right must be -1 or 0. Both -1: no window. Runs kernels built
+  // for it (Variant::window), whose time scales with the window, not the sequence.
+  int window_left = -1;
+  int window_right = -1;
 };
 
 struct DeviceInfo {

@@ -1,9 +1,13 @@
 // Which keys a query row may see, and which key tiles a query tile must visit.
 // Causal masks are aligned bottom-right (FlashAttention): query i sees key j iff
-// j <= i + (seqlen_k - seqlen_q). Out-of-range keys (j >= seqlen_k) are always masked.
+// j <= i + (seqlen_k - seqlen_q). Out-of-range keys (j >= seqlen_k) are always masked. A sliding
+// window (Variant::window) bounds both sides the same way: i + d - window_left <= j <=
+// i + d + window_right, d = seqlen_k - seqlen_q (FmhaParams; causal sets window_right to 0).
 // `Lengths` is anything with seqlen_q and seqlen_k: the launch's FmhaParams (dense batches) or one
 // sequence's SequenceSpan (common/sequence.cuh).
 #pragma once
+
+#include "common/params.cuh"
 
 namespace flashjit {
 
@@ -13,6 +17,42 @@ __device__ __forceinline__ int key_limit(const Lengths& len, int row) {
   if (!Causal) return len.seqlen_k;
   int limit = row + 1 + len.seqlen_k - len.seqlen_q;
   return limit < len.seqlen_k ? limit : len.seqlen_k;
+}
+
+// First key that query row `row` may see: 0 without a window.
+template <bool Window, typename Lengths>
+__device__ __forceinline__ int key_first(const Lengths& len, const FmhaParams& p, int row) {
+  if (!Window) return 0;
+  const long long first =
+      static_cast<long long>(row) + len.seqlen_k - len.seqlen_q - p.window_left;
+  return first > 0 ? static_cast<int>(first) : 0;
+}
+
+// One past the last key that row `row` may see, the window's right side included (may be <= its
+// key_first: the row sees nothing).
+template <bool Causal, bool Window, typename Lengths>
+__device__ __forceinline__ int key_end(const Lengths& len, const FmhaParams& p, int row) {
+  const int limit = key_limit<Causal>(len, row);
+  if (!Window) return limit;
+  const long long right =
+      static_cast<long long>(row) + 1 + len.seqlen_k - len.seqlen_q + p.window_right;
+  return right < limit ? static_cast<int>(right) : limit;
+}
+
+// Key tiles [first, end) of a query tile [row0, row0 + TileM): every key some row of it may see.
+// Tiles wholly outside the band (left of its first row's window, right of its last row's) are
+// never visited, so time scales with the window. first >= end: nothing to visit.
+struct TileRange {
+  int first, end;
+};
+template <bool Causal, bool Window, int TileM, int TileN, typename Lengths>
+__device__ __forceinline__ TileRange kv_tile_range(const Lengths& len, const FmhaParams& p,
+                                                   int row0) {
+  int last_row = row0 + TileM - 1;
+  if (last_row > len.seqlen_q - 1) last_row = len.seqlen_q - 1;
+  const int keys = key_end<Causal, Window>(len, p, last_row);
+  const int end = keys <= 0 ? 0 : (keys + TileN - 1) / TileN;
+  return {key_first<Window>(len, p, row0) / TileN, end};
 }
 
 // Key tiles [0, n_tiles) hold every key some row of [row0, row0 + TileM) may see; tiles above the
@@ -31,6 +71,19 @@ template <bool Causal, int TileM, int TileN, typename Lengths>
 __device__ __forceinline__ bool tile_needs_mask(const Lengths& len, int row0, int key0) {
   if (key0 + TileN > len.seqlen_k) return true;
   return Causal && key0 + TileN > key_limit<Causal>(len, row0);
+}
+
+// tile_needs_mask with a window: also where the band's left side cuts into the tile (key0 below
+// the first key of the tile's last row) or its right side does (past the first row's end).
+template <bool Causal, bool Window, int TileM, int TileN, typename Lengths>
+__device__ __forceinline__ bool tile_needs_band_mask(const Lengths& len, const FmhaParams& p,
+                                                     int row0, int key0) {
+  if (!Window) return tile_needs_mask<Causal, TileM, TileN>(len, row0, key0);
+  if (key0 + TileN > len.seqlen_k) return true;
+  int last_row = row0 + TileM - 1;
+  if (last_row > len.seqlen_q - 1) last_row = len.seqlen_q - 1;
+  return key0 < key_first<true>(len, p, last_row) ||
+         key0 + TileN > key_end<Causal, true>(len, p, row0);
 }
 
 }  // namespace flashjit

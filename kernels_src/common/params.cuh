@@ -4,6 +4,9 @@
 
 namespace flashjit {
 
+// A window side left unbounded (ForwardOptions::window_* = -1): farther than any key.
+constexpr int kUnboundedWindow = 1 << 30;
+
 struct FmhaParams {
   const void* q;  // [batch, seqlen_q, heads_q, head_dim], strides below, unit stride in head_dim
   const void* k;  // [batch, seqlen_k, heads_kv, head_dim]; paged: pages, see page_table
@@ -22,6 +25,9 @@ struct FmhaParams {
   // softcap_scale = softmax_scale / softcap, already in natural-log units, so the host sets
   // scale_log2 = log2(e) and softmax_scale = 1 for them.
   float softcap, softcap_scale;
+  // Sliding-window variants (Variant::window): row i sees keys [i + d - window_left,
+  // i + d + window_right], d = seqlen_k - seqlen_q; an unbounded side is kUnboundedWindow.
+  int window_left, window_right;
 
   // Paged KV cache (families with the paged feature): key j of sequence b is row j % page_size of
   // page page_table[b * page_table_stride + j / page_size].

@@ -27,23 +27,27 @@ constexpr int kMmaWarps = MmaShape::kWarps;
 
 // -inf for every score whose key the row may not see; lane_row / lane_key: the lane's first row
 // and first key in the accumulator layout.
-template <bool Causal, int MT, int NT>
+template <bool Causal, bool Window, int MT, int NT>
 __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaParams& p,
                                             int lane_row, int lane_key) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const int key_end = key_limit<Causal>(p, lane_row + mt * 16 + h * 8);
+      const int row = lane_row + mt * 16 + h * 8;
+      const int first = key_first<Window>(p, p, row), end = key_end<Causal, Window>(p, p, row);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (lane_key + nt * 8 + e >= key_end) s[mt][nt][2 * h + e] = neg_inf();
+        for (int e = 0; e < 2; ++e) {
+          const int key = lane_key + nt * 8 + e;
+          if (key >= end || (Window && key < first)) s[mt][nt][2 * h + e] = neg_inf();
+        }
     }
 }
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
+          bool Window>
 __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
   constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kThreads = MmaShape::kThreads;
@@ -79,21 +83,24 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   const unsigned v_smem = smem_address(v_tiles);
   constexpr unsigned kKvTileBytes = kKvTile * sizeof(T);
 
-  // cp.async groups, one per tile, in the order K0 V0 K1 V1 ...: the prologue issues Q with K0,
-  // then up to V_{Stages-2} and K_{Stages-1}; iteration j adds V_{j+Stages-1} and K_{j+Stages}.
-  // So when K_j or V_j is waited for, exactly 2·(Stages-1) newer groups exist. Tiles past the
-  // end commit empty groups to keep that count.
-  const int n_tiles = kv_tile_count<Causal, TileM, TileN>(p, row0);
+  // Key tiles [first, n_tiles) (first > 0 only under a window's left side), counted j = tile -
+  // first from 0. cp.async groups, one per tile, in the order K0 V0 K1 V1 ...: the prologue issues
+  // Q with K0, then up to V_{Stages-2} and K_{Stages-1}; iteration j adds V_{j+Stages-1} and
+  // K_{j+Stages}. So when K_j or V_j is waited for, exactly 2·(Stages-1) newer groups exist.
+  // Tiles past the end commit empty groups to keep that count.
+  const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(p, p, row0);
+  const int first = range.first, n_tiles = range.end;
   TileStream<T, HeadDim, TileM, kPitch, kThreads>(q, p.q_stride_s)
       .copy(smem_address(q_tile), row0, p.seqlen_q, p.q_stride_s);
 #pragma unroll
-  for (int tile = 0; tile < Stages; ++tile) {
+  for (int j = 0; j < Stages; ++j) {
+    const int tile = first + j;
     if (tile < n_tiles)
-      k_stream.copy(k_smem + tile * kKvTileBytes, tile * TileN, p.seqlen_k, p.k_stride_s);
+      k_stream.copy(k_smem + j * kKvTileBytes, tile * TileN, p.seqlen_k, p.k_stride_s);
     cp_async_commit();
-    if (tile == Stages - 1) break;
+    if (j == Stages - 1) break;
     if (tile < n_tiles)
-      v_stream.copy(v_smem + tile * kKvTileBytes, tile * TileN, p.seqlen_k, p.v_stride_s);
+      v_stream.copy(v_smem + j * kKvTileBytes, tile * TileN, p.seqlen_k, p.v_stride_s);
     cp_async_commit();
   }
 
@@ -109,12 +116,13 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   float row_max[MT][2], row_sum[MT][2];
   start_online_softmax<MT, DT>(o, row_max, row_sum);
 
-  for (int tile = 0; tile < n_tiles; ++tile) {
-    const unsigned stage_offset = tile % Stages * kKvTileBytes;
+  for (int tile = first; tile < n_tiles; ++tile) {
+    const int j = tile - first;
+    const unsigned stage_offset = j % Stages * kKvTileBytes;
     cp_async_wait<2 * (Stages - 1)>();
     __syncthreads();  // K_tile has landed for all; every warp is done with P·V of tile - 1
     if (tile + Stages - 1 < n_tiles)
-      v_stream.copy(v_smem + (tile + Stages - 1) % Stages * kKvTileBytes,
+      v_stream.copy(v_smem + (j + Stages - 1) % Stages * kKvTileBytes,
                     (tile + Stages - 1) * TileN, p.seqlen_k, p.v_stride_s);
     cp_async_commit();
 
@@ -122,13 +130,14 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
     gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage_offset);
     soft_cap<Softcap>(s, p);
     const int key0 = tile * TileN;
-    if (tile_needs_mask<Causal, kWarpRows, TileN>(p, row0 + warp_row0, key0))
-      mask_scores<Causal, MT, NT>(s, p, row0 + warp_row0 + lane / 4, key0 + (lane % 4) * 2);
+    if (tile_needs_band_mask<Causal, Window, kWarpRows, TileN>(p, p, row0 + warp_row0, key0))
+      mask_scores<Causal, Window, MT, NT>(s, p, row0 + warp_row0 + lane / 4,
+                                          key0 + (lane % 4) * 2);
 
     cp_async_wait<2 * (Stages - 1)>();
     __syncthreads();  // V_tile has landed for all; every warp is done reading K_tile
     if (tile + Stages < n_tiles)
-      k_stream.copy(k_smem + tile % Stages * kKvTileBytes, (tile + Stages) * TileN, p.seqlen_k,
+      k_stream.copy(k_smem + j % Stages * kKvTileBytes, (tile + Stages) * TileN, p.seqlen_k,
                     p.k_stride_s);
     cp_async_commit();
 

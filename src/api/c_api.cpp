@@ -84,6 +84,10 @@ flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
   options.workspace = o->workspace;
   options.workspace_bytes = static_cast<std::size_t>(o->workspace_bytes);
   options.softcap = o->softcap;
+  if (o->sliding_window != 0) {
+    options.window_left = o->window_left;
+    options.window_right = o->window_right;
+  }
   return options;
 }
 

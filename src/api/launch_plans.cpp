@@ -28,6 +28,7 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   key.has_seqused = problem.has_seqused;
   key.num_splits = problem.num_splits;
   key.softcap = problem.softcap > 0.f;
+  key.window = problem.window;
   if (tiles) {
     key.tile_m = tiles->tile_m;
     key.tile_n = tiles->tile_n;

@@ -231,6 +231,14 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   if (!std::isfinite(problem.softcap) || problem.softcap < 0.f ||
       (problem.softcap > 0.f && !std::isfinite(problem.softmax_scale / problem.softcap)))
     reject(fmt::format("softcap is {}: expected 0 (off) or a finite value > 0", problem.softcap));
+  if (options.window_left < -1 || options.window_right < -1)
+    reject(fmt::format("window_left / window_right are {} / {}: expected -1 (unbounded) or >= 0",
+                       options.window_left, options.window_right));
+  if (problem.causal && options.window_right > 0)
+    reject(fmt::format("window_right is {} with causal: expected -1 or 0 (causal bounds the right "
+                       "side at the diagonal)",
+                       options.window_right));
+  problem.window = options.window_left >= 0 || (options.window_right >= 0 && !problem.causal);
   if (options.lse != nullptr && reinterpret_cast<std::uintptr_t>(options.lse) % 4 != 0)
     reject("lse is not 4-byte aligned: expected a float* device buffer");
 
@@ -257,6 +265,12 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
     p.softcap_scale = problem.softmax_scale / problem.softcap;
     p.softmax_scale = 1.f;
     p.scale_log2 = kLog2e;
+  }
+  if (problem.window) {
+    p.window_left = options.window_left < 0 ? kUnboundedWindow : options.window_left;
+    p.window_right = problem.causal             ? 0
+                     : options.window_right < 0 ? kUnboundedWindow
+                                                : options.window_right;
   }
   p.page_table = kv.page_table;
   p.page_table_stride = paged ? kv.page_table_stride : 0;

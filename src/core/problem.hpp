@@ -23,6 +23,7 @@ struct ForwardProblem {
   int total_q = 0, total_k = 0;
   float softmax_scale = 1.f;
   float softcap = 0.f;  // ForwardOptions::softcap: > 0 runs a Variant::softcap kernel
+  bool window = false;  // a sliding window (ForwardOptions::window_*): a Variant::window kernel
   FmhaParams params{};  // pointers and strides, ready for a kernel
 
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }

@@ -51,6 +51,7 @@ enum FamilyFeature : unsigned {
   kFeatureSplitKv = 1u << 2,   // ForwardOptions::num_splits > 1
   kFeatureVarlen = 1u << 3,    // VarlenBatch (packed sequences of different lengths)
   kFeatureSoftcap = 1u << 4,   // ForwardOptions::softcap (Variant::softcap)
+  kFeatureWindow = 1u << 5,    // ForwardOptions::window_left / window_right (Variant::window)
 };
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed

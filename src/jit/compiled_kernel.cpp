@@ -49,6 +49,7 @@ std::string metadata_json(const CompiledKernel& k, std::string_view cubin) {
               {"stages", v.stages},
               {"causal", v.causal},
               {"softcap", v.softcap},
+              {"window", v.window},
               {"key", k.key},
               {"lowered_name", k.lowered_name},
               {"registers", e.registers},

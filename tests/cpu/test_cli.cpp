@@ -376,6 +376,19 @@ TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
       expected_capped += v.name() + "\n";
     }
   CHECK(capped.out == expected_capped);
+
+  // --window yes: the sliding-window twins, of the families that build them (mma).
+  const Run windowed = run_cli(cache, dir + " precompile --arch sm_90a --window yes --dry-run");
+  REQUIRE(windowed.status == 0);
+  std::string expected_windowed;
+  for (flashjit::Variant v : flashjit::default_variants("sm_90a"))
+    if (v.family == "mma") {
+      v.window = true;
+      expected_windowed += v.name() + "\n";
+    }
+  CHECK(windowed.out == expected_windowed);
+  err = fails("precompile --arch sm_90a --window sometimes");
+  CHECK(contains(err, "--window"));
 }
 
 TEST_CASE("--version, and -q keeps a successful precompile silent") {

@@ -120,6 +120,14 @@ TEST_CASE("launch plans are keyed by every size, stride and option, and by no po
   CHECK_FALSE(capped_key == key);
   capped.softcap = 50.f;
   CHECK(detail::PlanKey::of(nullptr, capped, nullptr, std::nullopt) == capped_key);
+  // So does a sliding window; its sides are run-time parameters.
+  detail::ForwardProblem windowed = base;
+  windowed.window = true;
+  windowed.params.window_left = 64;
+  const auto windowed_key = detail::PlanKey::of(nullptr, windowed, nullptr, std::nullopt);
+  CHECK_FALSE(windowed_key == key);
+  windowed.params.window_left = 128;
+  CHECK(detail::PlanKey::of(nullptr, windowed, nullptr, std::nullopt) == windowed_key);
 
   detail::ForwardProblem strided = base;
   strided.params.k_stride_s *= 2;

@@ -126,6 +126,15 @@ TEST_CASE("each bad input is named") {
     a.options.softmax_scale = std::numeric_limits<float>::infinity();
     CHECK(mentions(rejection(a), "softmax_scale is inf"));
   }
+  SUBCASE("bad window") {
+    a.options.window_left = -2;
+    CHECK(mentions(rejection(a), "window_left / window_right are -2 / -1: expected -1 (unbounded) "
+                                 "or >= 0"));
+    a.options.window_left = 16, a.options.window_right = -7;
+    CHECK(mentions(rejection(a), "window_left / window_right are 16 / -7"));
+    a.options.causal = true, a.options.window_right = 4;
+    CHECK(mentions(rejection(a), "window_right is 4 with causal: expected -1 or 0"));
+  }
   SUBCASE("bad softcap") {
     a.options.softcap = -1.f;
     CHECK(mentions(rejection(a), "softcap is -1: expected 0 (off) or a finite value > 0"));
@@ -179,5 +188,46 @@ TEST_CASE("the Engine reports a missing driver or GPU clearly") {
     CHECK((e.code() == ErrorCode::no_driver || e.code() == ErrorCode::no_device));
     const std::string text = e.what();
     CHECK((mentions(text, "no CUDA driver found") || mentions(text, "no CUDA device")));
+  }
+}
+
+TEST_CASE("a sliding window reaches the kernel as two bounds, and picks window variants") {
+  Args a;
+  DeviceInfo a100;
+  a100.arch = "sm_80", a100.multiprocessors = 108, a100.max_shared_per_block_optin = 166912;
+  SUBCASE("no window: both sides -1, or causal with only window_right 0") {
+    CHECK_FALSE(detail::validate_forward(a.q, a.k, a.v, a.out, a.options).window);
+    a.options.causal = true, a.options.window_right = 0;
+    CHECK_FALSE(detail::validate_forward(a.q, a.k, a.v, a.out, a.options).window);
+  }
+  SUBCASE("both sides") {
+    a.options.window_left = 100, a.options.window_right = 7;
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(problem.window);
+    CHECK(problem.params.window_left == 100);
+    CHECK(problem.params.window_right == 7);
+    const Variant v = detail::select_variant(problem, a100, nullptr);
+    CHECK(v.window);
+    CHECK(v.family == "mma");
+  }
+  SUBCASE("an unbounded side is kUnboundedWindow; causal bounds the right at the diagonal") {
+    a.options.window_right = 3;
+    auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(problem.params.window_left == kUnboundedWindow);
+    CHECK(problem.params.window_right == 3);
+    a.options.window_left = 64, a.options.window_right = -1, a.options.causal = true;
+    problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(problem.window);
+    CHECK(problem.params.window_left == 64);
+    CHECK(problem.params.window_right == 0);
+  }
+  SUBCASE("no family on sm_90a has window kernels but mma, which runs there too") {
+    a.options.window_left = 32;
+    DeviceInfo h200;
+    h200.arch = "sm_90a", h200.multiprocessors = 132, h200.max_shared_per_block_optin = 232448;
+    const Variant v = detail::select_variant(
+        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200, nullptr);
+    CHECK(v.family == "mma");
+    CHECK(v.window);
   }
 }

@@ -47,7 +47,7 @@ TEST_CASE("soft-capped variants: a .softcap suffix, last, on every attention fam
   }
   // Suffix order is fixed, so a variant has one name; merge kernels have no scores to cap.
   CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.softcap.causal"),
-                       doctest::Contains("causal, paged, varlen, softcap (in that order"), Error);
+                       doctest::Contains("causal, paged, varlen, softcap, window (in that order"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.softcap"),
                        doctest::Contains("no soft-capped variants"), Error);
 }
@@ -98,4 +98,28 @@ TEST_CASE("arch spellings normalize; unknown ones list the valid ones") {
   } catch (const Error& e) {
     CHECK(std::string(e.what()).find("sm_90a") != std::string::npos);
   }
+}
+
+TEST_CASE("sliding-window variants: a .window suffix, last, on the families that build them") {
+  const Variant windowed = Variant::parse("mma.sm80.bf16.d128.m128n64s2.causal.softcap.window");
+  CHECK(windowed.window);
+  CHECK(windowed.softcap);
+  CHECK(windowed.causal);
+  CHECK(windowed.name() == "mma.sm80.bf16.d128.m128n64s2.causal.softcap.window");
+  CHECK_FALSE(Variant::parse("mma.sm80.bf16.d128.m128n64s2.causal").window);
+  for (const FamilyInfo& family : families()) {
+    INFO(family.name);
+    CHECK(family.window == (family.name == "mma"));  // the kernels built with a window so far
+  }
+  for (const Variant& v : default_variants("sm_80")) {
+    if (v.family != "mma") continue;
+    Variant with_window = v;
+    with_window.window = true;
+    INFO(with_window.name());
+    CHECK(Variant::parse(with_window.name()) == with_window);
+  }
+  CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.window.causal"),
+                       doctest::Contains("(in that order, each once)"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.window"),
+                       doctest::Contains("no sliding-window variants"), Error);
 }

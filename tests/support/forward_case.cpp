@@ -13,11 +13,14 @@
 namespace flashjit::test {
 
 std::string ForwardCase::describe() const {
-  return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}", batch, heads_q, heads_kv, seqlen_q,
-                     seqlen_k, head_dim, causal ? "causal" : "full", to_string(dtype),
+  return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}{}", batch, heads_q, heads_kv,
+                     seqlen_q, seqlen_k, head_dim, causal ? "causal" : "full", to_string(dtype),
                      bhsd ? "bhsd" : "bshd",
                      softcap > 0.f ? fmt::format(" softcap {} (q, k sd {})", softcap, input_scale)
-                                   : "");
+                                   : "",
+                     window_left >= 0 || window_right >= 0
+                         ? fmt::format(" window ({}, {})", window_left, window_right)
+                         : "");
 }
 
 std::optional<ForwardCheck> run_if_supported(Engine& engine, const ForwardCase& c,
@@ -55,6 +58,8 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   options.family = family;
   options.tiles = tiles;
   options.softcap = c.softcap;
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
   if (c.with_lse) options.lse = problem.lse();
   ForwardCheck check;
   check.variant =
@@ -65,6 +70,8 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
   ScoreMods mods;
   mods.softcap = c.softcap;
+  mods.window_left = c.window_left;
+  mods.window_right = c.window_right;
   const Reference ref = reference_attention(problem.host_q(), problem.host_k(), problem.host_v(),
                                             scale, c.causal, mods);
   const std::vector<float> lse = problem.lse_values();

@@ -16,6 +16,7 @@ struct ForwardCase {
   bool bhsd = false;
   bool with_lse = true;
   float softcap = 0.f;       // ForwardOptions::softcap
+  int window_left = -1, window_right = -1;  // ForwardOptions::window_* (-1: unbounded)
   double input_scale = 1.0;  // standard deviation of the random q and k (large: capped scores)
   std::string describe() const;
 };

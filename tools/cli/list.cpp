@@ -31,6 +31,7 @@ nlohmann::ordered_json entry_json(const CacheEntry& entry) {
           {"head_dim", v.head_dim},
           {"causal", v.causal},
           {"softcap", v.softcap},
+          {"window", v.window},
           {"tile_m", v.tile_m},
           {"tile_n", v.tile_n},
           {"stages", v.stages},

@@ -93,6 +93,13 @@ CLI::Option* add_softcap_option(CLI::App& command, std::string& choice) {
                            "Soft-capped variants (ForwardOptions::softcap): no, yes or both", "no");
 }
 
+CLI::Option* add_window_option(CLI::App& command, std::string& choice) {
+  return add_yes_no_option(command, "--window", choice,
+                           "Sliding-window variants (ForwardOptions::window_left / window_right): "
+                           "no, yes or both",
+                           "no");
+}
+
 DType dtype_from_name(std::string_view name) { return name == "fp16" ? DType::fp16 : DType::bf16; }
 
 std::vector<bool> yes_no_values(std::string_view choice) {

@@ -40,6 +40,8 @@ CLI::Option* add_family_option(CLI::App& command, std::vector<std::string>& fami
 CLI::Option* add_causal_option(CLI::App& command, std::string& choice);
 // --softcap yes|no|both (default no): soft-capped variants (Variant::softcap)
 CLI::Option* add_softcap_option(CLI::App& command, std::string& choice);
+// --window yes|no|both (default no): sliding-window variants (Variant::window)
+CLI::Option* add_window_option(CLI::App& command, std::string& choice);
 
 // Values already checked by the options above.
 DType dtype_from_name(std::string_view name);

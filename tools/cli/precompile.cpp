@@ -20,6 +20,7 @@ struct PrecompileOptions {
   std::vector<int> head_dims;
   std::string causal = "both";
   std::string softcap = "no";
+  std::string window = "no";
   std::vector<std::string> dtypes;
   std::vector<std::string> families;
   std::vector<std::string> variant_names;
@@ -109,10 +110,11 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
   const auto dtypes = dtypes_or_all(options.dtypes);
   const auto causal = yes_no_values(options.causal);
   const auto softcap = yes_no_values(options.softcap);
-  auto builds_softcap = [](const std::string& family) {
+  const auto window = yes_no_values(options.window);
+  auto info_of = [](const std::string& family) -> const FamilyInfo* {
     for (const FamilyInfo& info : families())
-      if (info.name == family) return info.softcap;
-    return false;
+      if (info.name == family) return &info;
+    return nullptr;
   };
   for (const std::string& arch : archs)
     for (const Variant& variant : default_variants(arch)) {
@@ -120,18 +122,24 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
           !contains(causal, variant.causal))
         continue;
       if (!options.families.empty() && !contains(options.families, variant.family)) continue;
-      // Each default shape once per --softcap value, where the family builds soft-capped kernels.
-      for (bool capped : softcap) {
-        if (capped && !builds_softcap(variant.family)) continue;
-        Variant chosen_variant = variant;
-        chosen_variant.softcap = capped;
-        add(std::move(chosen_variant));
-      }
+      // Each default shape once per --softcap and --window value, where the family builds
+      // soft-capped or sliding-window kernels.
+      const FamilyInfo* info = info_of(variant.family);
+      for (bool capped : softcap)
+        for (bool windowed : window) {
+          if ((capped && !(info && info->softcap)) || (windowed && !(info && info->window)))
+            continue;
+          Variant chosen_variant = variant;
+          chosen_variant.softcap = capped;
+          chosen_variant.window = windowed;
+          add(std::move(chosen_variant));
+        }
     }
   if (chosen.empty())
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("no default variant for {} matches --head-dim, --dtype, --causal, "
-                            "--softcap and --family; `flashjit precompile --arch {} --dry-run` "
+                            "--softcap, --window and --family; `flashjit precompile --arch {} "
+                            "--dry-run` "
                             "lists them",
                             fmt::join(archs, ", "), archs.front()));
   return chosen;
@@ -257,6 +265,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
   auto* head_dim = add_head_dim_option(*command, options->head_dims);
   auto* causal = add_causal_option(*command, options->causal);
   auto* softcap = add_softcap_option(*command, options->softcap);
+  auto* window = add_window_option(*command, options->window);
   auto* dtype = add_dtype_option(*command, options->dtypes);
   auto* family = add_family_option(*command, options->families,
                                    "Kernel families (default: every one that runs on the arch)");
@@ -269,6 +278,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->excludes(head_dim)
       ->excludes(causal)
       ->excludes(softcap)
+      ->excludes(window)
       ->excludes(dtype)
       ->excludes(family)
       ->type_name("NAME");
@@ -280,6 +290,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->excludes(head_dim)
       ->excludes(causal)
       ->excludes(softcap)
+      ->excludes(window)
       ->excludes(dtype)
       ->excludes(family)
       ->excludes("--variant")
