@@ -270,6 +270,10 @@ TEST_CASE("bad flags exit 2 with a message naming the flag and the values it tak
   CHECK(contains(err, "maybe"));
   CHECK(contains(err, "yes"));
 
+  err = fails("precompile --arch sm_90a --window sometimes");
+  CHECK(contains(err, "--window"));
+  CHECK(contains(err, "sometimes"));
+
   err = fails("precompile --arch sm_90a --softcap maybe");
   CHECK(contains(err, "--softcap"));
   CHECK(contains(err, "maybe"));
@@ -387,8 +391,6 @@ TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
       expected_windowed += v.name() + "\n";
     }
   CHECK(windowed.out == expected_windowed);
-  err = fails("precompile --arch sm_90a --window sometimes");
-  CHECK(contains(err, "--window"));
 }
 
 TEST_CASE("--version, and -q keeps a successful precompile silent") {
