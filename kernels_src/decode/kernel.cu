@@ -15,6 +15,7 @@
 // swizzled chunks that ldmatrix reads without bank conflicts.
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
+#include "common/masking.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
@@ -46,7 +47,7 @@ __device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int 
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged,
-          bool Tma, bool Softcap>
+          bool Tma, bool Softcap, bool Window>
 __global__ void __launch_bounds__(DecodeShape::kThreads)
     fmha_decode_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor k_map,
                        const __grid_constant__ TmaDescriptor v_map) {
@@ -95,16 +96,20 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   const long long o_offset = seq.q_batch * p.o_stride_b + seq.q_start * p.o_stride_s;
   const int rows = seqlen_q * group;
   if (row0 >= rows) return;  // a shorter sequence of a varlen batch: nothing for this CTA
-  // One past the last key packed row `row` sees (row -> query token row / group).
-  auto key_end = [&](int row) {
-    if (!Causal) return seqlen;
-    return min(seqlen, row / group + 1 + seqlen - seqlen_q);
-  };
+  // The keys packed row `row` sees (row -> query token row / group): [row_key_first,
+  // row_key_end), both growing with the row.
+  auto row_key_end = [&](int row) { return key_end<Causal, Window>(seq, p, row / group); };
+  auto row_key_first = [&](int row) { return key_first<Window>(seq, p, row / group); };
   const int last_row = min(row0 + TileM, rows) - 1;
-  const int cta_keys = max(key_end(last_row), 0);
+  const int cta_keys = max(row_key_end(last_row), 0);
   const int n_tiles = (cta_keys + TileN - 1) / TileN;
-  const int tile_begin = split * p.split_tiles;
+  // A window's first tiles hold no key of the CTA's rows: the splits divide the rest
+  // (split_tiles covers the most tiles any CTA's rows see, ForwardProblem::key_tiles_seen).
+  const int first_tile = row_key_first(row0) / TileN;
+  const int tile_begin = first_tile + split * p.split_tiles;
   const int tile_end = min(tile_begin + p.split_tiles, n_tiles);
+  // Tiles from here on need no left-side mask: every row of the CTA sees all their keys.
+  const int band_start = Window ? row_key_first(last_row) : 0;
 
   // Q: this CTA's rows, zero past the last one.
   {
@@ -218,13 +223,14 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
   }
 
-  // Every lane's rows: h = 0 is row lane/4 of m-tile mt, h = 1 row lane/4 + 8; their key limits
+  // Every lane's rows: h = 0 is row lane/4 of m-tile mt, h = 1 row lane/4 + 8; their key bounds
   // never change across tiles.
-  int row_key_end[MT][2];
+  // (A window's first keys are recomputed in the few tiles that need them: registers are short.)
+  int lane_key_end[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) row_key_end[mt][h] = key_end(row0 + mt * 16 + h * 8 + lane / 4);
+    for (int h = 0; h < 2; ++h) lane_key_end[mt][h] = row_key_end(row0 + mt * 16 + h * 8 + lane / 4);
 
   const unsigned q_addr = smem_address(q_tile + (lane % 16) * kPitch + (lane / 16) * 8);
   constexpr unsigned kStageBytes = kShape.stage_elements() * sizeof(T);
@@ -289,17 +295,23 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
     soft_cap<Softcap>(s, p);
     const int lane_key = tile * TileN + warp * kWarpKeys + (lane % 4) * 2;
-    // A lane's first row sees the fewest keys (limits grow with the row).
-    if (tile * TileN + TileN > row_key_end[0][0]) {
+    // A lane's first row sees the fewest keys on the right (limits grow with the row); on the
+    // left the CTA's last row cuts deepest.
+    if (tile * TileN + TileN > lane_key_end[0][0] || (Window && tile * TileN < band_start)) {
 #pragma unroll
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-        for (int h = 0; h < 2; ++h)
+        for (int h = 0; h < 2; ++h) {
+          const int first = Window ? row_key_first(row0 + mt * 16 + h * 8 + lane / 4) : 0;
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
-            for (int e = 0; e < 2; ++e)
-              if (lane_key + nt * 8 + e >= row_key_end[mt][h]) s[mt][nt][2 * h + e] = neg_inf();
+            for (int e = 0; e < 2; ++e) {
+              const int key = lane_key + nt * 8 + e;
+              if (key >= lane_key_end[mt][h] || (Window && key < first))
+                s[mt][nt][2 * h + e] = neg_inf();
+            }
+        }
     }
     unsigned probs[MT][NT / 2][4];
     online_softmax<T, MT, NT, DT>(s, o, probs, row_max, row_sum, p.scale_log2);

@@ -51,7 +51,8 @@ struct TileCoord {
 
 // ---- producer ---------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
+          bool Window>
 __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
@@ -65,8 +66,8 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
     for (int which = 0; which < u.tiles(); ++which) {
       const int row0 = u.m_block(which) * TileM;
       if (Varlen && row0 >= seq.seqlen_q) continue;  // past a shorter sequence (unsorted varlen)
-      const int n_tiles = kv_tile_count<Causal, TileM, TileN>(seq, row0);
-      if (n_tiles == 0) continue;  // the consumers write zeros without touching the pipeline
+      const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(seq, p, row0);
+      if (range.first >= range.end) continue;  // the consumers write zeros, pipeline untouched
       // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
       if (q_loads > 0) mbarrier_wait(&bars->q_empty, (q_loads - 1) & 1);
       ++q_loads;
@@ -92,11 +93,12 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       };
       // Keys ahead (WgmmaGeometry::keys_ahead): K(j + 1) before V(j), since K's slot frees once
       // both consumers' S(j - 1) is done and V's only after their P·V(j - 2); else K(j), V(j).
-      if (Shape::kKeysAhead) load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, 0, pipe);
-      for (int j = 0; j < n_tiles; ++j, ++pipe) {
+      if (Shape::kKeysAhead)
+        load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, range.first, pipe);
+      for (int j = range.first; j < range.end; ++j, ++pipe) {
         if (!Shape::kKeysAhead)
           load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, j, pipe);
-        else if (j + 1 < n_tiles)
+        else if (j + 1 < range.end)
           load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, j + 1, pipe + 1);
         load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, j, pipe);
       }
@@ -154,16 +156,21 @@ __device__ __forceinline__ void issue_pv(float (&o)[HeadDim / 2],
   wgmma_commit();
 }
 
-// Scores of keys a row may not see become -inf (past seqlen_k, or above the causal diagonal).
-// `key` is the thread's first column; comparisons are against per-row counts of visible columns,
-// so each element costs a compare with an immediate.
-template <bool Causal, int TileN>
+// Scores of keys a row may not see become -inf (past seqlen_k, above the causal diagonal, outside
+// the window). `key` is the thread's first column; comparisons are against per-row bounds relative
+// to it, so each element costs a compare (two with a window) with an immediate.
+template <bool Causal, bool Window, int TileN>
 __device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const SequenceLengths& seq,
-                                            int row, int key) {
-  const int visible[2] = {key_limit<Causal>(seq, row) - key, key_limit<Causal>(seq, row + 8) - key};
+                                            const FmhaParams& p, int row, int key) {
+  const int end[2] = {key_end<Causal, Window>(seq, p, row) - key,
+                      key_end<Causal, Window>(seq, p, row + 8) - key};
+  const int first[2] = {key_first<Window>(seq, p, row) - key,
+                        key_first<Window>(seq, p, row + 8) - key};
 #pragma unroll
-  for (int e = 0; e < TileN / 2; ++e)
-    if (8 * (e / 4) + e % 2 >= visible[(e / 2) % 2]) s[e] = neg_inf();
+  for (int e = 0; e < TileN / 2; ++e) {
+    const int column = 8 * (e / 4) + e % 2;
+    if (column >= end[(e / 2) % 2] || (Window && column < first[(e / 2) % 2])) s[e] = neg_inf();
+  }
 }
 
 // Online softmax of the two rows a thread holds. The max is reduced across the 4 threads of a row
@@ -375,7 +382,7 @@ struct Turns {
 // ---- consumer main loop -----------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap>
+          bool Softcap, bool Window>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -408,10 +415,14 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
     for (int which = 0; which < u.tiles(); ++which) {
       const TileCoord c{u.m_block(which), u.head, u.batch};
       if (Varlen && c.m_block * TileM >= seq.seqlen_q) continue;  // as the producer skips it
-      const int n_tiles = kv_tile_count<Causal, TileM, TileN>(seq, c.m_block * TileM);
+      const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(seq, p, c.m_block * TileM);
       const int row0 = c.m_block * TileM + consumer * 64;
-      // Key tiles from first_masked on hold keys that some row of this warpgroup may not see.
-      const int first_masked = max(key_limit<Causal>(seq, row0), 0) / TileN;
+      // Key tiles from first_masked on hold keys that some row of this warpgroup may not see;
+      // under a window, so do those below lead_end (the left side of the band cuts them).
+      const int first_masked = max(key_end<Causal, Window>(seq, p, row0), 0) / TileN;
+      const int lead_end =
+          Window ? (key_first<Window>(seq, p, row0 + 63) + TileN - 1) / TileN : range.first;
+      const int slot0 = pipe - range.first;  // ring slot of key tile j: slot0 + j
       float o[HeadDim / 2];
 #pragma unroll
       for (int e = 0; e < HeadDim / 2; ++e) o[e] = 0.f;
@@ -421,43 +432,43 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       auto softmax_step = [&](int j, auto masked) {  // S(j) -> P(j) in place, and O's correction
         soft_cap<Softcap>(s, p);
         if constexpr (decltype(masked)::value)
-          mask_scores<Causal, TileN>(s, seq, row0 + at.row, j * TileN + at.col);
+          mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
         softmax.update(s, p.scale_log2, correction);
       };
       auto scores_alone = [&](int j, auto masked) {  // S(j), waited on, then softmax(j)
-        wait_full(bars->k_full, pipe + j);
+        wait_full(bars->k_full, slot0 + j);
         turns.begin();
-        issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(pipe + j));
+        issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(slot0 + j));
         turns.end();
         wgmma_wait<0>();
         wgmma_fence_operands(s);
         // The tile's last Q·Kᵀ is done: the producer may load the next Q under softmax and P·V.
-        if (j == n_tiles - 1) release(&bars->q_empty);
-        release(&bars->k_empty[(pipe + j) % Stages]);
+        if (j == range.end - 1) release(&bars->q_empty);
+        release(&bars->k_empty[(slot0 + j) % Stages]);
         softmax_step(j, masked);
         if (!Shape::kRescaleUnderQk) rescale_rows(o, correction);  // else before P·V(j)
         probabilities_to_fragments<T, TileN>(s, pf);
       };
       auto values_alone = [&](int j) {  // O += P(j)·V(j), waited on
-        wait_full(bars->v_full, pipe + j);
+        wait_full(bars->v_full, slot0 + j);
         // With seqused_k the rows past a sequence's last key may hold anything (NaN included),
         // and P = 0 does not cancel NaN in P·V: the last tile's rows past it become zeros.
         if (Varlen && p.seqused_k != nullptr && seq.seqlen_k - j * TileN < TileN)
           zero_rows<HeadDim, TileN>(
-              smem + Shape::kVOffset + ((pipe + j) % Stages) * Shape::kKVBytes,
+              smem + Shape::kVOffset + ((slot0 + j) % Stages) * Shape::kKVBytes,
               seq.seqlen_k - j * TileN, staged.barrier);
         if (Shape::kRescaleUnderQk) rescale_rows(o, correction);  // softmax(j)'s, before P·V(j)
         turns.begin();
-        issue_pv<T, HeadDim, TileN>(o, pf, v_tile(pipe + j));
+        issue_pv<T, HeadDim, TileN>(o, pf, v_tile(slot0 + j));
         turns.end();
         wgmma_wait<0>();
         wgmma_fence_operands(o);
-        release(&bars->v_empty[(pipe + j) % Stages]);
+        release(&bars->v_empty[(slot0 + j) % Stages]);
       };
       // Intra-warpgroup overlap for tile j >= 1: S(j) = Q·K(j) and O += P(j-1)·V(j-1) are issued
       // together and softmax(j) runs while P·V is still on the tensor cores.
       auto overlapped_step = [&](int j, auto masked) {
-        const int k_slot = pipe + j, v_slot = pipe + j - 1;
+        const int k_slot = slot0 + j, v_slot = slot0 + j - 1;
         wait_full(bars->k_full, k_slot);
         if (!Shape::kKeysAhead) wait_full(bars->v_full, v_slot);
         turns.begin();
@@ -469,7 +480,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         turns.end();
         wgmma_wait<1>();  // S(j) is ready; P·V may still run
         wgmma_fence_operands(s);
-        if (j == n_tiles - 1) release(&bars->q_empty);  // the tile's last Q·Kᵀ is done
+        if (j == range.end - 1) release(&bars->q_empty);  // the tile's last Q·Kᵀ is done
         release(&bars->k_empty[k_slot % Stages]);
         softmax_step(j, masked);
         wgmma_wait<0>();
@@ -481,18 +492,19 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       };
       // Masked and unmasked tiles run in separate loops: a branch inside a step would split its
       // block, and ptxas then hoists the wait for P·V above the softmax.
-      const int unmasked_end = min(first_masked, n_tiles);
-      if (n_tiles > 0) {
+      // Tiles [range.first, lead_end) are masked, then unmasked up to first_masked, then masked.
+      if (range.first < range.end) {
         mbarrier_wait(&bars->q_full, q_loads++ & 1);
-        if (first_masked == 0)
-          scores_alone(0, True{});
+        int j = range.first;
+        if (j < lead_end || j >= first_masked)
+          scores_alone(j, True{});
         else
-          scores_alone(0, False{});
-        int j = 1;
-        for (; j < unmasked_end; ++j) overlapped_step(j, False{});
-        for (; j < n_tiles; ++j) overlapped_step(j, True{});
-        values_alone(n_tiles - 1);
-        pipe += n_tiles;
+          scores_alone(j, False{});
+        for (++j; j < min(lead_end, range.end); ++j) overlapped_step(j, True{});
+        for (; j < min(first_masked, range.end); ++j) overlapped_step(j, False{});
+        for (; j < range.end; ++j) overlapped_step(j, True{});
+        values_alone(range.end - 1);
+        pipe += range.end - range.first;
       }
       const SequenceSpan rows = sequence_span<Varlen>(p, c.batch);
       if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= rows.seqlen_q))
@@ -507,7 +519,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap>
+          bool Softcap, bool Window>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
@@ -548,12 +560,12 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   if (warpgroup == 0) {
     warpgroup_lower_registers<Shape::kProducerRegs>();
     if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen>(p, sched, table, &tma_q, &tma_k,
-                                                                &tma_v, smem, bars);
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window>(
+          p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap>(p, sched, table, &tma_o,
-                                                                       smem, bars, warpgroup - 1);
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window>(
+        p, sched, table, &tma_o, smem, bars, warpgroup - 1);
   }
 }
 

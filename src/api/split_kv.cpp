@@ -12,7 +12,7 @@ std::size_t round_up(std::size_t bytes) { return (bytes + kAlignment - 1) / kAli
 SplitPlan plan_splits(const KernelFamily& family, const Variant& variant,
                       const ForwardProblem& problem, const DeviceInfo& device) {
   SplitPlan split;
-  const int tiles = (problem.seqlen_k + variant.tile_n - 1) / variant.tile_n;
+  const int tiles = problem.key_tiles_seen(variant.tile_n);
   split.split_tiles = tiles;
   if (family.num_splits == nullptr) return split;
   split.num_splits = family.num_splits(variant, problem, device);

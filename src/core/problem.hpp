@@ -1,6 +1,8 @@
 // A validated forward call: sizes, strides and options, independent of any kernel.
 #pragma once
 
+#include <algorithm>
+
 #include "common/params.cuh"
 #include "flashjit/flashjit.hpp"
 
@@ -31,6 +33,16 @@ struct ForwardProblem {
   bool per_sequence_lengths() const { return varlen || has_seqused; }
   // Query rows that share one KV head: what the decode family packs into one tile.
   int rows_per_kv_head() const { return seqlen_q * (heads_kv > 0 ? heads_q / heads_kv : 1); }
+  // The most key tiles of tile_n keys that the query rows of one sequence see (what split-KV
+  // divides): all of them, or under a window its band over seqlen_q rows, plus one tile for the
+  // band's misalignment with the tiles.
+  int key_tiles_seen(int tile_n) const {
+    const int all = (seqlen_k + tile_n - 1) / tile_n;
+    if (!window) return all;
+    const long long band =
+        static_cast<long long>(seqlen_q) + params.window_left + params.window_right;
+    return static_cast<int>(std::min<long long>(all, (band + tile_n - 1) / tile_n + 1));
+  }
 };
 
 }  // namespace flashjit::detail

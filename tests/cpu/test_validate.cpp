@@ -221,13 +221,30 @@ TEST_CASE("a sliding window reaches the kernel as two bounds, and picks window v
     CHECK(problem.params.window_left == 64);
     CHECK(problem.params.window_right == 0);
   }
-  SUBCASE("no family on sm_90a has window kernels but mma, which runs there too") {
+  SUBCASE("on sm_90a a window prefill runs on wgmma, a windowed decode step on decode_tma") {
     a.options.window_left = 32;
     DeviceInfo h200;
     h200.arch = "sm_90a", h200.multiprocessors = 132, h200.max_shared_per_block_optin = 232448;
     const Variant v = detail::select_variant(
         detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200, nullptr);
-    CHECK(v.family == "mma");
+    CHECK(v.family == "wgmma");
     CHECK(v.window);
+    // One query per sequence over 8192 keys, 100 keys back: decode_tma, and split-KV divides the
+    // band's tiles (two of 64 keys, plus one for its misalignment), not the cache's 128.
+    Args step;
+    step.q = TensorView::bshd(fake(0x100000), DType::bf16, 2, 1, 8, 128);
+    step.out = TensorView::bshd(fake(0x400000), DType::bf16, 2, 1, 8, 128);
+    step.k = TensorView::bshd(fake(0x200000), DType::bf16, 2, 8192, 2, 128);
+    step.v = TensorView::bshd(fake(0x300000), DType::bf16, 2, 8192, 2, 128);
+    step.options.causal = true, step.options.window_left = 100;
+    const auto decode = detail::validate_forward(step.q, step.k, step.v, step.out, step.options);
+    const Variant d = detail::select_variant(decode, h200, nullptr);
+    CHECK(d.family == "decode_tma");
+    CHECK(d.window);
+    CHECK(decode.key_tiles_seen(64) == 3);
+    CHECK(decode.key_tiles_seen(8192) == 1);
+    step.options.window_left = -1;
+    CHECK(detail::validate_forward(step.q, step.k, step.v, step.out, step.options)
+              .key_tiles_seen(64) == 128);
   }
 }

@@ -1,14 +1,22 @@
-// Sliding windows (ForwardOptions::window_left / window_right) in every family on this GPU that
-// builds them, against the float64 reference: both sides, one side, with causal, seqlen_q !=
+// Sliding windows (ForwardOptions::window_left / window_right) against the float64 reference: in
+// every family on this GPU that builds them (both sides, one side, with causal, seqlen_q !=
 // seqlen_k (bottom-right alignment), windows narrower than a tile and wider than the sequence,
-// rows that the window leaves empty (output 0, LSE -inf), and GQA.
+// rows that the window leaves empty (output 0, LSE -inf), GQA); in decode steps over dense and
+// paged caches (NHD and HND, shuffled page tables, seqused_k) under forced and heuristic splits;
+// and in variable-length batches.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <optional>
+#include <random>
+#include <string>
 #include <vector>
 
 #include "forward_case.hpp"
 #include "gpu.hpp"
+#include "kv_problem.hpp"
+#include "serving_checks.hpp"
+#include "varlen_problem.hpp"
 
 using namespace flashjit;
 using namespace flashjit::test;
@@ -66,4 +74,144 @@ TEST_CASE("a sliding window matches the float64 reference for every family that 
     }
   }
   CHECK(ran_somewhere > 0);  // some family on this GPU builds window kernels
+}
+
+namespace {
+
+struct Window {
+  int left, right;
+};
+
+ForwardOptions window_options(const Window& w, bool causal, float* lse) {
+  ForwardOptions options;
+  options.window_left = w.left, options.window_right = w.right;
+  options.causal = causal;
+  options.lse = lse;
+  return options;
+}
+
+ScoreMods window_mods(const Window& w) {
+  ScoreMods mods;
+  mods.window_left = w.left, mods.window_right = w.right;
+  return mods;
+}
+
+// Runs `options` (a window variant expected) and checks the output against `check`; a head dim
+// the decode family has no kernel for on this GPU is reported, anything else thrown fails.
+template <typename Forward, typename Check>
+void run_windowed(const std::string& what, Forward&& forward, Check&& check) {
+  CAPTURE(what);
+  try {
+    const Variant variant = forward();
+    const std::string name = variant.name();
+    CAPTURE(name);
+    CHECK(variant.window);
+    check();
+    MESSAGE(fmt::format("{:<50} {}", name, what));
+  } catch (const Error& e) {
+    FAIL_CHECK(fmt::format("{}: {}", what, e.what()));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a sliding window in decode steps: dense and paged caches, seqused_k, every split count") {
+  struct Case {
+    KvCase kv;
+    Window window;
+  };
+  auto kv_case = [](int b, int hq, int hkv, int sq, int sk, int d, bool causal) {
+    KvCase c;
+    c.batch = b, c.heads_q = hq, c.heads_kv = hkv, c.seqlen_q = sq, c.capacity = sk;
+    c.head_dim = d, c.causal = causal;
+    return c;
+  };
+  std::vector<Case> cases = {
+      {kv_case(4, 32, 8, 1, 3000, 128, true), {500, 0}},   // a Mistral-style decode step
+      {kv_case(2, 8, 2, 4, 2000, 64, true), {100, -1}},    // speculative: 4 tokens, 4:1
+      {kv_case(2, 8, 1, 2, 1500, 256, false), {200, 50}},  // both sides, MQA
+      {kv_case(1, 8, 2, 16, 1000, 128, true), {40, 0}},    // 64 rows whose bands differ
+      {kv_case(1, 4, 4, 1, 700, 128, true), {3, 0}},       // narrower than a key tile
+      {kv_case(1, 4, 1, 1, 5000, 128, false), {-1, 2}},    // a right side alone, non-causal
+  };
+  KvCase ragged = kv_case(4, 16, 2, 2, 3000, 128, true);
+  ragged.seqused = {3000, 17, 0, 600};
+  cases.push_back({ragged, {256, 0}});
+  for (int page_size : {16, 64, 256})
+    for (bool hnd : {false, true}) {
+      KvCase paged = kv_case(3, 16, 2, 1 + page_size % 3, 0, 128, true);
+      paged.page_size = page_size, paged.head_major = hnd, paged.spare_pages = 2;
+      paged.capacity = (2500 + page_size - 1) / page_size * page_size;
+      paged.seqused = {paged.capacity, 300, 1 + page_size * 7};
+      cases.push_back({paged, {page_size * 3 + 5, 0}});
+    }
+  unsigned seed = 9100;
+  for (Case& w : cases) {
+    std::mt19937 rng(seed++);
+    const HostKv host = HostKv::random(w.kv, rng);
+    const Reference ref = host.reference({}, window_mods(w.window));
+    KvDeviceProblem p(shared_engine(), host);
+    if (!decode_has_head_dim(w.kv.head_dim)) continue;
+    for (int splits : {0, 1, 3, 17})
+      for (const auto& kernel : decode_kernels()) {
+        ForwardOptions options = window_options(w.window, w.kv.causal, p.lse());
+        options.num_splits = splits;
+        options.family = kernel;
+        run_windowed(
+            fmt::format("{} | window ({}, {}) | family {} splits {}", w.kv.describe(),
+                        w.window.left, w.window.right, kernel.value_or("(dispatcher)"), splits),
+            [&] {
+              p.poison();
+              const KVCache kv = p.kv();
+              const Variant v = shared_engine().select_variant(p.q(), kv, p.out(), options);
+              shared_engine().forward(p.q(), kv, p.out(), options);
+              synchronize(shared_engine());
+              CHECK(v.family.starts_with("decode"));
+              return v;
+            },
+            [&] { check_against(p.output(), p.lse_values(), ref, w.kv.dtype); });
+      }
+  }
+}
+
+TEST_CASE("a sliding window in variable-length batches: prefill and decode kernels, GQA 4:1") {
+  unsigned seed = 9200;
+  for (bool causal : {false, true})
+    for (const Window& window : {Window{50, causal ? 0 : 20}, Window{1, causal ? -1 : 0}}) {
+      VarlenCase c;
+      c.heads_q = 8, c.heads_kv = 2, c.head_dim = 128, c.dtype = DType::bf16, c.causal = causal;
+      c.seqlens_q = {1, 200, 0, 65, 63, 300};
+      c.seqlens_k = {5, 777, 64, 0, 64, 300};
+      std::mt19937 rng(seed++);
+      const HostVarlen host = HostVarlen::random(c, rng);
+      const std::vector<Reference> refs = host.reference({}, window_mods(window));
+      VarlenDeviceProblem p(shared_engine(), host);
+      // The dispatcher's kernel (wgmma on Hopper) and the decode family's.
+      for (const auto& kernel : decode_kernels()) {
+        ForwardOptions options = window_options(window, causal, p.lse());
+        options.family = kernel;
+        run_windowed(
+            fmt::format("{} | window ({}, {}) | family {}", c.describe(), window.left,
+                        window.right, kernel.value_or("(dispatcher)")),
+            [&] {
+              p.poison();
+              const KVCache kv = p.kv();
+              const Variant v =
+                  shared_engine().select_variant(p.q(), kv, p.out(), p.varlen(), options);
+              shared_engine().forward(p.q(), kv, p.out(), p.varlen(), options);
+              synchronize(shared_engine());
+              return v;
+            },
+            [&] {
+              const HostTensor out = p.output();
+              const std::vector<float> lse = p.lse_values();
+              for (int b = 0; b < c.batch(); ++b) {
+                if (c.seqlens_q[static_cast<std::size_t>(b)] == 0) continue;
+                CAPTURE(b);
+                check_against(host.sequence_rows(out, b), host.sequence_lse(lse, b),
+                              refs[static_cast<std::size_t>(b)], c.dtype);
+              }
+            });
+      }
+    }
 }

@@ -91,19 +91,19 @@ HostTensor HostKv::gather(const HostTensor& store, int b, int first, int count) 
   return keys;
 }
 
-Reference HostKv::reference(std::optional<double> softmax_scale) const {
+Reference HostKv::reference(std::optional<double> softmax_scale, const ScoreMods& mods) const {
   std::vector<HostTensor> keys, values;
   for (int b = 0; b < shape.batch; ++b) {
     keys.push_back(gather(k, b, 0, length(b)));
     values.push_back(gather(v, b, 0, length(b)));
   }
   const double scale = softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
-  return reference_per_sequence(q, keys, values, scale, shape.causal);
+  return reference_per_sequence(q, keys, values, scale, shape.causal, mods);
 }
 
 Reference reference_per_sequence(const HostTensor& q, const std::vector<HostTensor>& k,
                                  const std::vector<HostTensor>& v, double softmax_scale,
-                                 bool causal) {
+                                 bool causal, const ScoreMods& mods) {
   const auto B = q.view.shape[0], SQ = q.view.shape[1], HQ = q.view.shape[2], D = q.view.shape[3];
   Reference ref;
   for (std::int64_t b = 0; b < B; ++b) {
@@ -114,7 +114,8 @@ Reference reference_per_sequence(const HostTensor& q, const std::vector<HostTens
           q_b.bits[static_cast<std::size_t>(q_b.offset(0, i, h, d))] =
               q.bits[static_cast<std::size_t>(q.offset(b, i, h, d))];
     const Reference one = reference_attention(
-        q_b, k[static_cast<std::size_t>(b)], v[static_cast<std::size_t>(b)], softmax_scale, causal);
+        q_b, k[static_cast<std::size_t>(b)], v[static_cast<std::size_t>(b)], softmax_scale, causal,
+        mods);
     ref.out.insert(ref.out.end(), one.out.begin(), one.out.end());
     ref.lse.insert(ref.lse.end(), one.lse.begin(), one.lse.end());
   }

@@ -56,7 +56,7 @@ struct HostKv {
   // table when paged, as a dense BSHD [1, count, heads_kv, head_dim] tensor.
   HostTensor gather(const HostTensor& store, int b, int first, int count) const;
   // The float64 reference over each sequence's valid keys; scale default 1/sqrt(head_dim).
-  Reference reference(std::optional<double> softmax_scale = {}) const;
+  Reference reference(std::optional<double> softmax_scale = {}, const ScoreMods& mods = {}) const;
 };
 
 // Float64 attention of each sequence b of q against its own keys k[b], v[b] ([1, L_b, heads_kv,
@@ -64,7 +64,7 @@ struct HostKv {
 // lays out one batch (out [b, sq, hq, d], lse [b, hq, sq]; rows that see no key: 0 and -inf).
 Reference reference_per_sequence(const HostTensor& q, const std::vector<HostTensor>& k,
                                  const std::vector<HostTensor>& v, double softmax_scale,
-                                 bool causal);
+                                 bool causal, const ScoreMods& mods = {});
 
 // A HostKv on the GPU, with an output and LSE filled with a poison byte before each run.
 // (q, k, v, out, lse [batch, heads_q, seqlen_q], page_table, seqused_k: DeviceKvInputs.)

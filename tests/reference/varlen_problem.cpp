@@ -204,12 +204,13 @@ HostTensor HostVarlen::sequence_keys(const HostTensor& store, int b) const {
   return keys;
 }
 
-std::vector<Reference> HostVarlen::reference(std::optional<double> softmax_scale) const {
+std::vector<Reference> HostVarlen::reference(std::optional<double> softmax_scale,
+                                             const ScoreMods& mods) const {
   const double scale = softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
   std::vector<Reference> refs;
   for (int b = 0; b < shape.batch(); ++b)
     refs.push_back(reference_attention(sequence_rows(q, b), sequence_keys(k, b),
-                                       sequence_keys(v, b), scale, shape.causal));
+                                       sequence_keys(v, b), scale, shape.causal, mods));
   return refs;
 }
 

@@ -76,7 +76,8 @@ struct HostVarlen {
   HostTensor sequence_keys(const HostTensor& store, int b) const;
   // The float64 reference of each sequence over its valid keys (causal aligned bottom-right to
   // them), laid out for sequence_rows / sequence_lse; scale default 1/sqrt(head_dim).
-  std::vector<Reference> reference(std::optional<double> softmax_scale = {}) const;
+  std::vector<Reference> reference(std::optional<double> softmax_scale = {},
+                                   const ScoreMods& mods = {}) const;
   // Which elements of out's bits, and which LSE entries, some sequence writes.
   std::vector<bool> written_out() const;
   std::vector<bool> written_lse() const;

@@ -29,7 +29,7 @@ int decode_num_splits(const Variant& v, const ForwardProblem& problem, const Dev
   const DecodeShape shape = decode_shape(v);
   const long long row_blocks = ceil_div(problem.rows_per_kv_head(), v.tile_m);
   const long long ctas = static_cast<long long>(problem.batch) * problem.heads_kv * row_blocks;
-  const int tiles = std::max(1, ceil_div(problem.seqlen_k, v.tile_n));
+  const int tiles = std::max(1, problem.key_tiles_seen(v.tile_n));
   const long long slots = static_cast<long long>(std::max(device.multiprocessors, 1)) *
                           decode_ctas_per_sm(shape.shared_bytes(), device);
   int best = 1;

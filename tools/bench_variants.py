@@ -1,0 +1,267 @@
+#!/usr/bin/env python3
+"""Attention variants side by side: flashjit, FlashAttention-4 and FlexAttention (torch.compile)
+on one long sequence, each variant against the same kernel without it (issue 14's speed targets).
+
+    python3 tools/bench_variants.py --lib .devpack/s8/libflashjit.so.0 --fa4 --flex \
+        --seqlen 32768 --heads 32 --head-dim 128 --window 4096 --softcap 30 --out $OUT/variants
+
+Variants (all causal, bottom-right, bf16, BSHD): plain; a sliding window of --window keys back
+(window_left = --window, so a row sees window + 1 keys); soft-capping at --softcap. cuDNN (SDPA)
+runs the plain variant as the usual yardstick. Every output is checked before it is timed against
+a float32 reference on a sample of query rows (the first and last --check-rows), with the
+variant's mask and cap applied. Timing as in the grids: one call (or a burst of back-to-back calls
+covering 2 ms) between two CUDA events after a spin that covers its enqueue, repetitions
+interleaved round-robin over every backend and variant, medians compared. TFLOPS count only the
+(query, key) pairs a variant lets through; for the window the report also gives its time against
+the ideal: the plain kernel's time times the fraction of pairs the window keeps.
+"""
+
+import argparse
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import flashjit_ctypes as fj  # noqa: E402
+from compare import gpu  # noqa: E402
+from compare.fa4 import load_fa4, refusal  # noqa: E402
+from compare.timing import DEFAULT_SPIN_MS, CudaTimer, burst, enqueue_spins, round_robin  # noqa: E402
+
+
+def visible_pairs(seqlen, window):
+    """(query, key) pairs a causal row set of `seqlen` sees, with window_left `window` (-1: none)."""
+    if window < 0 or window + 1 >= seqlen:
+        return seqlen * (seqlen + 1) // 2
+    w = window + 1  # keys a row sees once past the first window rows
+    return w * (w + 1) // 2 + (seqlen - w) * w
+
+
+def reference_rows(q, k, v, rows, scale, window, softcap):
+    """float32 attention of query rows `rows` (a 1-D index tensor) over all keys, masked causal
+    (and by the window), scores capped first: [len(rows), h, d]."""
+    import torch
+    qs = q[0, rows].float().transpose(0, 1)                 # [h, r, d]
+    ks, vs = k[0].float().transpose(0, 1), v[0].float().transpose(0, 1)  # [h, s, d]
+    scores = torch.matmul(qs, ks.transpose(1, 2)) * scale   # [h, r, s]
+    if softcap > 0:
+        scores = softcap * torch.tanh(scores / softcap)
+    keys = torch.arange(k.shape[1], device=q.device)
+    visible = keys[None, :] <= rows[:, None]
+    if window >= 0:
+        visible &= keys[None, :] >= rows[:, None] - window
+    scores = scores.masked_fill(~visible[None], float("-inf"))
+    return torch.matmul(torch.softmax(scores, dim=-1), vs).transpose(0, 1)
+
+
+class Variant:
+    def __init__(self, name, window=-1, softcap=0.0):
+        self.name, self.window, self.softcap = name, window, softcap
+
+
+def flashjit_runner(engine, q, k, v, scale, variant):
+    import torch
+    out = torch.empty_like(q)
+    views = [fj.tensor_from_torch(t) for t in (q, k, v, out)]
+    options = engine.options(True, scale, None, None, None, softcap=variant.softcap,
+                             window=(variant.window, 0) if variant.window >= 0 else (-1, -1))
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def call():
+        engine.forward_raw(*views, options, stream)
+    call()
+    gpu.sync()
+    return call, out
+
+
+def fa4_runner(module, q, k, v, scale, variant):
+    kwargs = dict(softmax_scale=scale, causal=True)
+    if variant.window >= 0:
+        kwargs["window_size"] = (variant.window, 0)
+    if variant.softcap:
+        kwargs["softcap"] = variant.softcap
+    result = {}
+
+    def call():
+        result["out"] = module.flash_attn_func(q, k, v, **kwargs)[0]
+    call()
+    gpu.sync()
+    return call, result["out"]
+
+
+def flex_runner(q, k, v, scale, variant):
+    """FlexAttention compiled (torch.compile), on contiguous [b, h, s, d] copies made here."""
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    qt, kt, vt = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+    window = variant.window
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        keep = kv_idx <= q_idx
+        if window >= 0:
+            keep = keep & (q_idx - kv_idx <= window)
+        return keep
+    block_mask = create_block_mask(mask_mod, None, None, q.shape[1], k.shape[1], device="cuda")
+    cap = variant.softcap
+
+    def capped(score, b, h, q_idx, kv_idx):
+        return cap * torch.tanh(score / cap)
+    score_mod = capped if cap else None
+    compiled = torch.compile(flex_attention, fullgraph=True)
+    result = {}
+
+    def call():
+        result["out"] = compiled(qt, kt, vt, score_mod=score_mod, block_mask=block_mask,
+                                 scale=scale)
+    call()
+    gpu.sync()
+    return call, result
+
+
+def sdpa_cudnn_runner(q, k, v, scale):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    qt, kt, vt = (t.transpose(1, 2) for t in (q, k, v))
+    result = {}
+
+    def call():
+        with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+            result["out"] = torch.nn.functional.scaled_dot_product_attention(
+                qt, kt, vt, is_causal=True, scale=scale)
+    call()
+    gpu.sync()
+    return call, result
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--lib", required=True)
+    parser.add_argument("--fa4", action="store_true")
+    parser.add_argument("--flex", action="store_true")
+    parser.add_argument("--seqlen", type=int, default=32768)
+    parser.add_argument("--heads", type=int, default=32)
+    parser.add_argument("--head-dim", type=int, default=128)
+    parser.add_argument("--window", type=int, default=4096)
+    parser.add_argument("--softcap", type=float, default=30.0)
+    parser.add_argument("--reps", type=int, default=10)
+    parser.add_argument("--check-rows", type=int, default=64)
+    parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    import torch
+    torch.manual_seed(args.seed)
+    s, h, d = args.seqlen, args.heads, args.head_dim
+    q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    scale = 1.0 / math.sqrt(d)
+    variants = [Variant("causal"), Variant(f"window {args.window}", window=args.window),
+                Variant(f"softcap {args.softcap:g}", softcap=args.softcap)]
+    engine = fj.Flashjit(args.lib).create_engine(0)
+    fa4 = load_fa4()[0] if args.fa4 else None
+    rows = torch.cat([torch.arange(args.check_rows), torch.arange(s - args.check_rows, s)]).cuda()
+
+    runners, notes, checks = {}, {}, {}
+    for variant in variants:
+        ref = reference_rows(q, k, v, rows, scale, variant.window, variant.softcap)
+
+        def check(key, out, ref=ref):
+            err = (out[0, rows].float() - ref).abs().max().item()
+            checks[key] = err
+            if not err < 2e-2:  # bf16 outputs of unit-variance values: ~4e-3 typical
+                notes[key] = f"failed check: max error {err:.3g}"
+                return False
+            return True
+        key = ("flashjit", variant.name)
+        try:
+            call, out = flashjit_runner(engine, q, k, v, scale, variant)
+            if check(key, out):
+                runners[key] = call
+        except fj.FlashjitError as e:
+            notes[key] = f"error: {e.message}"
+        if fa4 is not None:
+            key = ("FA4", variant.name)
+            try:
+                call, out = fa4_runner(fa4, q, k, v, scale, variant)
+                if check(key, out):
+                    runners[key] = call
+            except Exception as e:  # FA4 refuses with assertions and DSL errors
+                notes[key] = "refused: " + refusal(e)
+        if args.flex:
+            key = ("FlexAttention", variant.name)
+            try:
+                call, result = flex_runner(q, k, v, scale, variant)
+                if check(key, result["out"].transpose(1, 2)):
+                    runners[key] = call
+            except Exception as e:
+                notes[key] = f"error: {type(e).__name__}: {str(e)[:300]}"
+        if variant.window < 0 and not variant.softcap:
+            key = ("SDPA cuDNN", variant.name)
+            try:
+                call, result = sdpa_cudnn_runner(q, k, v, scale)
+                if check(key, result["out"].transpose(1, 2)):
+                    runners[key] = call
+            except Exception as e:
+                notes[key] = f"error: {type(e).__name__}: {str(e)[:300]}"
+
+    timer = CudaTimer()
+    single = {}
+    for key, fn in runners.items():  # warm-up, and the size of a burst
+        for _ in range(2):
+            fn()
+        handle = timer.launch(fn)
+        gpu.sync()
+        single[key] = timer.elapsed_ms(handle)
+    bursts = {key: burst(fn, max(1, math.ceil(2.0 / max(single[key], 1e-3))))
+              for key, fn in runners.items()}
+    calls = {key: max(1, math.ceil(2.0 / max(single[key], 1e-3))) for key in runners}
+    spins, spin_ms = enqueue_spins(bursts, timer, DEFAULT_SPIN_MS)
+    enqueue = {}
+    samples = round_robin(bursts, {key: args.reps for key in bursts}, timer, spins, enqueue)
+    ms = {key: statistics.median(t) / calls[key] for key, t in samples.items()}
+
+    result = {"seqlen": s, "heads": h, "head_dim": d, "window": args.window,
+              "softcap": args.softcap, "cells": []}
+    plain_pairs = visible_pairs(s, -1)
+    print(f"one causal sequence of {s} tokens, {h} heads, d{d}, bf16; ms (TFLOPS over the pairs "
+          f"each variant sees), median of {args.reps} interleaved samples; check: max |error| "
+          f"against float32 on {2 * args.check_rows} query rows")
+    for variant in variants:
+        pairs = visible_pairs(s, variant.window)
+        flops = 4.0 * d * h * pairs
+        for backend in ("flashjit", "FA4", "FlexAttention", "SDPA cuDNN"):
+            key = (backend, variant.name)
+            if key not in ms and key not in notes:
+                continue
+            cell = {"backend": backend, "variant": variant.name, "check": checks.get(key)}
+            line = f"{backend:<14} {variant.name:<14}"
+            if key in ms:
+                t = ms[key]
+                cell.update(ms=t, tflops=flops / (t * 1e-3) / 1e12,
+                            enqueue_over_spin=sum(e > spin_ms[key] for e in enqueue[key]))
+                line += f" {t:9.3f} ms {cell['tflops']:7.1f} TFLOPS  check {checks[key]:.2e}"
+                plain = ms.get((backend, "causal"))
+                if plain and key[1] != "causal":
+                    cell["vs_plain"] = t / plain
+                    line += f"  x{t / plain:.3f} of plain"
+                    if variant.window >= 0:
+                        ideal = plain * pairs / plain_pairs
+                        cell["vs_ideal"] = t / ideal
+                        line += f" ({t / ideal:.3f} of the ideal {ideal:.3f} ms)"
+                if backend == "flashjit":
+                    for peer in ("FA4", "FlexAttention"):
+                        if (peer, variant.name) in ms:
+                            cell[f"speedup_{peer}"] = ms[(peer, variant.name)] / t
+                            line += f"  {ms[(peer, variant.name)] / t:.3f}x {peer}"
+            else:
+                line += f" {notes[key]}"
+            result["cells"].append(cell)
+            print(line)
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "variants.json").write_text(json.dumps(result, indent=1))
+    failed = any(n.startswith("failed") for k, n in notes.items() if k[0] == "flashjit")
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
