@@ -4,7 +4,7 @@
 // all of the kernel code in one go. Exits non-zero on any error, any output left unwritten or
 // non-finite, or a default variant that no problem reached. `flashjit_every_variant decode` runs
 // only the families whose names start with "decode"; `flashjit_every_variant "" softcap` the
-// soft-capped twins of every attention variant instead.
+// soft-capped twins of every attention variant instead (`window`, `sink`: those twins).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -135,6 +135,15 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
       options.window_left = 48;
       options.window_right = variant.causal ? -1 : 16;
     }
+    if (variant.sink) {  // one logit per query head, some above the scores, some below
+      constexpr float kSinkLogits[] = {0.5f, -1.f, 2.f, -3.f, 0.f, 1.5f};
+      std::vector<float> sinks(static_cast<std::size_t>(p.heads_q));
+      for (std::size_t h = 0; h < sinks.size(); ++h)
+        sinks[h] = kSinkLogits[h % std::size(kSinkLogits)];
+      buffers.emplace_back(engine, sinks.size() * 4);  // kept alive until after the launch
+      buffers.back().upload(sinks.data(), sinks.size() * 4);
+      options.sink_logits = static_cast<const float*>(buffers.back().data());
+    }
     // Decode: split too, so the merge of split partials runs under the sanitizers as well.
     if (decode) options.num_splits = 3;
     const Variant chosen = engine.select_variant(problem.q(), kv, problem.out(), options);
@@ -154,19 +163,22 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
 // argv[1] (optional): run only the families whose names start with it (e.g. "decode", "merge";
 // "" for all). argv[2] (optional): "plain" (default) the default variants, "softcap" their
 // soft-capped twins (Variant::softcap), "window" their sliding-window twins (Variant::window),
-// where the family builds them; "both" plain and softcap, "all" the three.
+// "sink" their attention-sink twins (Variant::sink), where the family builds them; "both" plain
+// and softcap, "all" the four.
 int main(int argc, char** argv) {
   try {
     Engine engine(0);
     const std::string_view which = argc > 2 ? argv[2] : "plain";
-    if (which != "plain" && which != "softcap" && which != "window" && which != "both" &&
-        which != "all") {
-      fmt::print(stderr, "usage: {} [FAMILY_PREFIX [plain|softcap|window|both|all]]\n", argv[0]);
+    if (which != "plain" && which != "softcap" && which != "window" && which != "sink" &&
+        which != "both" && which != "all") {
+      fmt::print(stderr, "usage: {} [FAMILY_PREFIX [plain|softcap|window|sink|both|all]]\n",
+                 argv[0]);
       return 2;
     }
     const bool plain = which == "plain" || which == "both" || which == "all";
     const bool softcap = which == "softcap" || which == "both" || which == "all";
     const bool window = which == "window" || which == "all";
+    const bool sink = which == "sink" || which == "all";
     auto info_of = [](const std::string& family) -> const FamilyInfo& {
       for (const FamilyInfo& info : families())
         if (info.name == family) return info;
@@ -186,6 +198,11 @@ int main(int argc, char** argv) {
         Variant windowed = v;
         windowed.window = true;
         variants.push_back(windowed);
+      }
+      if (sink && info.sink) {
+        Variant sunk = v;
+        sunk.sink = true;
+        variants.push_back(sunk);
       }
     }
     fmt::print("{} ({}): {} default variants\n", engine.device().name, engine.device().arch,

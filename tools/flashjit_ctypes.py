@@ -82,6 +82,8 @@ class FlashjitForwardOptions(ctypes.Structure):
         ("sliding_window", ctypes.c_int32),
         ("window_left", ctypes.c_int32),
         ("window_right", ctypes.c_int32),
+        # Absent before attention sinks: older builds ignore it (and run no sink).
+        ("sink_logits", ctypes.c_void_p),
     ]
 
 
@@ -388,14 +390,17 @@ class Engine:
             pass
 
     def options(self, causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None,
-                num_splits=0, workspace=None, workspace_bytes=0, softcap=0.0, window=(-1, -1)):
+                num_splits=0, workspace=None, workspace_bytes=0, softcap=0.0, window=(-1, -1),
+                sink=None):
         """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
         the dispatcher's choice, else one of the library's families() (checked here); tiles:
         None for the family's table, else (tile_m, tile_n, stages); num_splits: 0 for the
         split-KV heuristic, else 1..128; workspace: a device pointer of workspace_bytes, or a
         torch tensor (its size is used), or None for the engine's own; softcap: > 0 caps scores
         at softcap * tanh(score / softcap); window: (left, right) sliding window in
-        FlashAttention's convention, -1 an unbounded side, (-1, -1) none."""
+        FlashAttention's convention, -1 an unbounded side, (-1, -1) none; sink: attention-sink
+        logits, fp32 [heads_q] (one per query head, joining each row's softmax denominator), a
+        device pointer (int) or a torch float32 tensor, None for none."""
         if family:
             self.owner.check_family(family)
         o = FlashjitForwardOptions()
@@ -415,6 +420,7 @@ class Engine:
         left, right = (int(x) for x in window)
         o.sliding_window = 1 if (left, right) != (-1, -1) else 0
         o.window_left, o.window_right = left, right
+        o.sink_logits = _address(sink, "sink", "torch.float32", 1) or None
         return o
 
     # --- KV cache (flashjit_forward_kv and friends; FlashjitLoadError on older builds) -------
@@ -541,9 +547,10 @@ class Engine:
             raise FlashjitError("flashjit_forward", status, self.owner.last_error())
 
     def forward(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None, family=None,
-                stream=None, tiles=None, softcap=0.0, window=(-1, -1)):
+                stream=None, tiles=None, softcap=0.0, window=(-1, -1), sink=None):
         self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family, tiles,
-                                                    softcap=softcap, window=window), stream)
+                                                    softcap=softcap, window=window, sink=sink),
+                         stream)
 
     def select_variant(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None,
                        family=None, tiles=None):

@@ -54,6 +54,10 @@ typedef struct flashjit_forward_options {
    * 0 (a zero-initialized struct): no window. */
   int32_t sliding_window;
   int32_t window_left, window_right;
+  /* Learnable attention sinks (ForwardOptions::sink_logits): device fp32 [heads_q], one logit per
+   * query head joining each row's softmax denominator, in the units of the scaled scores; the LSE
+   * includes it. NULL (a zero-initialized struct): no sink. */
+  const float* sink_logits;
 } flashjit_forward_options;
 
 /* The keys and values of a forward (Engine::forward's KVCache): dense k/v [batch, seqlen_k,

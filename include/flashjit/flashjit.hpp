@@ -69,13 +69,14 @@ struct FamilyInfo {
   std::vector<std::string> archs;  // the known archs it runs on
   bool softcap = false;            // builds soft-capped variants (ForwardOptions::softcap)
   bool window = false;             // builds sliding-window variants (ForwardOptions::window_*)
+  bool sink = false;               // builds attention-sink variants (ForwardOptions::sink_logits)
 };
 FLASHJIT_API const std::vector<FamilyInfo>& families();
 
 // Everything one compiled binary is specialized on. Its canonical name is readable, complete and
 // parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" or "decode.sm90a.bf16.d128.m16n64s3.paged":
-// feature suffixes (causal, paged, varlen, softcap, window) follow the tiles in that order,
-// present only when set.
+// feature suffixes (causal, paged, varlen, softcap, window, sink) follow the tiles in that
+// order, present only when set.
 struct FLASHJIT_API Variant {
   std::string family = "simt";  // a name from families()
   std::string arch;  // NVRTC target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, ...
@@ -96,6 +97,9 @@ struct FLASHJIT_API Variant {
   // A sliding window compiled in (ForwardOptions::window_left / window_right): each query row sees
   // a band of keys, and key tiles wholly outside it are not visited.
   bool window = false;
+  // Learnable attention sinks compiled in (ForwardOptions::sink_logits): one more logit per query
+  // head in each row's softmax denominator.
+  bool sink = false;
 
   std::string name() const;
   // Throws Error(invalid_argument) naming the field that is wrong, or for a variant that the
@@ -314,6 +318,12 @@ struct ForwardOptions {
   // for it (Variant::window), whose time scales with the window, not the sequence.
   int window_left = -1;
   int window_right = -1;
+  // Learnable attention sinks (gpt-oss, FlashAttention 4's learnable_sink): device fp32
+  // [heads_q], one logit per query head that joins each row's softmax denominator (it has no
+  // value vector), in the units of the scaled scores (softmax_scale · q·k); the LSE includes it.
+  // Rows that see no key get output 0 and LSE = the sink. Runs kernels built for it
+  // (Variant::sink); null: no sink.
+  const float* sink_logits = nullptr;
 };
 
 struct DeviceInfo {

@@ -88,6 +88,7 @@ flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
     options.window_left = o->window_left;
     options.window_right = o->window_right;
   }
+  options.sink_logits = o->sink_logits;
   return options;
 }
 

@@ -29,6 +29,7 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   key.num_splits = problem.num_splits;
   key.softcap = problem.softcap > 0.f;
   key.window = problem.window;
+  key.sink = problem.sink;
   if (tiles) {
     key.tile_m = tiles->tile_m;
     key.tile_n = tiles->tile_n;

@@ -52,6 +52,7 @@ enum FamilyFeature : unsigned {
   kFeatureVarlen = 1u << 3,    // VarlenBatch (packed sequences of different lengths)
   kFeatureSoftcap = 1u << 4,   // ForwardOptions::softcap (Variant::softcap)
   kFeatureWindow = 1u << 5,    // ForwardOptions::window_left / window_right (Variant::window)
+  kFeatureSink = 1u << 6,      // ForwardOptions::sink_logits (Variant::sink)
 };
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed

@@ -50,6 +50,7 @@ std::string metadata_json(const CompiledKernel& k, std::string_view cubin) {
               {"causal", v.causal},
               {"softcap", v.softcap},
               {"window", v.window},
+              {"sink", v.sink},
               {"key", k.key},
               {"lowered_name", k.lowered_name},
               {"registers", e.registers},

@@ -1,6 +1,7 @@
 // The C API without a GPU: status codes and messages for the calls that need none or fail.
 #include <doctest/doctest.h>
 
+#include <cstddef>
 #include <string>
 
 #include "flashjit/flashjit.h"
@@ -32,4 +33,15 @@ TEST_CASE("engine creation reports the missing driver; null handles are invalid 
   CHECK(flashjit_forward(nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr) ==
         FLASHJIT_INVALID_ARGUMENT);
   CHECK(std::string(flashjit_last_error()).find("engine is null") != std::string::npos);
+}
+
+// Fields are only ever appended (an older library reads the prefix it knows), and zero means off.
+// That sink_logits reaches ForwardOptions takes an engine: tests/gpu/test_c_api.cpp.
+TEST_CASE("flashjit_forward_options ends with sink_logits; a zeroed struct has no sink") {
+  const flashjit_forward_options options{};
+  CHECK(options.sink_logits == nullptr);
+  CHECK(offsetof(flashjit_forward_options, sink_logits) >
+        offsetof(flashjit_forward_options, window_right));
+  CHECK(offsetof(flashjit_forward_options, sink_logits) + sizeof(options.sink_logits) ==
+        sizeof(flashjit_forward_options));
 }

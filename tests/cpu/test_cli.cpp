@@ -180,6 +180,10 @@ TEST_CASE("the cache directory comes from FLASHJIT_CACHE_DIR when --cache-dir is
   CHECK(doc.at("cache").at("bytes").get<std::uint64_t>() > 0);
   CHECK(doc.at("gpus").is_array());
   CHECK(doc.at("gpu_error").is_null() == gpu_present());
+  for (const json& family : doc.at("families")) {
+    INFO(family.at("name"));
+    CHECK(family.at("sink") == (family.at("name") != "simt" && family.at("attention")));
+  }
 }
 
 TEST_CASE("an empty cache lists as empty, not as an error") {
@@ -273,6 +277,12 @@ TEST_CASE("bad flags exit 2 with a message naming the flag and the values it tak
   err = fails("precompile --arch sm_90a --window sometimes");
   CHECK(contains(err, "--window"));
   CHECK(contains(err, "sometimes"));
+
+  err = fails("precompile --arch sm_90a --sink sometimes");
+  CHECK(contains(err, "--sink"));
+  CHECK(contains(err, "sometimes"));
+  err = fails("precompile --variant simt.sm80.bf16.d64.m64n64s1 --sink yes");
+  CHECK(contains(err, "excludes"));
 
   err = fails("precompile --arch sm_90a --softcap maybe");
   CHECK(contains(err, "--softcap"));
@@ -392,6 +402,25 @@ TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
       expected_windowed += v.name() + "\n";
     }
   CHECK(windowed.out == expected_windowed);
+
+  // --sink yes: the attention-sink twins, of the families that build them (all attention
+  // families but simt); with --window both, each shape windowless and windowed.
+  const Run sunk = run_cli(cache, dir + " precompile --arch sm_90a --sink yes --dry-run");
+  REQUIRE(sunk.status == 0);
+  std::string expected_sunk, expected_sunk_windows;
+  for (flashjit::Variant v : flashjit::default_variants("sm_90a"))
+    if (v.family != "merge" && v.family != "simt") {
+      v.sink = true;
+      expected_sunk += v.name() + "\n";
+      expected_sunk_windows += v.name() + "\n";
+      v.window = true;
+      expected_sunk_windows += v.name() + "\n";
+    }
+  CHECK(sunk.out == expected_sunk);
+  const Run sunk_windows =
+      run_cli(cache, dir + " precompile --arch sm_90a --sink yes --window both --dry-run");
+  REQUIRE(sunk_windows.status == 0);
+  CHECK(sunk_windows.out == expected_sunk_windows);
 }
 
 TEST_CASE("--version, and -q keeps a successful precompile silent") {

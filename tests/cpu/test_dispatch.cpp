@@ -128,6 +128,15 @@ TEST_CASE("launch plans are keyed by every size, stride and option, and by no po
   CHECK_FALSE(windowed_key == key);
   windowed.params.window_left = 128;
   CHECK(detail::PlanKey::of(nullptr, windowed, nullptr, std::nullopt) == windowed_key);
+  // And attention sinks; their logits are a run-time parameter (a pointer, like the others).
+  detail::ForwardProblem sunk = base;
+  sunk.sink = true;
+  sunk.params.sink_logits = reinterpret_cast<const float*>(0x500000);
+  const auto sunk_key = detail::PlanKey::of(nullptr, sunk, nullptr, std::nullopt);
+  CHECK_FALSE(sunk_key == key);
+  CHECK_FALSE(sunk_key == windowed_key);
+  sunk.params.sink_logits = reinterpret_cast<const float*>(0x600000);
+  CHECK(detail::PlanKey::of(nullptr, sunk, nullptr, std::nullopt) == sunk_key);
 
   detail::ForwardProblem strided = base;
   strided.params.k_stride_s *= 2;

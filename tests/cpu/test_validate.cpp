@@ -149,6 +149,12 @@ TEST_CASE("each bad input is named") {
     a.options.lse = static_cast<float*>(fake(0x500002));
     CHECK(mentions(rejection(a), "lse is not 4-byte aligned"));
   }
+  SUBCASE("misaligned sink_logits") {
+    a.options.sink_logits = static_cast<const float*>(fake(0x600002));
+    CHECK(
+        mentions(rejection(a),
+                 "sink_logits is not 4-byte aligned: expected a device buffer of heads_q floats"));
+  }
 }
 
 // Found by tests/fuzz/fuzz_forward_args: each of these was accepted, and would have overflowed
@@ -246,5 +252,57 @@ TEST_CASE("a sliding window reaches the kernel as two bounds, and picks window v
     step.options.window_left = -1;
     CHECK(detail::validate_forward(step.q, step.k, step.v, step.out, step.options)
               .key_tiles_seen(64) == 128);
+  }
+}
+
+TEST_CASE("attention sinks reach the kernel as a pointer, and pick sink variants") {
+  Args a;
+  const auto plain = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+  CHECK_FALSE(plain.sink);
+  CHECK(plain.params.sink_logits == nullptr);
+  SUBCASE("sink_logits set: problem.sink and the params' pointer, nothing else changed") {
+    a.options.sink_logits = static_cast<const float*>(fake(0x600004));
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(problem.sink);
+    CHECK(problem.params.sink_logits == static_cast<const float*>(fake(0x600004)));
+    CHECK_FALSE(problem.window);
+    CHECK(problem.softcap == 0.f);
+    CHECK(problem.softmax_scale == plain.softmax_scale);
+    CHECK(problem.params.scale_log2 == plain.params.scale_log2);
+    CHECK(problem.params.heads_per_kv == plain.params.heads_per_kv);
+    DeviceInfo a100;
+    a100.arch = "sm_80", a100.multiprocessors = 108, a100.max_shared_per_block_optin = 166912;
+    const Variant v = detail::select_variant(problem, a100, nullptr);
+    CHECK(v.sink);
+    CHECK(v.family == "mma");
+    CHECK_FALSE(detail::select_variant(plain, a100, nullptr).sink);
+  }
+  SUBCASE("simt has no sinks: forcing it names why") {
+    a.options.sink_logits = static_cast<const float*>(fake(0x600004));
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    DeviceInfo a100;
+    a100.arch = "sm_80", a100.multiprocessors = 108, a100.max_shared_per_block_optin = 166912;
+    CHECK_THROWS_WITH_AS(
+        detail::select_variant(problem, a100, detail::forced_family(std::string("simt"))),
+        doctest::Contains("has no attention sinks"), Error);
+  }
+  SUBCASE("on sm_90a a sink prefill runs on wgmma, a decode step with sinks on decode_tma") {
+    a.options.sink_logits = static_cast<const float*>(fake(0x600004));
+    DeviceInfo h200;
+    h200.arch = "sm_90a", h200.multiprocessors = 132, h200.max_shared_per_block_optin = 232448;
+    const Variant v = detail::select_variant(
+        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200, nullptr);
+    CHECK(v.family == "wgmma");
+    CHECK(v.sink);
+    Args step;  // one query per sequence over 8192 keys
+    step.q = TensorView::bshd(fake(0x100000), DType::bf16, 2, 1, 8, 128);
+    step.out = TensorView::bshd(fake(0x400000), DType::bf16, 2, 1, 8, 128);
+    step.k = TensorView::bshd(fake(0x200000), DType::bf16, 2, 8192, 2, 128);
+    step.v = TensorView::bshd(fake(0x300000), DType::bf16, 2, 8192, 2, 128);
+    step.options.causal = true, step.options.sink_logits = a.options.sink_logits;
+    const Variant d = detail::select_variant(
+        detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200, nullptr);
+    CHECK(d.family == "decode_tma");
+    CHECK(d.sink);
   }
 }

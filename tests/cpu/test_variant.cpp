@@ -46,8 +46,9 @@ TEST_CASE("soft-capped variants: a .softcap suffix, last, on every attention fam
     CHECK(Variant::parse(with_cap.name()) == with_cap);
   }
   // Suffix order is fixed, so a variant has one name; merge kernels have no scores to cap.
-  CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.softcap.causal"),
-                       doctest::Contains("causal, paged, varlen, softcap, window (in that order"), Error);
+  CHECK_THROWS_WITH_AS(
+      Variant::parse("simt.sm90a.bf16.d128.m64n64s1.softcap.causal"),
+      doctest::Contains("causal, paged, varlen, softcap, window, sink (in that order"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.softcap"),
                        doctest::Contains("no soft-capped variants"), Error);
 }
@@ -123,4 +124,36 @@ TEST_CASE("sliding-window variants: a .window suffix, last, on the families that
                        doctest::Contains("(in that order, each once)"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.window"),
                        doctest::Contains("no sliding-window variants"), Error);
+}
+
+TEST_CASE("attention-sink variants: a .sink suffix, last, on the families that build them") {
+  const Variant sunk =
+      Variant::parse("wgmma.sm90a.bf16.d128.m128n176s2.causal.softcap.window.sink");
+  CHECK(sunk.sink);
+  CHECK(sunk.window);
+  CHECK(sunk.softcap);
+  CHECK(sunk.name() == "wgmma.sm90a.bf16.d128.m128n176s2.causal.softcap.window.sink");
+  CHECK(Variant::parse("decode_tma.sm90a.bf16.d128.m16n64s3.paged.sink").paged);
+  CHECK_FALSE(Variant::parse("mma.sm80.bf16.d128.m128n64s2.causal.window").sink);
+  for (const FamilyInfo& family : families()) {
+    INFO(family.name);
+    // Every attention family but simt (the portable fallback) builds sink kernels.
+    CHECK(family.sink == (family.name != "simt" && family.name != "merge"));
+  }
+  for (const Variant& v : default_variants("sm_90a")) {
+    if (v.family == "simt" || v.family == "merge") continue;
+    Variant with_sink = v;
+    with_sink.sink = true;
+    INFO(with_sink.name());
+    CHECK(with_sink.name().ends_with(".sink"));
+    CHECK(Variant::parse(with_sink.name()) == with_sink);
+  }
+  CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.sink.window"),
+                       doctest::Contains("(in that order, each once)"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.sink.sink"),
+                       doctest::Contains("window, sink (in that order, each once)"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.sink"),
+                       doctest::Contains("family simt has no sink variants"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.sink"),
+                       doctest::Contains("no sink variants"), Error);
 }

@@ -32,6 +32,7 @@ nlohmann::ordered_json entry_json(const CacheEntry& entry) {
           {"causal", v.causal},
           {"softcap", v.softcap},
           {"window", v.window},
+          {"sink", v.sink},
           {"tile_m", v.tile_m},
           {"tile_n", v.tile_n},
           {"stages", v.stages},

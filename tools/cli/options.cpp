@@ -100,6 +100,12 @@ CLI::Option* add_window_option(CLI::App& command, std::string& choice) {
                            "no");
 }
 
+CLI::Option* add_sink_option(CLI::App& command, std::string& choice) {
+  return add_yes_no_option(command, "--sink", choice,
+                           "Attention-sink variants (ForwardOptions::sink_logits): no, yes or both",
+                           "no");
+}
+
 DType dtype_from_name(std::string_view name) { return name == "fp16" ? DType::fp16 : DType::bf16; }
 
 std::vector<bool> yes_no_values(std::string_view choice) {

@@ -42,6 +42,8 @@ CLI::Option* add_causal_option(CLI::App& command, std::string& choice);
 CLI::Option* add_softcap_option(CLI::App& command, std::string& choice);
 // --window yes|no|both (default no): sliding-window variants (Variant::window)
 CLI::Option* add_window_option(CLI::App& command, std::string& choice);
+// --sink yes|no|both (default no): attention-sink variants (Variant::sink)
+CLI::Option* add_sink_option(CLI::App& command, std::string& choice);
 
 // Values already checked by the options above.
 DType dtype_from_name(std::string_view name);

@@ -21,6 +21,7 @@ struct PrecompileOptions {
   std::string causal = "both";
   std::string softcap = "no";
   std::string window = "no";
+  std::string sink = "no";
   std::vector<std::string> dtypes;
   std::vector<std::string> families;
   std::vector<std::string> variant_names;
@@ -111,6 +112,7 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
   const auto causal = yes_no_values(options.causal);
   const auto softcap = yes_no_values(options.softcap);
   const auto window = yes_no_values(options.window);
+  const auto sink = yes_no_values(options.sink);
   auto info_of = [](const std::string& family) -> const FamilyInfo* {
     for (const FamilyInfo& info : families())
       if (info.name == family) return &info;
@@ -122,25 +124,27 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
           !contains(causal, variant.causal))
         continue;
       if (!options.families.empty() && !contains(options.families, variant.family)) continue;
-      // Each default shape once per --softcap and --window value, where the family builds
-      // soft-capped or sliding-window kernels.
+      // Each default shape once per --softcap, --window and --sink value, where the family
+      // builds soft-capped, sliding-window or sink kernels.
       const FamilyInfo* info = info_of(variant.family);
       for (bool capped : softcap)
-        for (bool windowed : window) {
-          if ((capped && !(info && info->softcap)) || (windowed && !(info && info->window)))
-            continue;
-          Variant chosen_variant = variant;
-          chosen_variant.softcap = capped;
-          chosen_variant.window = windowed;
-          add(std::move(chosen_variant));
-        }
+        for (bool windowed : window)
+          for (bool sunk : sink) {
+            if ((capped && !(info && info->softcap)) || (windowed && !(info && info->window)) ||
+                (sunk && !(info && info->sink)))
+              continue;
+            Variant chosen_variant = variant;
+            chosen_variant.softcap = capped;
+            chosen_variant.window = windowed;
+            chosen_variant.sink = sunk;
+            add(std::move(chosen_variant));
+          }
     }
   if (chosen.empty())
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("no default variant for {} matches --head-dim, --dtype, --causal, "
-                            "--softcap, --window and --family; `flashjit precompile --arch {} "
-                            "--dry-run` "
-                            "lists them",
+                            "--softcap, --window, --sink and --family; `flashjit precompile "
+                            "--arch {} --dry-run` lists them",
                             fmt::join(archs, ", "), archs.front()));
   return chosen;
 }
@@ -266,6 +270,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
   auto* causal = add_causal_option(*command, options->causal);
   auto* softcap = add_softcap_option(*command, options->softcap);
   auto* window = add_window_option(*command, options->window);
+  auto* sink = add_sink_option(*command, options->sink);
   auto* dtype = add_dtype_option(*command, options->dtypes);
   auto* family = add_family_option(*command, options->families,
                                    "Kernel families (default: every one that runs on the arch)");
@@ -279,6 +284,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->excludes(causal)
       ->excludes(softcap)
       ->excludes(window)
+      ->excludes(sink)
       ->excludes(dtype)
       ->excludes(family)
       ->type_name("NAME");
@@ -291,6 +297,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->excludes(causal)
       ->excludes(softcap)
       ->excludes(window)
+      ->excludes(sink)
       ->excludes(dtype)
       ->excludes(family)
       ->excludes("--variant")
