@@ -5,11 +5,14 @@ on one long sequence, each variant against the same kernel without it (issue 14'
     python3 tools/bench_variants.py --lib .devpack/s8/libflashjit.so.0 --fa4 --flex \
         --seqlen 32768 --heads 32 --head-dim 128 --window 4096 --softcap 30 --out $OUT/variants
 
-Variants (all causal, bottom-right, bf16, BSHD): plain; a sliding window of --window keys back
-(window_left = --window, so a row sees window + 1 keys); soft-capping at --softcap. cuDNN (SDPA)
+--lib PATH, or NAME=PATH repeated: flashjit builds to compare in the same run (backend
+"flashjit" or "flashjit NAME"). Variants (all causal, bottom-right, bf16, BSHD): plain; a
+sliding window of --window keys back (window_left = --window, so a row sees window + 1 keys);
+soft-capping at --softcap; learnable sinks (one logit per head). cuDNN (SDPA)
 runs the plain variant as the usual yardstick. Every output is checked before it is timed against
-a float32 reference on a sample of query rows (the first and last --check-rows), with the
-variant's mask and cap applied. Timing as in the grids: one call (or a burst of back-to-back calls
+a float32 reference on a sample of query rows (--check-rows past the window's first rows, and
+the last ones), with the variant's mask and cap applied, as an error relative to the
+reference's largest value. Timing as in the grids: one call (or a burst of back-to-back calls
 covering 2 ms) between two CUDA events after a spin that covers its enqueue, repetitions
 interleaved round-robin over every backend and variant, medians compared. TFLOPS count only the
 (query, key) pairs a variant lets through; for the window the report also gives its time against
@@ -38,9 +41,10 @@ def visible_pairs(seqlen, window):
     return w * (w + 1) // 2 + (seqlen - w) * w
 
 
-def reference_rows(q, k, v, rows, scale, window, softcap):
+def reference_rows(q, k, v, rows, scale, window, softcap, sinks=None):
     """float32 attention of query rows `rows` (a 1-D index tensor) over all keys, masked causal
-    (and by the window), scores capped first: [len(rows), h, d]."""
+    (and by the window), scores capped first, a sink logit per head (sinks [h]) in each row's
+    denominator: [len(rows), h, d]."""
     import torch
     qs = q[0, rows].float().transpose(0, 1)                 # [h, r, d]
     ks, vs = k[0].float().transpose(0, 1), v[0].float().transpose(0, 1)  # [h, s, d]
@@ -52,12 +56,17 @@ def reference_rows(q, k, v, rows, scale, window, softcap):
     if window >= 0:
         visible &= keys[None, :] >= rows[:, None] - window
     scores = scores.masked_fill(~visible[None], float("-inf"))
-    return torch.matmul(torch.softmax(scores, dim=-1), vs).transpose(0, 1)
+    if sinks is not None:  # one more column per row, with no value
+        column = sinks.float()[:, None, None].expand(-1, scores.shape[1], 1)
+        probs = torch.softmax(torch.cat([scores, column], dim=-1), dim=-1)[..., :-1]
+    else:
+        probs = torch.softmax(scores, dim=-1)
+    return torch.matmul(probs, vs).transpose(0, 1)
 
 
 class Variant:
-    def __init__(self, name, window=-1, softcap=0.0):
-        self.name, self.window, self.softcap = name, window, softcap
+    def __init__(self, name, window=-1, softcap=0.0, sinks=None):
+        self.name, self.window, self.softcap, self.sinks = name, window, softcap, sinks
 
 
 def flashjit_runner(engine, q, k, v, scale, variant):
@@ -65,7 +74,8 @@ def flashjit_runner(engine, q, k, v, scale, variant):
     out = torch.empty_like(q)
     views = [fj.tensor_from_torch(t) for t in (q, k, v, out)]
     options = engine.options(True, scale, None, None, None, softcap=variant.softcap,
-                             window=(variant.window, 0) if variant.window >= 0 else (-1, -1))
+                             window=(variant.window, 0) if variant.window >= 0 else (-1, -1),
+                             sink=variant.sinks)
     stream = torch.cuda.current_stream().cuda_stream
 
     def call():
@@ -81,6 +91,8 @@ def fa4_runner(module, q, k, v, scale, variant):
         kwargs["window_size"] = (variant.window, 0)
     if variant.softcap:
         kwargs["softcap"] = variant.softcap
+    if variant.sinks is not None:
+        kwargs["learnable_sink"] = variant.sinks
     result = {}
 
     def call():
@@ -136,7 +148,7 @@ def sdpa_cudnn_runner(q, k, v, scale):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--lib", required=True)
+    parser.add_argument("--lib", action="append", required=True, help="PATH or NAME=PATH")
     parser.add_argument("--fa4", action="store_true")
     parser.add_argument("--flex", action="store_true")
     parser.add_argument("--seqlen", type=int, default=32768)
@@ -155,30 +167,44 @@ def main():
     s, h, d = args.seqlen, args.heads, args.head_dim
     q, k, v = (torch.randn(1, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
     scale = 1.0 / math.sqrt(d)
+    # gpt-oss-like sinks: around the scores' scale, one per head.
+    sinks = torch.randn(h, device="cuda", dtype=torch.float32)
     variants = [Variant("causal"), Variant(f"window {args.window}", window=args.window),
-                Variant(f"softcap {args.softcap:g}", softcap=args.softcap)]
-    engine = fj.Flashjit(args.lib).create_engine(0)
+                Variant(f"softcap {args.softcap:g}", softcap=args.softcap),
+                Variant("sinks", sinks=sinks)]
+    libs = {}
+    for text in args.lib:
+        name, _, path = text.rpartition("=")
+        libs["flashjit" + (f" {name}" if name else "")] = fj.Flashjit(path).create_engine(0)
+    ours = list(libs)
     fa4 = load_fa4()[0] if args.fa4 else None
-    rows = torch.cat([torch.arange(args.check_rows), torch.arange(s - args.check_rows, s)]).cuda()
+    # Rows past the window's first (their windows cut the keys) and the last ones: every variant
+    # gives them a different output, which a relative error of bf16 size tells apart.
+    first = min(args.window + args.check_rows, s - args.check_rows)
+    rows = torch.cat([torch.arange(first, first + args.check_rows),
+                      torch.arange(s - args.check_rows, s)]).cuda()
 
     runners, notes, checks = {}, {}, {}
     for variant in variants:
-        ref = reference_rows(q, k, v, rows, scale, variant.window, variant.softcap)
+        ref = reference_rows(q, k, v, rows, scale, variant.window, variant.softcap, variant.sinks)
 
         def check(key, out, ref=ref):
-            err = (out[0, rows].float() - ref).abs().max().item()
+            # Relative to the largest reference value: bf16 rounding gives ~4e-3; the output of
+            # another variant (a window ignored, a cap not applied) differs by tens of percent.
+            err = ((out[0, rows].float() - ref).abs().max() / ref.abs().max()).item()
             checks[key] = err
-            if not err < 2e-2:  # bf16 outputs of unit-variance values: ~4e-3 typical
-                notes[key] = f"failed check: max error {err:.3g}"
+            if not err < 2e-2:
+                notes[key] = f"failed check: max relative error {err:.3g}"
                 return False
             return True
-        key = ("flashjit", variant.name)
-        try:
-            call, out = flashjit_runner(engine, q, k, v, scale, variant)
-            if check(key, out):
-                runners[key] = call
-        except fj.FlashjitError as e:
-            notes[key] = f"error: {e.message}"
+        for backend, engine in libs.items():
+            key = (backend, variant.name)
+            try:
+                call, out = flashjit_runner(engine, q, k, v, scale, variant)
+                if check(key, out):
+                    runners[key] = call
+            except fj.FlashjitError as e:
+                notes[key] = f"error: {e.message}"
         if fa4 is not None:
             key = ("FA4", variant.name)
             try:
@@ -187,7 +213,7 @@ def main():
                     runners[key] = call
             except Exception as e:  # FA4 refuses with assertions and DSL errors
                 notes[key] = "refused: " + refusal(e)
-        if args.flex:
+        if args.flex and variant.sinks is None:  # a sink is no score_mod or mask_mod
             key = ("FlexAttention", variant.name)
             try:
                 call, result = flex_runner(q, k, v, scale, variant)
@@ -225,16 +251,16 @@ def main():
     plain_pairs = visible_pairs(s, -1)
     print(f"one causal sequence of {s} tokens, {h} heads, d{d}, bf16; ms (TFLOPS over the pairs "
           f"each variant sees), median of {args.reps} interleaved samples; check: max |error| "
-          f"against float32 on {2 * args.check_rows} query rows")
+          f"against float32 on {2 * args.check_rows} query rows, over the reference's max |value|")
     for variant in variants:
         pairs = visible_pairs(s, variant.window)
         flops = 4.0 * d * h * pairs
-        for backend in ("flashjit", "FA4", "FlexAttention", "SDPA cuDNN"):
+        for backend in ours + ["FA4", "FlexAttention", "SDPA cuDNN"]:
             key = (backend, variant.name)
             if key not in ms and key not in notes:
                 continue
             cell = {"backend": backend, "variant": variant.name, "check": checks.get(key)}
-            line = f"{backend:<14} {variant.name:<14}"
+            line = f"{backend:<16} {variant.name:<14}"
             if key in ms:
                 t = ms[key]
                 cell.update(ms=t, tflops=flops / (t * 1e-3) / 1e12,
@@ -248,7 +274,7 @@ def main():
                         ideal = plain * pairs / plain_pairs
                         cell["vs_ideal"] = t / ideal
                         line += f" ({t / ideal:.3f} of the ideal {ideal:.3f} ms)"
-                if backend == "flashjit":
+                if backend in ours:
                     for peer in ("FA4", "FlexAttention"):
                         if (peer, variant.name) in ms:
                             cell[f"speedup_{peer}"] = ms[(peer, variant.name)] / t
@@ -259,7 +285,7 @@ def main():
             print(line)
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "variants.json").write_text(json.dumps(result, indent=1))
-    failed = any(n.startswith("failed") for k, n in notes.items() if k[0] == "flashjit")
+    failed = any(n.startswith("failed") for k, n in notes.items() if k[0] in ours)
     sys.exit(1 if failed else 0)
 
 

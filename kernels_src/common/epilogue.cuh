@@ -14,7 +14,30 @@ __device__ __forceinline__ float output_scale(float row_sum) {
 // Natural-log LSE from the running max (in raw score units) and sum; -inf for an empty row.
 __device__ __forceinline__ float row_lse(const FmhaParams& p, float row_max, float row_sum) {
   if (!(row_sum > 0.f)) return neg_inf();
-  return row_max * p.softmax_scale + log2_approx(row_sum) * 0.69314718055994530942f;
+  return row_max * p.softmax_scale + log2_approx(row_sum) * kLn2F;
+}
+
+// What a row's output is multiplied by, and its natural-log LSE.
+struct RowFinish {
+  float scale, lse;
+};
+
+// The end of a row's softmax from its running max (raw score units) and sum; with a sink
+// (Variant::sink, `with_sink` false for the partial states that must not count it again) the
+// head's sink logit s joins the denominator: top = max(m, s) in log2 units, the keys' share
+// shrinks by 2^(m - top), and the sink adds 2^(s - top), so a sink far above the scores never
+// overflows. A row that saw no key gets scale 0 and LSE s (-inf without a sink).
+template <bool Sink>
+__device__ __forceinline__ RowFinish finish_row(const FmhaParams& p, int head, float row_max,
+                                                float row_sum, bool with_sink = true) {
+  if (!Sink || !with_sink) return {output_scale(row_sum), row_lse(p, row_max, row_sum)};
+  const float sink = __ldg(p.sink_logits + head) * kLog2eF;
+  const float keys = row_sum > 0.f ? row_max * p.scale_log2 : neg_inf();
+  const float top = fmaxf(keys, sink);
+  if (top == neg_inf()) return {0.f, neg_inf()};  // no key and a sink of -inf
+  const float kept = row_sum > 0.f ? exp2_ftz(keys - top) : 0.f;
+  const float total = fmaf(row_sum, kept, exp2_ftz(sink - top));
+  return {kept * rcp_approx_ftz(total), (top + log2_approx(total)) * kLn2F};
 }
 
 // Where row `row` of a sequence keeps its LSE in p.lse: [batch, heads_q, seqlen_q] for dense
@@ -31,8 +54,8 @@ __device__ __forceinline__ long long lse_offset(const FmhaParams& p, int batch, 
 // Writes one row's LSE into p.lse.
 template <bool Varlen = false>
 __device__ __forceinline__ void store_row_lse(const FmhaParams& p, int batch, int head, int row,
-                                              float row_max, float row_sum, int q_start = 0) {
-  p.lse[lse_offset<Varlen>(p, batch, q_start, head, row)] = row_lse(p, row_max, row_sum);
+                                              float lse, int q_start = 0) {
+  p.lse[lse_offset<Varlen>(p, batch, q_start, head, row)] = lse;
 }
 
 // exp2 argument offset for a row: the scaled max, or 0 while the row has seen only masked keys

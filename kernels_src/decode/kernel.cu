@@ -47,7 +47,7 @@ __device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int 
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged,
-          bool Tma, bool Softcap, bool Window>
+          bool Tma, bool Softcap, bool Window, bool Sink>
 __global__ void __launch_bounds__(DecodeShape::kThreads)
     fmha_decode_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor k_map,
                        const __grid_constant__ TmaDescriptor v_map) {
@@ -371,10 +371,11 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
 #pragma unroll
       for (int e = 0; e < 8; ++e) acc[e] += from[e] * weight;
     }
-    const float scale = output_scale(total);
-    const float lse = row_lse(p, best, total);
     const int token = row / group;
     const int head = kv_head * group + row % group;
+    // A split's partial must count the sink once: split 0 takes it (the merge adds the states).
+    const RowFinish finish = finish_row<Sink>(p, head, best, total, split == 0);
+    const float scale = finish.scale, lse = finish.lse;
     if (partial) {
       const long long out_row =
           static_cast<long long>(split) * p.batch * p.seqlen_q * p.heads_q +

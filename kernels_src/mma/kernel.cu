@@ -47,7 +47,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaPar
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window>
+          bool Window, bool Sink>
 __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
   constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kThreads = MmaShape::kThreads;
@@ -155,8 +155,8 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float sum = quad_sum(row_sum[mt][h]);
-      const float scale = output_scale(sum);
+      const RowFinish finish = finish_row<Sink>(p, head, row_max[mt][h], quad_sum(row_sum[mt][h]));
+      const float scale = finish.scale;
       const int local_row = warp_row0 + mt * 16 + h * 8 + lane / 4;
       unsigned* staged = reinterpret_cast<unsigned*>(q_tile + local_row * kPitch + (lane % 4) * 2);
 #pragma unroll
@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
         staged[dt * 4] = pack2<T>(o[mt][dt][2 * h] * scale, o[mt][dt][2 * h + 1] * scale);
       const int row = row0 + local_row;
       if (p.lse != nullptr && lane % 4 == 0 && row < p.seqlen_q)
-        store_row_lse(p, batch, head, row, row_max[mt][h], sum);
+        store_row_lse(p, batch, head, row, finish.lse);
     }
   __syncwarp();
   T* o_base = static_cast<T*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h;

@@ -180,7 +180,9 @@ struct RowSoftmax {
   float sum[2] = {0.f, 0.f};
 
   // Turns scores into unnormalized probabilities in place; returns how much O must shrink.
-  template <int N>
+  // FmaHalf (soft-capped variants, unmasked tiles: every exponent is finite): every other
+  // exponential on the FMA pipe (exp2_fma), since tanh already takes the SFU's reciprocals.
+  template <bool FmaHalf, int N>
   __device__ __forceinline__ void update(float (&s)[N], float scale_log2, float (&correction)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -202,7 +204,8 @@ struct RowSoftmax {
 #pragma unroll
       for (int e = 2 * i; e < N; e += 4) {
         s[e] = exp2_ftz(fmaf(s[e], scale_log2, -offset));
-        s[e + 1] = exp2_ftz(fmaf(s[e + 1], scale_log2, -offset));
+        s[e + 1] = FmaHalf ? exp2_fma(fmaf(s[e + 1], scale_log2, -offset))
+                           : exp2_ftz(fmaf(s[e + 1], scale_log2, -offset));
         tile_sum += s[e] + s[e + 1];
       }
       sum[i] = sum[i] * correction[i] + tile_sum;
@@ -231,7 +234,7 @@ __device__ __forceinline__ void probabilities_to_fragments(const float (&s)[Tile
 // Normalizes and writes this thread's part of O (and the rows' LSE), skipping rows past seqlen_q.
 // A quad holds one 2-column word of each 8-column block of a row; a transpose over each 4 blocks
 // gives every lane one whole block, stored as 16 bytes (O rows are 16-byte aligned: validate.cpp).
-template <typename T, int HeadDim, bool Varlen>
+template <typename T, int HeadDim, bool Varlen, bool Sink>
 __device__ __forceinline__ void store_output(const FmhaParams& p, const SequenceSpan& seq,
                                              const TileCoord& c, int row0,
                                              const FragmentPosition& at,
@@ -240,10 +243,11 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const Sequence
            c.head * p.o_stride_h;
 #pragma unroll
   for (int i = 0; i < 2; ++i) {
-    const float sum = quad_sum(softmax.sum[i]);
+    const RowFinish finish =
+        finish_row<Sink>(p, c.head, softmax.max[i], quad_sum(softmax.sum[i]));
     const int row = row0 + at.row + 8 * i;
     const bool in_range = row < seq.seqlen_q;  // only the store: the shuffles need the whole warp
-    const float scale = output_scale(sum);
+    const float scale = finish.scale;
     T* out_row = out + row * p.o_stride_s + 4 * at.col;  // lane q of a quad: block 4 g + q
 #pragma unroll
     for (int g = 0; g < HeadDim / 32; ++g) {
@@ -257,7 +261,7 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const Sequence
       store_global_16(out_row + 32 * g, w, in_range);
     }
     if (in_range && p.lse != nullptr && at.col == 0)
-      store_row_lse<Varlen>(p, c.batch, c.head, row, softmax.max[i], sum, seq.q_start);
+      store_row_lse<Varlen>(p, c.batch, c.head, row, finish.lse, seq.q_start);
   }
 }
 
@@ -269,7 +273,7 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const Sequence
 // its next tile. Rows past seqlen_q are clipped by the map: a varlen batch's map covers all its
 // sequences, so a slice that ends past its sequence goes through store_output instead. LSE goes
 // out as in store_output. The slice's named barrier also serves the warpgroup elsewhere.
-template <typename T, int HeadDim, bool Varlen>
+template <typename T, int HeadDim, bool Varlen, bool Sink>
 struct StagedOutput {
   // Named barriers 4..6, one per consumer warpgroup (0 is __syncthreads, Turns uses 1..3).
   static constexpr int kFirstBarrier = 4;
@@ -287,11 +291,12 @@ struct StagedOutput {
                                         const TmaDescriptor* tma_o, const TileCoord& c, int row0,
                                         const FragmentPosition& at, const float (&o)[HeadDim / 2],
                                         RowSoftmax& softmax) const {
-    float sum[2], scale[2];
+    float lse[2], scale[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      sum[i] = quad_sum(softmax.sum[i]);
-      scale[i] = output_scale(sum[i]);
+      const RowFinish finish =
+          finish_row<Sink>(p, c.head, softmax.max[i], quad_sum(softmax.sum[i]));
+      scale[i] = finish.scale, lse[i] = finish.lse;
     }
     // The previous tile's store must have read the slice before anyone overwrites it; the
     // barrier passes that on from the issuer, which alone can wait on its bulk groups.
@@ -327,7 +332,7 @@ struct StagedOutput {
     for (int i = 0; i < 2; ++i) {
       const int row = row0 + at.row + 8 * i;
       if (row < seq.seqlen_q && p.lse != nullptr && at.col == 0)
-        store_row_lse<Varlen>(p, c.batch, c.head, row, softmax.max[i], sum[i], seq.q_start);
+        store_row_lse<Varlen>(p, c.batch, c.head, row, lse[i], seq.q_start);
     }
   }
 
@@ -382,7 +387,7 @@ struct Turns {
 // ---- consumer main loop -----------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window>
+          bool Softcap, bool Window, bool Sink>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -393,8 +398,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   const unsigned base = smem_u32(smem);
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
   const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
-  const StagedOutput<T, HeadDim, Varlen> staged(base + Shape::kOOffset, consumer);
-  static_assert(StagedOutput<T, HeadDim, Varlen>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
+  const StagedOutput<T, HeadDim, Varlen, Sink> staged(base + Shape::kOOffset, consumer);
+  static_assert(StagedOutput<T, HeadDim, Varlen, Sink>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
                 "named barriers of the O stores and of the turns overlap");
   // Slot n of the K/V ring: stage n % Stages, completing its phase (n / Stages) & 1.
   auto k_tile = [&](int slot) {
@@ -433,7 +438,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         soft_cap<Softcap>(s, p);
         if constexpr (decltype(masked)::value)
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
-        softmax.update(s, p.scale_log2, correction);
+        softmax.update<Softcap && !decltype(masked)::value>(s, p.scale_log2, correction);
       };
       auto scores_alone = [&](int j, auto masked) {  // S(j), waited on, then softmax(j)
         wait_full(bars->k_full, slot0 + j);
@@ -510,7 +515,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= rows.seqlen_q))
         staged.store(p, rows, tma_o, c, row0, at, o, softmax);
       else
-        store_output<T, HeadDim, Varlen>(p, rows, c, row0, at, o, softmax);
+        store_output<T, HeadDim, Varlen, Sink>(p, rows, c, row0, at, o, softmax);
     }
   }
   if constexpr (Shape::kStageO) staged.drain();
@@ -519,7 +524,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window>
+          bool Softcap, bool Window, bool Sink>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
@@ -564,7 +569,7 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
           p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window>(
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink>(
         p, sched, table, &tma_o, smem, bars, warpgroup - 1);
   }
 }

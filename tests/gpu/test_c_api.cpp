@@ -76,5 +76,30 @@ TEST_CASE("flashjit_forward computes what Engine::forward computes, and rejects 
   CHECK(flashjit_forward(handle, &tq, &tk, &tv, &tout, &options, nullptr) ==
         FLASHJIT_INVALID_ARGUMENT);
   CHECK(std::string(flashjit_last_error()).find("softcap is -1") != std::string::npos);
+  options.softcap = cpp_options.softcap = 0.f;
+  // So do the window (sliding_window on) and the sinks.
+  const std::vector<float> sinks(static_cast<std::size_t>(q.view.shape[2]), 1.5f);
+  DeviceBuffer sink_buffer(engine, sinks.size() * sizeof(float) + 4);
+  sink_buffer.upload(sinks.data(), sinks.size() * sizeof(float));
+  options.sliding_window = 1, options.window_left = 37, options.window_right = 0;
+  options.sink_logits = static_cast<const float*>(sink_buffer.data());
+  cpp_options.window_left = 37, cpp_options.window_right = 0;
+  cpp_options.sink_logits = options.sink_logits;
+  CHECK(flashjit_forward(handle, &tq, &tk, &tv, &tout, &options, nullptr) == FLASHJIT_OK);
+  engine.forward(with(dq), with(dk), with(dv), with(cpp_out), cpp_options);
+  synchronize(engine);
+  c_out.download(from_c.data(), bytes);
+  cpp_out.download(from_cpp.data(), bytes);
+  CHECK(from_c == from_cpp);
+  CHECK(flashjit_select_variant(handle, &tq, &tk, &tv, &tout, &options, name, sizeof name) ==
+        FLASHJIT_OK);
+  const Variant both = Variant::parse(name);
+  CHECK(both.window);
+  CHECK(both.sink);
+  options.sink_logits = reinterpret_cast<const float*>(
+      static_cast<const char*>(sink_buffer.data()) + 2);  // misaligned
+  CHECK(flashjit_forward(handle, &tq, &tk, &tv, &tout, &options, nullptr) ==
+        FLASHJIT_INVALID_ARGUMENT);
+  CHECK(std::string(flashjit_last_error()).find("sink_logits") != std::string::npos);
   flashjit_engine_destroy(handle);
 }

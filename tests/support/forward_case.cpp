@@ -2,6 +2,7 @@
 
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <random>
@@ -13,14 +14,15 @@
 namespace flashjit::test {
 
 std::string ForwardCase::describe() const {
-  return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}{}", batch, heads_q, heads_kv,
+  return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}{}{}", batch, heads_q, heads_kv,
                      seqlen_q, seqlen_k, head_dim, causal ? "causal" : "full", to_string(dtype),
                      bhsd ? "bhsd" : "bshd",
                      softcap > 0.f ? fmt::format(" softcap {} (q, k sd {})", softcap, input_scale)
                                    : "",
                      window_left >= 0 || window_right >= 0
                          ? fmt::format(" window ({}, {})", window_left, window_right)
-                         : "");
+                         : "",
+                     sink_logits.empty() ? "" : fmt::format(" sinks {}", fmt::join(sink_logits, " ")));
 }
 
 std::optional<ForwardCheck> run_if_supported(Engine& engine, const ForwardCase& c,
@@ -60,6 +62,12 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   options.softcap = c.softcap;
   options.window_left = c.window_left;
   options.window_right = c.window_right;
+  std::optional<DeviceBuffer> sinks;
+  if (!c.sink_logits.empty()) {
+    sinks.emplace(engine, c.sink_logits.size() * sizeof(float));
+    sinks->upload(c.sink_logits.data(), c.sink_logits.size() * sizeof(float));
+    options.sink_logits = static_cast<const float*>(sinks->data());
+  }
   if (c.with_lse) options.lse = problem.lse();
   ForwardCheck check;
   check.variant =
@@ -72,6 +80,7 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   mods.softcap = c.softcap;
   mods.window_left = c.window_left;
   mods.window_right = c.window_right;
+  mods.sink_logits.assign(c.sink_logits.begin(), c.sink_logits.end());
   const Reference ref = reference_attention(problem.host_q(), problem.host_k(), problem.host_v(),
                                             scale, c.causal, mods);
   const std::vector<float> lse = problem.lse_values();

@@ -3,6 +3,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "compare.hpp"
 #include "flashjit/flashjit.hpp"
@@ -17,6 +18,7 @@ struct ForwardCase {
   bool with_lse = true;
   float softcap = 0.f;       // ForwardOptions::softcap
   int window_left = -1, window_right = -1;  // ForwardOptions::window_* (-1: unbounded)
+  std::vector<float> sink_logits;  // ForwardOptions::sink_logits, one per query head; empty: none
   double input_scale = 1.0;  // standard deviation of the random q and k (large: capped scores)
   std::string describe() const;
 };

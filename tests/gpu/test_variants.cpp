@@ -1,9 +1,11 @@
-// Sliding windows (ForwardOptions::window_left / window_right) against the float64 reference: in
-// every family on this GPU that builds them (both sides, one side, with causal, seqlen_q !=
-// seqlen_k (bottom-right alignment), windows narrower than a tile and wider than the sequence,
-// rows that the window leaves empty (output 0, LSE -inf), GQA); in decode steps over dense and
-// paged caches (NHD and HND, shuffled page tables, seqused_k) under forced and heuristic splits;
-// and in variable-length batches.
+// The attention variants beyond soft-capping (test_softcap.cpp) against the float64 reference:
+// sliding windows (ForwardOptions::window_left / window_right) and learnable sinks
+// (ForwardOptions::sink_logits). Dense problems in every family on this GPU that builds them
+// (windows on both sides, one side, with causal, seqlen_q != seqlen_k (bottom-right alignment),
+// narrower than a tile and wider than the sequence, rows that the window leaves empty (output 0,
+// LSE -inf, or the sink's logit), GQA; sinks mild and dominating); decode steps over dense and
+// paged caches (NHD and HND, shuffled page tables, seqused_k) under forced and heuristic splits
+// (a sink must count once over all splits); variable-length batches.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -12,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "flashjit/device_memory.hpp"
 #include "forward_case.hpp"
 #include "gpu.hpp"
 #include "kv_problem.hpp"
@@ -78,34 +81,107 @@ TEST_CASE("a sliding window matches the float64 reference for every family that 
 
 namespace {
 
+// One logit per query head: around the scores' scale, one far above them (the sink takes nearly
+// all of the row: the output shrinks toward 0), one far below (no effect) and a negative one.
+std::vector<float> sinks_for(int heads) {
+  const float pattern[] = {0.5f, 12.f, -30.f, -1.25f, 2.f, 0.f};
+  std::vector<float> sinks;
+  for (int h = 0; h < heads; ++h) sinks.push_back(pattern[h % 6]);
+  return sinks;
+}
+
+}  // namespace
+
+TEST_CASE("learnable sinks match the float64 reference for every family that builds them") {
+  std::vector<ForwardCase> cases;
+  for (int d : {64, 128, 256})
+    for (bool causal : {false, true}) {
+      ForwardCase c{2, 6, 2, 200, 333, d, causal};
+      c.sink_logits = sinks_for(c.heads_q);
+      cases.push_back(c);
+    }
+  ForwardCase empty_rows{1, 6, 6, 300, 100, 128, true};  // rows 0..199 see no key: LSE = sink
+  empty_rows.sink_logits = sinks_for(empty_rows.heads_q);
+  cases.push_back(empty_rows);
+  ForwardCase gpt_oss{1, 8, 2, 500, 500, 64, true};  // gpt-oss: sinks with a 128-key window
+  gpt_oss.sink_logits = sinks_for(gpt_oss.heads_q);
+  gpt_oss.window_left = 128;
+  cases.push_back(gpt_oss);
+  ForwardCase decode{4, 32, 8, 1, 2000, 128, false};  // split-KV decode
+  decode.sink_logits = sinks_for(decode.heads_q);
+  cases.push_back(decode);
+  unsigned seed = 5150;
+  int ran_somewhere = 0;
+  for (const std::string& family : family_names())
+    for (const ForwardCase& c : cases) {
+      ForwardCase plain = c;
+      plain.sink_logits.clear();
+      const std::optional<ForwardCheck> without = run_if_supported(shared_engine(), plain, family, seed);
+      if (!without) continue;
+      CHECK_FALSE(without->variant.ends_with(".sink"));
+      const std::optional<ForwardCheck> ran = run_if_supported(shared_engine(), c, family, seed++);
+      if (!ran) continue;
+      ++ran_somewhere;
+      CAPTURE(ran->variant);
+      CAPTURE(c.describe());
+      CHECK(ran->variant.ends_with(".sink"));
+      check_within_bounds(*ran, c.dtype);
+    }
+  CHECK(ran_somewhere > 0);
+}
+
+namespace {
+
+// What a serving case adds to attention: a window (-1, -1: none) and/or sinks.
 struct Window {
-  int left, right;
+  int left = -1, right = -1;
+  bool sink = false;
+
+  bool windowed() const { return left >= 0 || right >= 0; }
+  std::string describe() const {
+    return fmt::format("window ({}, {}){}", left, right, sink ? " sinks" : "");
+  }
 };
 
-ForwardOptions window_options(const Window& w, bool causal, float* lse) {
+// The variant's options, with the sinks (one per query head, sinks_for) in `sinks`.
+ForwardOptions window_options(const Window& w, bool causal, float* lse,
+                              const DeviceBuffer& sinks) {
   ForwardOptions options;
   options.window_left = w.left, options.window_right = w.right;
   options.causal = causal;
   options.lse = lse;
+  if (w.sink) options.sink_logits = static_cast<const float*>(sinks.data());
   return options;
 }
 
-ScoreMods window_mods(const Window& w) {
+ScoreMods window_mods(const Window& w, int heads_q) {
   ScoreMods mods;
   mods.window_left = w.left, mods.window_right = w.right;
+  if (w.sink) {
+    const std::vector<float> sinks = sinks_for(heads_q);
+    mods.sink_logits.assign(sinks.begin(), sinks.end());
+  }
   return mods;
 }
 
-// Runs `options` (a window variant expected) and checks the output against `check`; a head dim
-// the decode family has no kernel for on this GPU is reported, anything else thrown fails.
+DeviceBuffer sink_buffer(int heads_q) {
+  const std::vector<float> sinks = sinks_for(heads_q);
+  DeviceBuffer buffer(shared_engine(), sinks.size() * sizeof(float));
+  buffer.upload(sinks.data(), sinks.size() * sizeof(float));
+  return buffer;
+}
+
+// Runs `forward` (the variant `w` asks for expected) and checks the output with `check`;
+// anything thrown fails.
 template <typename Forward, typename Check>
-void run_windowed(const std::string& what, Forward&& forward, Check&& check) {
+void run_windowed(const std::string& what, const Window& w, Forward&& forward, Check&& check) {
   CAPTURE(what);
   try {
     const Variant variant = forward();
     const std::string name = variant.name();
     CAPTURE(name);
-    CHECK(variant.window);
+    CHECK(variant.window == w.windowed());
+    CHECK(variant.sink == w.sink);
     check();
     MESSAGE(fmt::format("{:<50} {}", name, what));
   } catch (const Error& e) {
@@ -115,7 +191,7 @@ void run_windowed(const std::string& what, Forward&& forward, Check&& check) {
 
 }  // namespace
 
-TEST_CASE("a sliding window in decode steps: dense and paged caches, seqused_k, every split count") {
+TEST_CASE("windows and sinks in decode steps: dense and paged caches, seqused_k, every split count") {
   struct Case {
     KvCase kv;
     Window window;
@@ -133,6 +209,9 @@ TEST_CASE("a sliding window in decode steps: dense and paged caches, seqused_k, 
       {kv_case(1, 8, 2, 16, 1000, 128, true), {40, 0}},    // 64 rows whose bands differ
       {kv_case(1, 4, 4, 1, 700, 128, true), {3, 0}},       // narrower than a key tile
       {kv_case(1, 4, 1, 1, 5000, 128, false), {-1, 2}},    // a right side alone, non-causal
+      {kv_case(4, 32, 8, 1, 3000, 128, true), {-1, -1, true}},  // sinks alone, split or not
+      {kv_case(2, 16, 2, 8, 1000, 64, true), {-1, -1, true}},
+      {kv_case(2, 32, 4, 2, 2500, 128, true), {128, 0, true}},  // gpt-oss: sinks and a window
   };
   KvCase ragged = kv_case(4, 16, 2, 2, 3000, 128, true);
   ragged.seqused = {3000, 17, 0, 600};
@@ -143,23 +222,25 @@ TEST_CASE("a sliding window in decode steps: dense and paged caches, seqused_k, 
       paged.page_size = page_size, paged.head_major = hnd, paged.spare_pages = 2;
       paged.capacity = (2500 + page_size - 1) / page_size * page_size;
       paged.seqused = {paged.capacity, 300, 1 + page_size * 7};
-      cases.push_back({paged, {page_size * 3 + 5, 0}});
+      cases.push_back({paged, {page_size * 3 + 5, 0, page_size == 64}});
     }
   unsigned seed = 9100;
   for (Case& w : cases) {
     std::mt19937 rng(seed++);
     const HostKv host = HostKv::random(w.kv, rng);
-    const Reference ref = host.reference({}, window_mods(w.window));
+    const Reference ref = host.reference({}, window_mods(w.window, w.kv.heads_q));
     KvDeviceProblem p(shared_engine(), host);
+    const DeviceBuffer sinks = sink_buffer(w.kv.heads_q);
     if (!decode_has_head_dim(w.kv.head_dim)) continue;
     for (int splits : {0, 1, 3, 17})
       for (const auto& kernel : decode_kernels()) {
-        ForwardOptions options = window_options(w.window, w.kv.causal, p.lse());
+        ForwardOptions options = window_options(w.window, w.kv.causal, p.lse(), sinks);
         options.num_splits = splits;
         options.family = kernel;
         run_windowed(
-            fmt::format("{} | window ({}, {}) | family {} splits {}", w.kv.describe(),
-                        w.window.left, w.window.right, kernel.value_or("(dispatcher)"), splits),
+            fmt::format("{} | {} | family {} splits {}", w.kv.describe(), w.window.describe(),
+                        kernel.value_or("(dispatcher)"), splits),
+            w.window,
             [&] {
               p.poison();
               const KVCache kv = p.kv();
@@ -174,25 +255,28 @@ TEST_CASE("a sliding window in decode steps: dense and paged caches, seqused_k, 
   }
 }
 
-TEST_CASE("a sliding window in variable-length batches: prefill and decode kernels, GQA 4:1") {
+TEST_CASE("windows and sinks in variable-length batches: prefill and decode kernels, GQA 4:1") {
   unsigned seed = 9200;
   for (bool causal : {false, true})
-    for (const Window& window : {Window{50, causal ? 0 : 20}, Window{1, causal ? -1 : 0}}) {
+    for (const Window& window : {Window{50, causal ? 0 : 20}, Window{1, causal ? -1 : 0},
+                                 Window{-1, -1, true}, Window{30, 0, true}}) {
       VarlenCase c;
       c.heads_q = 8, c.heads_kv = 2, c.head_dim = 128, c.dtype = DType::bf16, c.causal = causal;
       c.seqlens_q = {1, 200, 0, 65, 63, 300};
       c.seqlens_k = {5, 777, 64, 0, 64, 300};
       std::mt19937 rng(seed++);
       const HostVarlen host = HostVarlen::random(c, rng);
-      const std::vector<Reference> refs = host.reference({}, window_mods(window));
+      const std::vector<Reference> refs = host.reference({}, window_mods(window, c.heads_q));
       VarlenDeviceProblem p(shared_engine(), host);
+      const DeviceBuffer sinks = sink_buffer(c.heads_q);
       // The dispatcher's kernel (wgmma on Hopper) and the decode family's.
       for (const auto& kernel : decode_kernels()) {
-        ForwardOptions options = window_options(window, causal, p.lse());
+        ForwardOptions options = window_options(window, causal, p.lse(), sinks);
         options.family = kernel;
         run_windowed(
-            fmt::format("{} | window ({}, {}) | family {}", c.describe(), window.left,
-                        window.right, kernel.value_or("(dispatcher)")),
+            fmt::format("{} | {} | family {}", c.describe(), window.describe(),
+                        kernel.value_or("(dispatcher)")),
+            window,
             [&] {
               p.poison();
               const KVCache kv = p.kv();
