@@ -8,11 +8,11 @@ on one long sequence, each variant against the same kernel without it (issue 14'
 --lib PATH, or NAME=PATH repeated: flashjit builds to compare in the same run (backend
 "flashjit" or "flashjit NAME"). Variants (all causal, bottom-right, bf16, BSHD): plain; a
 sliding window of --window keys back (window_left = --window, so a row sees window + 1 keys);
-soft-capping at --softcap; learnable sinks (one logit per head). cuDNN (SDPA)
-runs the plain variant as the usual yardstick. Every output is checked before it is timed against
-a float32 reference on a sample of query rows (--check-rows past the window's first rows, and
-the last ones), with the variant's mask and cap applied, as an error relative to the
-reference's largest value. Timing as in the grids: one call (or a burst of back-to-back calls
+soft-capping at --softcap; learnable sinks (one logit per head). cuDNN (SDPA) runs the plain
+variant as the usual yardstick. Every output is checked before it is timed against a float32
+reference on a sample of query rows (the first --check-rows, as many past the window's first
+rows, and the last ones), with the variant's mask, cap and sinks applied, as an error relative
+to the reference's largest value. Timing as in the grids: one call (or a burst of back-to-back calls
 covering 2 ms) between two CUDA events after a spin that covers its enqueue, repetitions
 interleaved round-robin over every backend and variant, medians compared. TFLOPS count only the
 (query, key) pairs a variant lets through; for the window the report also gives its time against
@@ -178,10 +178,11 @@ def main():
         libs["flashjit" + (f" {name}" if name else "")] = fj.Flashjit(path).create_engine(0)
     ours = list(libs)
     fa4 = load_fa4()[0] if args.fa4 else None
-    # Rows past the window's first (their windows cut the keys) and the last ones: every variant
-    # gives them a different output, which a relative error of bf16 size tells apart.
+    # The first rows (few keys: where a sink shows), rows past the window's first (their windows
+    # cut the keys) and the last ones: every variant gives some of them a different output, which
+    # an error relative to the reference's largest value (bf16: ~4e-3) tells apart.
     first = min(args.window + args.check_rows, s - args.check_rows)
-    rows = torch.cat([torch.arange(first, first + args.check_rows),
+    rows = torch.cat([torch.arange(args.check_rows), torch.arange(first, first + args.check_rows),
                       torch.arange(s - args.check_rows, s)]).cuda()
 
     runners, notes, checks = {}, {}, {}
@@ -221,7 +222,7 @@ def main():
                     runners[key] = call
             except Exception as e:
                 notes[key] = f"error: {type(e).__name__}: {str(e)[:300]}"
-        if variant.window < 0 and not variant.softcap:
+        if variant.name == "causal":
             key = ("SDPA cuDNN", variant.name)
             try:
                 call, result = sdpa_cudnn_runner(q, k, v, scale)
@@ -243,15 +244,18 @@ def main():
     calls = {key: max(1, math.ceil(2.0 / max(single[key], 1e-3))) for key in runners}
     spins, spin_ms = enqueue_spins(bursts, timer, DEFAULT_SPIN_MS)
     enqueue = {}
-    samples = round_robin(bursts, {key: args.reps for key in bursts}, timer, spins, enqueue)
+    # Whole rotations of the round-robin order, so every implementation runs at every position of
+    # a round as often as the others.
+    reps = math.ceil(args.reps / len(bursts)) * len(bursts) if bursts else 0
+    samples = round_robin(bursts, {key: reps for key in bursts}, timer, spins, enqueue)
     ms = {key: statistics.median(t) / calls[key] for key, t in samples.items()}
 
     result = {"seqlen": s, "heads": h, "head_dim": d, "window": args.window,
               "softcap": args.softcap, "cells": []}
     plain_pairs = visible_pairs(s, -1)
     print(f"one causal sequence of {s} tokens, {h} heads, d{d}, bf16; ms (TFLOPS over the pairs "
-          f"each variant sees), median of {args.reps} interleaved samples; check: max |error| "
-          f"against float32 on {2 * args.check_rows} query rows, over the reference's max |value|")
+          f"each variant sees), median of {reps} interleaved samples; check: max |error| "
+          f"against float32 on {3 * args.check_rows} query rows, over the reference's max |value|")
     for variant in variants:
         pairs = visible_pairs(s, variant.window)
         flops = 4.0 * d * h * pairs
@@ -263,7 +267,7 @@ def main():
             line = f"{backend:<16} {variant.name:<14}"
             if key in ms:
                 t = ms[key]
-                cell.update(ms=t, tflops=flops / (t * 1e-3) / 1e12,
+                cell.update(ms=t, samples_ms=[x / calls[key] for x in samples[key]], tflops=flops / (t * 1e-3) / 1e12,
                             enqueue_over_spin=sum(e > spin_ms[key] for e in enqueue[key]))
                 line += f" {t:9.3f} ms {cell['tflops']:7.1f} TFLOPS  check {checks[key]:.2e}"
                 plain = ms.get((backend, "causal"))

@@ -180,9 +180,7 @@ struct RowSoftmax {
   float sum[2] = {0.f, 0.f};
 
   // Turns scores into unnormalized probabilities in place; returns how much O must shrink.
-  // FmaHalf (soft-capped variants, unmasked tiles: every exponent is finite): every other
-  // exponential on the FMA pipe (exp2_fma), since tanh already takes the SFU's reciprocals.
-  template <bool FmaHalf, int N>
+  template <int N>
   __device__ __forceinline__ void update(float (&s)[N], float scale_log2, float (&correction)[2]) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -204,8 +202,7 @@ struct RowSoftmax {
 #pragma unroll
       for (int e = 2 * i; e < N; e += 4) {
         s[e] = exp2_ftz(fmaf(s[e], scale_log2, -offset));
-        s[e + 1] = FmaHalf ? exp2_fma(fmaf(s[e + 1], scale_log2, -offset))
-                           : exp2_ftz(fmaf(s[e + 1], scale_log2, -offset));
+        s[e + 1] = exp2_ftz(fmaf(s[e + 1], scale_log2, -offset));
         tile_sum += s[e] + s[e + 1];
       }
       sum[i] = sum[i] * correction[i] + tile_sum;
@@ -438,7 +435,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         soft_cap<Softcap>(s, p);
         if constexpr (decltype(masked)::value)
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
-        softmax.update<Softcap && !decltype(masked)::value>(s, p.scale_log2, correction);
+        softmax.update(s, p.scale_log2, correction);
       };
       auto scores_alone = [&](int j, auto masked) {  // S(j), waited on, then softmax(j)
         wait_full(bars->k_full, slot0 + j);
@@ -505,7 +502,9 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           scores_alone(j, True{});
         else
           scores_alone(j, False{});
-        for (++j; j < min(lead_end, range.end); ++j) overlapped_step(j, True{});
+        ++j;
+        if constexpr (Window)  // (one copy of the masked step fewer without a window)
+          for (; j < min(lead_end, range.end); ++j) overlapped_step(j, True{});
         for (; j < min(first_masked, range.end); ++j) overlapped_step(j, False{});
         for (; j < range.end; ++j) overlapped_step(j, True{});
         values_alone(range.end - 1);
