@@ -25,6 +25,28 @@ struct Args {
   ForwardOptions options;
 };
 
+// One query per sequence over 8192 keys, GQA 4:1: the shape of a decode step.
+Args decode_step() {
+  Args step;
+  step.q = TensorView::bshd(fake(0x100000), DType::bf16, 2, 1, 8, 128);
+  step.out = TensorView::bshd(fake(0x400000), DType::bf16, 2, 1, 8, 128);
+  step.k = TensorView::bshd(fake(0x200000), DType::bf16, 2, 8192, 2, 128);
+  step.v = TensorView::bshd(fake(0x300000), DType::bf16, 2, 8192, 2, 128);
+  return step;
+}
+
+DeviceInfo h200() {
+  DeviceInfo d;
+  d.arch = "sm_90a", d.multiprocessors = 132, d.max_shared_per_block_optin = 232448;
+  return d;
+}
+
+DeviceInfo a100() {
+  DeviceInfo d;
+  d.arch = "sm_80", d.multiprocessors = 108, d.max_shared_per_block_optin = 166912;
+  return d;
+}
+
 std::string rejection(const Args& a) {
   try {
     detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
@@ -60,14 +82,12 @@ TEST_CASE("a softcap passes its scores to the kernel already scaled, and picks c
   CHECK(problem.params.softcap_scale == doctest::Approx(1.0 / std::sqrt(128.0) / 30.0));
   CHECK(problem.params.softmax_scale == 1.f);  // the LSE of capped scores is in their own units
   CHECK(problem.params.scale_log2 == doctest::Approx(1.4426950408889634));
-  DeviceInfo h200;
-  h200.arch = "sm_90a", h200.multiprocessors = 132, h200.max_shared_per_block_optin = 232448;
-  const Variant v = detail::select_variant(problem, h200, nullptr);
+  const Variant v = detail::select_variant(problem, h200(), nullptr);
   CHECK(v.softcap);
   CHECK(v.family == "wgmma");
   a.options.softcap = 0.f;
   CHECK_FALSE(
-      detail::select_variant(detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200,
+      detail::select_variant(detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200(),
                              nullptr)
           .softcap);
 }
@@ -199,8 +219,6 @@ TEST_CASE("the Engine reports a missing driver or GPU clearly") {
 
 TEST_CASE("a sliding window reaches the kernel as two bounds, and picks window variants") {
   Args a;
-  DeviceInfo a100;
-  a100.arch = "sm_80", a100.multiprocessors = 108, a100.max_shared_per_block_optin = 166912;
   SUBCASE("no window: both sides -1, or causal with only window_right 0") {
     CHECK_FALSE(detail::validate_forward(a.q, a.k, a.v, a.out, a.options).window);
     a.options.causal = true, a.options.window_right = 0;
@@ -212,7 +230,7 @@ TEST_CASE("a sliding window reaches the kernel as two bounds, and picks window v
     CHECK(problem.window);
     CHECK(problem.params.window_left == 100);
     CHECK(problem.params.window_right == 7);
-    const Variant v = detail::select_variant(problem, a100, nullptr);
+    const Variant v = detail::select_variant(problem, a100(), nullptr);
     CHECK(v.window);
     CHECK(v.family == "mma");
   }
@@ -229,22 +247,16 @@ TEST_CASE("a sliding window reaches the kernel as two bounds, and picks window v
   }
   SUBCASE("on sm_90a a window prefill runs on wgmma, a windowed decode step on decode_tma") {
     a.options.window_left = 32;
-    DeviceInfo h200;
-    h200.arch = "sm_90a", h200.multiprocessors = 132, h200.max_shared_per_block_optin = 232448;
     const Variant v = detail::select_variant(
-        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200, nullptr);
+        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200(), nullptr);
     CHECK(v.family == "wgmma");
     CHECK(v.window);
     // One query per sequence over 8192 keys, 100 keys back: decode_tma, and split-KV divides the
     // band's tiles (two of 64 keys, plus one for its misalignment), not the cache's 128.
-    Args step;
-    step.q = TensorView::bshd(fake(0x100000), DType::bf16, 2, 1, 8, 128);
-    step.out = TensorView::bshd(fake(0x400000), DType::bf16, 2, 1, 8, 128);
-    step.k = TensorView::bshd(fake(0x200000), DType::bf16, 2, 8192, 2, 128);
-    step.v = TensorView::bshd(fake(0x300000), DType::bf16, 2, 8192, 2, 128);
+    Args step = decode_step();
     step.options.causal = true, step.options.window_left = 100;
     const auto decode = detail::validate_forward(step.q, step.k, step.v, step.out, step.options);
-    const Variant d = detail::select_variant(decode, h200, nullptr);
+    const Variant d = detail::select_variant(decode, h200(), nullptr);
     CHECK(d.family == "decode_tma");
     CHECK(d.window);
     CHECK(decode.key_tiles_seen(64) == 3);
@@ -270,38 +282,28 @@ TEST_CASE("attention sinks reach the kernel as a pointer, and pick sink variants
     CHECK(problem.softmax_scale == plain.softmax_scale);
     CHECK(problem.params.scale_log2 == plain.params.scale_log2);
     CHECK(problem.params.heads_per_kv == plain.params.heads_per_kv);
-    DeviceInfo a100;
-    a100.arch = "sm_80", a100.multiprocessors = 108, a100.max_shared_per_block_optin = 166912;
-    const Variant v = detail::select_variant(problem, a100, nullptr);
+    const Variant v = detail::select_variant(problem, a100(), nullptr);
     CHECK(v.sink);
     CHECK(v.family == "mma");
-    CHECK_FALSE(detail::select_variant(plain, a100, nullptr).sink);
+    CHECK_FALSE(detail::select_variant(plain, a100(), nullptr).sink);
   }
   SUBCASE("simt has no sinks: forcing it names why") {
     a.options.sink_logits = static_cast<const float*>(fake(0x600004));
     const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
-    DeviceInfo a100;
-    a100.arch = "sm_80", a100.multiprocessors = 108, a100.max_shared_per_block_optin = 166912;
     CHECK_THROWS_WITH_AS(
-        detail::select_variant(problem, a100, detail::forced_family(std::string("simt"))),
+        detail::select_variant(problem, a100(), detail::forced_family(std::string("simt"))),
         doctest::Contains("has no attention sinks"), Error);
   }
   SUBCASE("on sm_90a a sink prefill runs on wgmma, a decode step with sinks on decode_tma") {
     a.options.sink_logits = static_cast<const float*>(fake(0x600004));
-    DeviceInfo h200;
-    h200.arch = "sm_90a", h200.multiprocessors = 132, h200.max_shared_per_block_optin = 232448;
     const Variant v = detail::select_variant(
-        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200, nullptr);
+        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200(), nullptr);
     CHECK(v.family == "wgmma");
     CHECK(v.sink);
-    Args step;  // one query per sequence over 8192 keys
-    step.q = TensorView::bshd(fake(0x100000), DType::bf16, 2, 1, 8, 128);
-    step.out = TensorView::bshd(fake(0x400000), DType::bf16, 2, 1, 8, 128);
-    step.k = TensorView::bshd(fake(0x200000), DType::bf16, 2, 8192, 2, 128);
-    step.v = TensorView::bshd(fake(0x300000), DType::bf16, 2, 8192, 2, 128);
+    Args step = decode_step();
     step.options.causal = true, step.options.sink_logits = a.options.sink_logits;
     const Variant d = detail::select_variant(
-        detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200, nullptr);
+        detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200(), nullptr);
     CHECK(d.family == "decode_tma");
     CHECK(d.sink);
   }
