@@ -19,6 +19,14 @@ __device__ __forceinline__ int key_limit(const Lengths& len, int row) {
   return limit < len.seqlen_k ? limit : len.seqlen_k;
 }
 
+// The last query row of the tile [row0, row0 + TileM) that the sequence has.
+template <int TileM, typename Lengths>
+__device__ __forceinline__ int last_row_of(const Lengths& len, int row0) {
+  int last = row0 + TileM - 1;
+  if (last > len.seqlen_q - 1) last = len.seqlen_q - 1;
+  return last;
+}
+
 // First key that query row `row` may see: 0 without a window.
 template <bool Window, typename Lengths>
 __device__ __forceinline__ int key_first(const Lengths& len, const FmhaParams& p, int row) {
@@ -48,8 +56,7 @@ struct TileRange {
 template <bool Causal, bool Window, int TileM, int TileN, typename Lengths>
 __device__ __forceinline__ TileRange kv_tile_range(const Lengths& len, const FmhaParams& p,
                                                    int row0) {
-  int last_row = row0 + TileM - 1;
-  if (last_row > len.seqlen_q - 1) last_row = len.seqlen_q - 1;
+  const int last_row = last_row_of<TileM>(len, row0);
   const int keys = key_end<Causal, Window>(len, p, last_row);
   const int end = keys <= 0 ? 0 : (keys + TileN - 1) / TileN;
   return {key_first<Window>(len, p, row0) / TileN, end};
@@ -59,8 +66,7 @@ __device__ __forceinline__ TileRange kv_tile_range(const Lengths& len, const Fmh
 // diagonal are never visited.
 template <bool Causal, int TileM, int TileN, typename Lengths>
 __device__ __forceinline__ int kv_tile_count(const Lengths& len, int row0) {
-  int last_row = row0 + TileM - 1;
-  if (last_row > len.seqlen_q - 1) last_row = len.seqlen_q - 1;
+  const int last_row = last_row_of<TileM>(len, row0);
   int keys = key_limit<Causal>(len, last_row);
   return keys <= 0 ? 0 : (keys + TileN - 1) / TileN;
 }
@@ -80,8 +86,7 @@ __device__ __forceinline__ bool tile_needs_band_mask(const Lengths& len, const F
                                                      int row0, int key0) {
   if (!Window) return tile_needs_mask<Causal, TileM, TileN>(len, row0, key0);
   if (key0 + TileN > len.seqlen_k) return true;
-  int last_row = row0 + TileM - 1;
-  if (last_row > len.seqlen_q - 1) last_row = len.seqlen_q - 1;
+  const int last_row = last_row_of<TileM>(len, row0);
   return key0 < key_first<true>(len, p, last_row) ||
          key0 + TileN > key_end<Causal, true>(len, p, row0);
 }
