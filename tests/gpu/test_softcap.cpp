@@ -40,24 +40,11 @@ std::vector<ForwardCase> softcap_cases() {
 }  // namespace
 
 TEST_CASE("soft-capped forward matches the float64 reference for every family on this GPU") {
-  unsigned seed = 777;
-  for (const std::string& family : family_names()) {
-    for (const ForwardCase& c : softcap_cases()) {
-      // The same shape uncapped first: its launch plan is cached, and must not serve the
-      // capped call.
-      ForwardCase plain = c;
-      plain.softcap = 0.f;
-      const std::optional<ForwardCheck> uncapped =
-          run_if_supported(shared_engine(), plain, family, seed);
-      if (!uncapped) continue;
-      CHECK_FALSE(uncapped->variant.ends_with(".softcap"));
-      const std::optional<ForwardCheck> ran = run_if_supported(shared_engine(), c, family, seed++);
-      if (!ran) continue;
-      const ForwardCheck& check = *ran;
-      CAPTURE(check.variant);
-      CAPTURE(c.describe());
-      CHECK(check.variant.ends_with(".softcap"));
-      check_within_bounds(check, c.dtype);
-    }
-  }
+  check_variant_against_plain(
+      softcap_cases(), ".softcap",
+      [](ForwardCase c) {
+        c.softcap = 0.f;
+        return c;
+      },
+      777);
 }

@@ -55,27 +55,13 @@ std::vector<ForwardCase> window_cases() {
 }  // namespace
 
 TEST_CASE("a sliding window matches the float64 reference for every family that builds it") {
-  unsigned seed = 4242;
-  int ran_somewhere = 0;
-  for (const std::string& family : family_names()) {
-    for (const ForwardCase& c : window_cases()) {
-      // The same shape without the window first: its launch plan is cached, and must not serve
-      // the windowed call.
-      ForwardCase plain = c;
-      plain.window_left = plain.window_right = -1;
-      const std::optional<ForwardCheck> full = run_if_supported(shared_engine(), plain, family, seed);
-      if (!full) continue;
-      CHECK_FALSE(full->variant.ends_with(".window"));
-      const std::optional<ForwardCheck> ran = run_if_supported(shared_engine(), c, family, seed++);
-      if (!ran) continue;
-      ++ran_somewhere;
-      const ForwardCheck& check = *ran;
-      CAPTURE(check.variant);
-      CAPTURE(c.describe());
-      CHECK(check.variant.ends_with(".window"));
-      check_within_bounds(check, c.dtype);
-    }
-  }
+  const int ran_somewhere = check_variant_against_plain(
+      window_cases(), ".window",
+      [](ForwardCase c) {
+        c.window_left = c.window_right = -1;
+        return c;
+      },
+      4242);
   CHECK(ran_somewhere > 0);  // some family on this GPU builds window kernels
 }
 
@@ -110,23 +96,13 @@ TEST_CASE("learnable sinks match the float64 reference for every family that bui
   ForwardCase decode{4, 32, 8, 1, 2000, 128, false};  // split-KV decode
   decode.sink_logits = sinks_for(decode.heads_q);
   cases.push_back(decode);
-  unsigned seed = 5150;
-  int ran_somewhere = 0;
-  for (const std::string& family : family_names())
-    for (const ForwardCase& c : cases) {
-      ForwardCase plain = c;
-      plain.sink_logits.clear();
-      const std::optional<ForwardCheck> without = run_if_supported(shared_engine(), plain, family, seed);
-      if (!without) continue;
-      CHECK_FALSE(without->variant.ends_with(".sink"));
-      const std::optional<ForwardCheck> ran = run_if_supported(shared_engine(), c, family, seed++);
-      if (!ran) continue;
-      ++ran_somewhere;
-      CAPTURE(ran->variant);
-      CAPTURE(c.describe());
-      CHECK(ran->variant.ends_with(".sink"));
-      check_within_bounds(*ran, c.dtype);
-    }
+  const int ran_somewhere = check_variant_against_plain(
+      cases, ".sink",
+      [](ForwardCase c) {
+        c.sink_logits.clear();
+        return c;
+      },
+      5150);
   CHECK(ran_somewhere > 0);
 }
 

@@ -9,6 +9,7 @@
 
 #include "device_problem.hpp"
 #include "flashjit/device_memory.hpp"
+#include "gpu.hpp"
 #include "reference.hpp"
 
 namespace flashjit::test {
@@ -36,6 +37,26 @@ std::optional<ForwardCheck> run_if_supported(Engine& engine, const ForwardCase& 
       FAIL_CHECK(fmt::format("{} {}: {}", family, c.describe(), e.what()));
     return std::nullopt;
   }
+}
+
+int check_variant_against_plain(const std::vector<ForwardCase>& cases, const std::string& suffix,
+                                ForwardCase (*plain)(ForwardCase), unsigned seed) {
+  int ran_somewhere = 0;
+  for (const std::string& family : family_names())
+    for (const ForwardCase& c : cases) {
+      const std::optional<ForwardCheck> without =
+          run_if_supported(shared_engine(), plain(c), family, seed);
+      if (!without) continue;
+      CHECK_FALSE(without->variant.ends_with(suffix));
+      const std::optional<ForwardCheck> ran = run_if_supported(shared_engine(), c, family, seed++);
+      if (!ran) continue;
+      ++ran_somewhere;
+      CAPTURE(ran->variant);
+      CAPTURE(c.describe());
+      CHECK(ran->variant.ends_with(suffix));
+      check_within_bounds(*ran, c.dtype);
+    }
+  return ran_somewhere;
 }
 
 void check_within_bounds(const ForwardErrors& errors, DType dtype) {

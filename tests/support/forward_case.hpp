@@ -41,4 +41,12 @@ std::optional<ForwardCheck> run_if_supported(Engine& engine, const ForwardCase& 
 // Asserts every bound of compare.hpp (doctest CHECK), naming the ones that fail.
 void check_within_bounds(const ForwardErrors& errors, DType dtype);
 
+// A variant (softcap, window, sinks) in every family on this GPU that runs it: each case first
+// as `plain` makes it (the variant off: its launch plan is cached, and must not serve the
+// variant's call, whose name must not end with `suffix`), then as given (its name ends with
+// `suffix`, and it is within the reference bounds). Seeds count up from `seed`. Returns how many
+// variant runs launched.
+int check_variant_against_plain(const std::vector<ForwardCase>& cases, const std::string& suffix,
+                                ForwardCase (*plain)(ForwardCase), unsigned seed);
+
 }  // namespace flashjit::test
