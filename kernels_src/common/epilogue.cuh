@@ -31,7 +31,7 @@ template <bool Sink>
 __device__ __forceinline__ RowFinish finish_row(const FmhaParams& p, int head, float row_max,
                                                 float row_sum, bool with_sink = true) {
   if (!Sink || !with_sink) return {output_scale(row_sum), row_lse(p, row_max, row_sum)};
-  const float sink = __ldg(p.sink_logits + head) * kLog2eF;
+  const float sink = __ldg(p.sink_logits + head) * kLog2e;
   const float keys = row_sum > 0.f ? row_max * p.scale_log2 : neg_inf();
   const float top = fmaxf(keys, sink);
   if (top == neg_inf()) return {0.f, neg_inf()};  // no key and a sink of -inf

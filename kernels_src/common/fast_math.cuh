@@ -3,8 +3,7 @@
 
 namespace flashjit {
 
-constexpr float kLog2eF = 1.4426950408889634f;       // log2(e): natural-log units to log2
-constexpr float kLn2F = 0.69314718055994530942f;     // ln(2): log2 units to natural-log
+constexpr float kLn2F = 0.69314718055994530942f;  // ln(2): log2 units to natural-log
 
 __device__ __forceinline__ float neg_inf() { return __int_as_float(0xff800000); }
 

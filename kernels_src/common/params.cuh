@@ -4,6 +4,10 @@
 
 namespace flashjit {
 
+// log2(e): scores and logits in natural-log units times this go straight into exp2
+// (FmhaParams::scale_log2, a sink's logit).
+constexpr float kLog2e = 1.4426950408889634f;
+
 // A window side left unbounded (ForwardOptions::window_* = -1): farther than any key.
 constexpr int kUnboundedWindow = 1 << 30;
 

@@ -19,7 +19,6 @@ namespace {
 constexpr const char* kDims[4] = {"batch", "seqlen", "heads", "head_dim"};
 constexpr std::int64_t kAlignBytes = 16;
 constexpr std::int64_t kElementBytes = 2;  // bf16 and fp16
-constexpr float kLog2e = 1.4426950408889634f;
 constexpr int kMaxSplits = MergeShape::kMaxStates;
 constexpr std::uintptr_t kWorkspaceAlignment = 256;
 
