@@ -62,6 +62,37 @@ __device__ __forceinline__ TileRange kv_tile_range(const Lengths& len, const Fmh
   return {key_first<Window>(len, p, row0) / TileN, end};
 }
 
+// The order in which a query tile [row0, row0 + TileM) visits its key tiles [first, end): the
+// tiles no row needs masked, [u0, u1), first, then the masked ones, [first, u0) (the band's left
+// side cuts them) and [u1, end) (the diagonal, the band's right side or seqlen_k). The online
+// softmax does not depend on the order, and one masked loop serves both ends of a window's band.
+// Without a window u0 = first = 0, so the order is the natural one whatever u1 is.
+template <bool Window>
+struct TileOrder {
+  int first, u0, u1, end;
+
+  __device__ __forceinline__ int count() const { return end - first; }
+  __device__ __forceinline__ int unmasked() const { return u1 - u0; }
+  __device__ __forceinline__ int tile(int i) const {  // the i-th key tile visited
+    if (!Window) return i;
+    if (i < u1 - u0) return u0 + i;
+    const int k = i - (u1 - u0);
+    return k < u0 - first ? first + k : u1 + (k - (u0 - first));
+  }
+};
+template <bool Causal, bool Window, int TileM, int TileN, typename Lengths>
+__device__ __forceinline__ TileOrder<Window> tile_order(const Lengths& len, const FmhaParams& p,
+                                                int row0) {
+  const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(len, p, row0);
+  const int last_row = last_row_of<TileM>(len, row0);
+  int u0 = Window ? (key_first<Window>(len, p, last_row) + TileN - 1) / TileN : range.first;
+  u0 = u0 < range.first ? range.first : (u0 > range.end ? range.end : u0);
+  const int right = key_end<Causal, Window>(len, p, row0);
+  int u1 = (right > 0 ? right : 0) / TileN;
+  u1 = u1 < u0 ? u0 : (u1 > range.end ? range.end : u1);
+  return {range.first, u0, u1, range.end};
+}
+
 // Key tiles [0, n_tiles) hold every key some row of [row0, row0 + TileM) may see; tiles above the
 // diagonal are never visited.
 template <bool Causal, int TileM, int TileN, typename Lengths>

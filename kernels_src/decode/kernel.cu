@@ -375,7 +375,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     const int head = kv_head * group + row % group;
     // A split's partial must count the sink once: split 0 takes it (the merge adds the states).
     const RowFinish finish = finish_row<Sink>(p, head, best, total, split == 0);
-    const float scale = finish.scale, lse = finish.lse;
+    const float scale = finish.scale, lse = finish.lse();
     if (partial) {
       const long long out_row =
           static_cast<long long>(split) * p.batch * p.seqlen_q * p.heads_q +

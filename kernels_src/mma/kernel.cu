@@ -164,7 +164,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
         staged[dt * 4] = pack2<T>(o[mt][dt][2 * h] * scale, o[mt][dt][2 * h + 1] * scale);
       const int row = row0 + local_row;
       if (p.lse != nullptr && lane % 4 == 0 && row < p.seqlen_q)
-        store_row_lse(p, batch, head, row, finish.lse);
+        store_row_lse(p, batch, head, row, finish.lse());
     }
   __syncwarp();
   T* o_base = static_cast<T*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h;

@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(SimtShape{HeadDim, TileM, TileN}.threads())
     *reinterpret_cast<uint4*>(o + d) = packed;
   }
   if (p.lse != nullptr && lane_in_row == 0)
-    store_row_lse(p, batch, head, row, row_lse(p, row_max, row_sum));
+    store_row_lse(p, batch, head, row, finish_row<false>(p, head, row_max, row_sum).lse());
 }
 
 }  // namespace flashjit
