@@ -32,9 +32,11 @@ struct FmhaParams {
   // Sliding-window variants (Variant::window): row i sees keys [i + d - window_left,
   // i + d + window_right], d = seqlen_k - seqlen_q; an unbounded side is kUnboundedWindow.
   int window_left, window_right;
+  int sink_tokens;
   // Sink variants (Variant::sink): fp32 [heads_q], one more logit per query head in each row's
   // softmax denominator (gpt-oss's learnable sinks), in the units of the scaled scores.
   const float* sink_logits;
+  const float* alibi_slopes;
 
   // Paged KV cache (families with the paged feature): key j of sequence b is row j % page_size of
   // page page_table[b * page_table_stride + j / page_size].

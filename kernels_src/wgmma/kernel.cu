@@ -10,6 +10,7 @@
 // consumer overlaps softmax(j) with P·V(j-1). With three consumers O leaves through a staging
 // buffer and a TMA store that runs while the warpgroup starts its next tile; otherwise with
 // 16-byte stores from registers.
+#include "common/alibi.cuh"
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/global_store.cuh"
@@ -158,8 +159,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[HeadDim / 2],
 }
 
 // Scores of keys a row may not see become -inf (past seqlen_k, above the causal diagonal, outside
-// the window). `key` is the thread's first column; comparisons are against per-row bounds relative
-// to it, so each element costs a compare (two with a window) with an immediate.
+// the window but for its sink tokens). `key` is the thread's first column; comparisons are against
+// per-row bounds relative to it, so each element costs a compare (three with a window) with an
+// immediate.
 template <bool Causal, bool Window, int TileN>
 __device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const SequenceLengths& seq,
                                             const FmhaParams& p, int row, int key) {
@@ -167,10 +169,36 @@ __device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const Sequenc
                       key_end<Causal, Window>(seq, p, row + 8) - key};
   const int first[2] = {key_first<Window>(seq, p, row) - key,
                         key_first<Window>(seq, p, row + 8) - key};
+  const int sink_end = Window ? p.sink_tokens - key : 0;
 #pragma unroll
   for (int e = 0; e < TileN / 2; ++e) {
     const int column = 8 * (e / 4) + e % 2;
-    if (column >= end[(e / 2) % 2] || (Window && column < first[(e / 2) % 2])) s[e] = neg_inf();
+    if (column >= end[(e / 2) % 2] ||
+        (Window && column < first[(e / 2) % 2] && column >= sink_end))
+      s[e] = neg_inf();
+  }
+}
+
+// ALiBi on the two rows a thread holds; `distance` is row 0's diagonal minus the thread's first
+// key (row 1's is 8 more). Causal (every visible key at or left of the diagonal): -slope·(d - c)
+// = slope·c - slope·d, so each score takes one FMA with its column's immediate and the rows'
+// -slope·d goes to row_bias (RowSoftmax::update); keys right of the diagonal are masked anyway.
+// Otherwise the distance's sign varies within the tile: -slope·|d - c| per score.
+template <bool Causal, int TileN>
+__device__ __forceinline__ void alibi_scores(float (&s)[TileN / 2], float slope, int distance,
+                                             float (&row_bias)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float d = static_cast<float>(distance + 8 * i);
+    row_bias[i] = Causal ? -slope * d : 0.f;
+#pragma unroll
+    for (int e = 2 * i; e < TileN / 2; e += 4)
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const float column = static_cast<float>(8 * ((e + k) / 4) + (e + k) % 2);
+        s[e + k] = Causal ? fmaf(slope, column, s[e + k])
+                          : fmaf(-slope, fabsf(d - column), s[e + k]);
+      }
   }
 }
 
@@ -181,8 +209,11 @@ struct RowSoftmax {
   float sum[2] = {0.f, 0.f};
 
   // Turns scores into unnormalized probabilities in place; returns how much O must shrink.
-  template <int N>
-  __device__ __forceinline__ void update(float (&s)[N], float scale_log2, float (&correction)[2]) {
+  // Biased: row i's scores are s + row_bias[i] (ALiBi's per-row part, alibi_scores), added to the
+  // max and folded into the exponent's offset rather than into every score.
+  template <bool Biased = false, int N>
+  __device__ __forceinline__ void update(float (&s)[N], float scale_log2, float (&correction)[2],
+                                         const float (&row_bias)[2] = {0.f, 0.f}) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       // Four independent partial maxima: the reduction is on the path to every exponential, and
@@ -196,14 +227,18 @@ struct RowSoftmax {
         partial[chain + 1] = fmaxf(partial[chain + 1], s[e + 1]);
       }
       const float tile_max = fmaxf(fmaxf(partial[0], partial[1]), fmaxf(partial[2], partial[3]));
-      const float new_max = fmaxf(max[i], quad_max(tile_max));
+      const float new_max =
+          fmaxf(max[i], Biased ? quad_max(tile_max) + row_bias[i] : quad_max(tile_max));
       const float offset = scaled_max(new_max, scale_log2);
       correction[i] = exp2_ftz(max[i] * scale_log2 - offset);  // 0 while max was -inf
+      // (row_bias - max) before scaling: both may be large, their difference is not.
+      const float shift =
+          Biased ? (new_max == neg_inf() ? 0.f : (row_bias[i] - new_max) * scale_log2) : -offset;
       float tile_sum = 0.f;
 #pragma unroll
       for (int e = 2 * i; e < N; e += 4) {
-        s[e] = exp2_ftz(fmaf(s[e], scale_log2, -offset));
-        s[e + 1] = exp2_ftz(fmaf(s[e + 1], scale_log2, -offset));
+        s[e] = exp2_ftz(fmaf(s[e], scale_log2, shift));
+        s[e + 1] = exp2_ftz(fmaf(s[e + 1], scale_log2, shift));
         tile_sum += s[e] + s[e + 1];
       }
       sum[i] = sum[i] * correction[i] + tile_sum;
@@ -385,7 +420,7 @@ struct Turns {
 // ---- consumer main loop -----------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink>
+          bool Softcap, bool Window, bool Sink, bool Alibi>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -432,11 +467,17 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       RowSoftmax softmax;
       float s[TileN / 2], correction[2];
       unsigned pf[TileN / 16][4];
+      const float alibi_slope = Alibi ? alibi_raw_slope(p, c.head) : 0.f;
       auto softmax_step = [&](int j, auto masked) {  // S(j) -> P(j) in place, and O's correction
         soft_cap<Softcap>(s, p);
+        float row_bias[2] = {0.f, 0.f};
+        if constexpr (Alibi)
+          alibi_scores<Causal, TileN>(
+              s, alibi_slope, row0 + at.row + seq.seqlen_k - seq.seqlen_q - (j * TileN + at.col),
+              row_bias);
         if constexpr (decltype(masked)::value)
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
-        softmax.update(s, p.scale_log2, correction);
+        softmax.update<Alibi && Causal>(s, p.scale_log2, correction, row_bias);
       };
       // Steps take the visit index i (the tile is order.tile(i), its ring slot pipe + i).
       auto scores_alone = [&](int i, auto masked) {  // S(i), waited on, then softmax(i)
@@ -525,7 +566,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink>
+          bool Softcap, bool Window, bool Sink, bool Alibi = false>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
@@ -570,7 +611,7 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
           p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink>(
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi>(
         p, sched, table, &tma_o, smem, bars, warpgroup - 1);
   }
 }
