@@ -316,7 +316,10 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
     soft_cap<Softcap>(s, p);
     const int lane_key = tile * TileN + warp * kWarpKeys + (lane % 4) * 2;
-    if constexpr (Alibi) add_alibi<MT, NT>(s, alibi_slope, alibi_diagonal, lane_key);
+    if constexpr (Alibi)
+      add_alibi<MT, NT>(
+          s, [&](int mt, int h) { return alibi_slope[mt][h]; },
+          [&](int mt, int h) { return alibi_diagonal[mt][h]; }, lane_key);
     // A lane's first row sees the fewest keys on the right (limits grow with the row); on the
     // left the CTA's last row cuts deepest.
     if (tile * TileN + TileN > lane_key_end[0][0] || (Window && tile * TileN < band_start)) {

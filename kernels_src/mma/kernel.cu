@@ -118,19 +118,8 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   start_online_softmax<MT, DT>(o, row_max, row_sum);
 
   // ALiBi: every row of the CTA has its head's slope; the diagonals grow with the rows.
-  float alibi_slope[MT][2];
-  int alibi_diagonal[MT][2];
-  if constexpr (Alibi) {
-    const float slope = alibi_raw_slope(p, head);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        alibi_slope[mt][h] = slope;
-        alibi_diagonal[mt][h] =
-            row0 + warp_row0 + lane / 4 + mt * 16 + h * 8 + p.seqlen_k - p.seqlen_q;
-      }
-  }
+  const float alibi_slope = Alibi ? alibi_raw_slope(p, head) : 0.f;
+  const int alibi_diagonal = row0 + warp_row0 + lane / 4 + p.seqlen_k - p.seqlen_q;
 
   for (int j = 0; j < n_tiles; ++j) {
     const int tile = range.tile(j);
@@ -146,7 +135,10 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
     gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage_offset);
     soft_cap<Softcap>(s, p);
     const int key0 = tile * TileN;
-    if constexpr (Alibi) add_alibi<MT, NT>(s, alibi_slope, alibi_diagonal, key0 + (lane % 4) * 2);
+    if constexpr (Alibi)
+      add_alibi<MT, NT>(
+          s, [&](int, int) { return alibi_slope; },
+          [&](int mt, int h) { return alibi_diagonal + mt * 16 + h * 8; }, key0 + (lane % 4) * 2);
     if (tile_needs_band_mask<Causal, Window, kWarpRows, TileN>(p, p, row0 + warp_row0, key0))
       mask_scores<Causal, Window, MT, NT>(s, p, row0 + warp_row0 + lane / 4,
                                           key0 + (lane % 4) * 2);
