@@ -84,6 +84,8 @@ class FlashjitForwardOptions(ctypes.Structure):
         ("window_right", ctypes.c_int32),
         # Absent before attention sinks: older builds ignore it (and run no sink).
         ("sink_logits", ctypes.c_void_p),
+        # Absent before ALiBi: older builds ignore it (and add no bias).
+        ("alibi_slopes", ctypes.c_void_p),
     ]
 
 
@@ -391,7 +393,7 @@ class Engine:
 
     def options(self, causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None,
                 num_splits=0, workspace=None, workspace_bytes=0, softcap=0.0, window=(-1, -1),
-                sink=None):
+                sink=None, alibi=None):
         """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
         the dispatcher's choice, else one of the library's families() (checked here); tiles:
         None for the family's table, else (tile_m, tile_n, stages); num_splits: 0 for the
@@ -400,7 +402,9 @@ class Engine:
         at softcap * tanh(score / softcap); window: (left, right) sliding window in
         FlashAttention's convention, -1 an unbounded side, (-1, -1) none; sink: attention-sink
         logits, fp32 [heads_q] (one per query head, joining each row's softmax denominator), a
-        device pointer (int) or a torch float32 tensor, None for none."""
+        device pointer (int) or a torch float32 tensor, None for none; alibi: ALiBi slopes,
+        fp32 [heads_q] (the score of row i and key j gets -slope * |i + seqlen_k - seqlen_q - j|),
+        a device pointer (int) or a torch float32 tensor, None for none."""
         if family:
             self.owner.check_family(family)
         o = FlashjitForwardOptions()
@@ -421,6 +425,7 @@ class Engine:
         o.sliding_window = 1 if (left, right) != (-1, -1) else 0
         o.window_left, o.window_right = left, right
         o.sink_logits = _address(sink, "sink", "torch.float32", 1) or None
+        o.alibi_slopes = _address(alibi, "alibi", "torch.float32", 1) or None
         return o
 
     # --- KV cache (flashjit_forward_kv and friends; FlashjitLoadError on older builds) -------
@@ -547,9 +552,10 @@ class Engine:
             raise FlashjitError("flashjit_forward", status, self.owner.last_error())
 
     def forward(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None, family=None,
-                stream=None, tiles=None, softcap=0.0, window=(-1, -1), sink=None):
+                stream=None, tiles=None, softcap=0.0, window=(-1, -1), sink=None, alibi=None):
         self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family, tiles,
-                                                    softcap=softcap, window=window, sink=sink),
+                                                    softcap=softcap, window=window, sink=sink,
+                                                    alibi=alibi),
                          stream)
 
     def select_variant(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None,

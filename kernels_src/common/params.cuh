@@ -35,6 +35,9 @@ struct FmhaParams {
   // Sink variants (Variant::sink): fp32 [heads_q], one more logit per query head in each row's
   // softmax denominator (gpt-oss's learnable sinks), in the units of the scaled scores.
   const float* sink_logits;
+  // ALiBi variants (Variant::alibi): fp32 [heads_q] slopes; the scaled score of (i, j) gets
+  // -slope * |i + seqlen_k - seqlen_q - j|.
+  const float* alibi_slopes;
 
   // Paged KV cache (families with the paged feature): key j of sequence b is row j % page_size of
   // page page_table[b * page_table_stride + j / page_size].

@@ -384,7 +384,7 @@ struct Turns {
 // ---- consumer main loop -----------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink>
+          bool Softcap, bool Window, bool Sink, bool Alibi>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -523,7 +523,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink>
+          bool Softcap, bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
@@ -568,7 +568,7 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
           p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink>(
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi>(
         p, sched, table, &tma_o, smem, bars, warpgroup - 1);
   }
 }

@@ -89,6 +89,7 @@ flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
     options.window_right = o->window_right;
   }
   options.sink_logits = o->sink_logits;
+  options.alibi_slopes = o->alibi_slopes;
   return options;
 }
 

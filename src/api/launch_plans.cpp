@@ -30,6 +30,7 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   key.softcap = problem.softcap > 0.f;
   key.window = problem.window;
   key.sink = problem.sink;
+  key.alibi = problem.alibi;
   if (tiles) {
     key.tile_m = tiles->tile_m;
     key.tile_n = tiles->tile_n;

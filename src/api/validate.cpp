@@ -243,6 +243,9 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   problem.sink = options.sink_logits != nullptr;
   if (problem.sink && reinterpret_cast<std::uintptr_t>(options.sink_logits) % 4 != 0)
     reject("sink_logits is not 4-byte aligned: expected a device buffer of heads_q floats");
+  problem.alibi = options.alibi_slopes != nullptr;
+  if (problem.alibi && reinterpret_cast<std::uintptr_t>(options.alibi_slopes) % 4 != 0)
+    reject("alibi_slopes is not 4-byte aligned: expected a device buffer of heads_q floats");
 
   FmhaParams& p = problem.params;
   p.q = q.data;
@@ -251,6 +254,7 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   p.o = out.data;
   p.lse = options.lse;
   p.sink_logits = options.sink_logits;
+  p.alibi_slopes = options.alibi_slopes;
   p.q_stride_b = q.stride[0], p.q_stride_s = q.stride[1], p.q_stride_h = q.stride[2];
   p.k_stride_b = k.stride[0], p.k_stride_s = k.stride[1], p.k_stride_h = k.stride[2];
   p.v_stride_b = v.stride[0], p.v_stride_s = v.stride[1], p.v_stride_h = v.stride[2];

@@ -27,6 +27,7 @@ struct ForwardProblem {
   float softcap = 0.f;  // ForwardOptions::softcap: > 0 runs a Variant::softcap kernel
   bool window = false;  // a sliding window (ForwardOptions::window_*): a Variant::window kernel
   bool sink = false;    // attention sinks (ForwardOptions::sink_logits): a Variant::sink kernel
+  bool alibi = false;   // ALiBi (ForwardOptions::alibi_slopes): a Variant::alibi kernel
   FmhaParams params{};  // pointers and strides, ready for a kernel
 
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }

@@ -36,12 +36,15 @@ TEST_CASE("engine creation reports the missing driver; null handles are invalid 
 }
 
 // Fields are only ever appended (an older library reads the prefix it knows), and zero means off.
-// That sink_logits reaches ForwardOptions takes an engine: tests/gpu/test_c_api.cpp.
-TEST_CASE("flashjit_forward_options ends with sink_logits; a zeroed struct has no sink") {
+// That sink_logits and alibi_slopes reach ForwardOptions takes an engine: tests/gpu/test_c_api.cpp.
+TEST_CASE("flashjit_forward_options ends with alibi_slopes; a zeroed struct has no sink or bias") {
   const flashjit_forward_options options{};
   CHECK(options.sink_logits == nullptr);
+  CHECK(options.alibi_slopes == nullptr);
   CHECK(offsetof(flashjit_forward_options, sink_logits) >
         offsetof(flashjit_forward_options, window_right));
-  CHECK(offsetof(flashjit_forward_options, sink_logits) + sizeof(options.sink_logits) ==
+  CHECK(offsetof(flashjit_forward_options, alibi_slopes) ==
+        offsetof(flashjit_forward_options, sink_logits) + sizeof(options.sink_logits));
+  CHECK(offsetof(flashjit_forward_options, alibi_slopes) + sizeof(options.alibi_slopes) ==
         sizeof(flashjit_forward_options));
 }

@@ -137,6 +137,15 @@ TEST_CASE("launch plans are keyed by every size, stride and option, and by no po
   CHECK_FALSE(sunk_key == windowed_key);
   sunk.params.sink_logits = reinterpret_cast<const float*>(0x600000);
   CHECK(detail::PlanKey::of(nullptr, sunk, nullptr, std::nullopt) == sunk_key);
+  // And ALiBi; its slopes are a run-time parameter too.
+  detail::ForwardProblem biased = base;
+  biased.alibi = true;
+  biased.params.alibi_slopes = reinterpret_cast<const float*>(0x700000);
+  const auto biased_key = detail::PlanKey::of(nullptr, biased, nullptr, std::nullopt);
+  CHECK_FALSE(biased_key == key);
+  CHECK_FALSE(biased_key == sunk_key);
+  biased.params.alibi_slopes = reinterpret_cast<const float*>(0x800000);
+  CHECK(detail::PlanKey::of(nullptr, biased, nullptr, std::nullopt) == biased_key);
 
   detail::ForwardProblem strided = base;
   strided.params.k_stride_s *= 2;

@@ -175,6 +175,12 @@ TEST_CASE("each bad input is named") {
         mentions(rejection(a),
                  "sink_logits is not 4-byte aligned: expected a device buffer of heads_q floats"));
   }
+  SUBCASE("misaligned alibi_slopes") {
+    a.options.alibi_slopes = static_cast<const float*>(fake(0x700002));
+    CHECK(mentions(
+        rejection(a),
+        "alibi_slopes is not 4-byte aligned: expected a device buffer of heads_q floats"));
+  }
 }
 
 // Found by tests/fuzz/fuzz_forward_args: each of these was accepted, and would have overflowed
@@ -306,5 +312,58 @@ TEST_CASE("attention sinks reach the kernel as a pointer, and pick sink variants
         detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200(), nullptr);
     CHECK(d.family == "decode_tma");
     CHECK(d.sink);
+  }
+}
+
+TEST_CASE("ALiBi reaches the kernel as a pointer, and picks ALiBi variants") {
+  Args a;
+  const auto plain = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+  CHECK_FALSE(plain.alibi);
+  CHECK(plain.params.alibi_slopes == nullptr);
+  const auto* slopes = static_cast<const float*>(fake(0x700004));
+  SUBCASE("alibi_slopes set: problem.alibi and the params' pointer, nothing else changed") {
+    a.options.alibi_slopes = slopes;
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(problem.alibi);
+    CHECK(problem.params.alibi_slopes == slopes);
+    CHECK_FALSE(problem.sink);
+    CHECK(problem.params.sink_logits == nullptr);
+    CHECK_FALSE(problem.window);
+    CHECK(problem.softcap == 0.f);
+    CHECK(problem.params.scale_log2 == plain.params.scale_log2);
+    const Variant v = detail::select_variant(problem, a100(), nullptr);
+    CHECK(v.alibi);
+    CHECK_FALSE(v.sink);
+    CHECK(v.family == "mma");
+    CHECK_FALSE(detail::select_variant(plain, a100(), nullptr).alibi);
+  }
+  SUBCASE("with sinks, a window and soft-capping: one variant with all four") {
+    a.options.alibi_slopes = slopes;
+    a.options.sink_logits = static_cast<const float*>(fake(0x600004));
+    a.options.window_left = 32, a.options.softcap = 30.f, a.options.causal = true;
+    const Variant v = detail::select_variant(
+        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), a100(), nullptr);
+    CHECK(v.family == "mma");
+    CHECK(v.name().ends_with(".causal.softcap.window.sink.alibi"));
+  }
+  SUBCASE("simt has no ALiBi: forcing it names why") {
+    a.options.alibi_slopes = slopes;
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK_THROWS_WITH_AS(
+        detail::select_variant(problem, a100(), detail::forced_family(std::string("simt"))),
+        doctest::Contains("has no ALiBi"), Error);
+  }
+  SUBCASE("on sm_90a an ALiBi prefill runs on wgmma, a decode step with ALiBi on decode_tma") {
+    a.options.alibi_slopes = slopes;
+    const Variant v = detail::select_variant(
+        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200(), nullptr);
+    CHECK(v.family == "wgmma");
+    CHECK(v.alibi);
+    Args step = decode_step();
+    step.options.causal = true, step.options.alibi_slopes = slopes;
+    const Variant d = detail::select_variant(
+        detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200(), nullptr);
+    CHECK(d.family == "decode_tma");
+    CHECK(d.alibi);
   }
 }
