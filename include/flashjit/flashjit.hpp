@@ -321,6 +321,12 @@ struct ForwardOptions {
   // for it (Variant::window), whose time scales with the window, not the sequence.
   int window_left = -1;
   int window_right = -1;
+  // StreamingLLM's sink tokens: the first sink_tokens keys of each sequence stay visible to every
+  // row besides its window band, never past the band's right side (the diagonal with causal): key
+  // j is seen iff j <= i + d + window_right and (j >= i + d - window_left or j < sink_tokens).
+  // Needs a bounded window_left (>= 0). A run-time parameter of the window kernels (no variant of
+  // its own); 0: none.
+  int sink_tokens = 0;
   // Learnable attention sinks (gpt-oss, FlashAttention 4's learnable_sink): device fp32
   // [heads_q], one logit per query head that joins each row's softmax denominator (it has no
   // value vector), in the units of the scaled scores (softmax_scale · q·k); the LSE includes it.

@@ -90,6 +90,7 @@ flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
   }
   options.sink_logits = o->sink_logits;
   options.alibi_slopes = o->alibi_slopes;
+  options.sink_tokens = o->sink_tokens;
   return options;
 }
 

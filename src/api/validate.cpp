@@ -238,6 +238,12 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
                        "side at the diagonal)",
                        options.window_right));
   problem.window = options.window_left >= 0 || (options.window_right >= 0 && !problem.causal);
+  if (options.sink_tokens < 0)
+    reject(fmt::format("sink_tokens is {}: expected 0 (none) or more", options.sink_tokens));
+  if (options.sink_tokens > 0 && options.window_left < 0)
+    reject(fmt::format("sink_tokens is {} with window_left {}: sink tokens need a sliding window "
+                       "bounded on the left (window_left >= 0)",
+                       options.sink_tokens, options.window_left));
   if (options.lse != nullptr && reinterpret_cast<std::uintptr_t>(options.lse) % 4 != 0)
     reject("lse is not 4-byte aligned: expected a float* device buffer");
   problem.sink = options.sink_logits != nullptr;
@@ -278,6 +284,7 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
     p.window_right = problem.causal             ? 0
                      : options.window_right < 0 ? kUnboundedWindow
                                                 : options.window_right;
+    p.sink_tokens = options.sink_tokens;
   }
   p.page_table = kv.page_table;
   p.page_table_stride = paged ? kv.page_table_stride : 0;
