@@ -84,6 +84,10 @@ class FlashjitForwardOptions(ctypes.Structure):
         ("window_right", ctypes.c_int32),
         # Absent before attention sinks: older builds ignore it (and run no sink).
         ("sink_logits", ctypes.c_void_p),
+        # Absent before ALiBi: older builds ignore it (and add no bias).
+        ("alibi_slopes", ctypes.c_void_p),
+        # Absent before sink tokens: older builds ignore it (ctypes pads the struct as C does).
+        ("sink_tokens", ctypes.c_int32),
     ]
 
 
@@ -391,7 +395,7 @@ class Engine:
 
     def options(self, causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None,
                 num_splits=0, workspace=None, workspace_bytes=0, softcap=0.0, window=(-1, -1),
-                sink=None):
+                sink=None, alibi=None, sink_tokens=0):
         """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
         the dispatcher's choice, else one of the library's families() (checked here); tiles:
         None for the family's table, else (tile_m, tile_n, stages); num_splits: 0 for the
@@ -400,7 +404,10 @@ class Engine:
         at softcap * tanh(score / softcap); window: (left, right) sliding window in
         FlashAttention's convention, -1 an unbounded side, (-1, -1) none; sink: attention-sink
         logits, fp32 [heads_q] (one per query head, joining each row's softmax denominator), a
-        device pointer (int) or a torch float32 tensor, None for none."""
+        device pointer (int) or a torch float32 tensor, None for none; alibi: ALiBi slopes,
+        fp32 [heads_q] (the score of row i and key j gets -slope * |i + seqlen_k - seqlen_q - j|),
+        a device pointer (int) or a torch float32 tensor, None for none; sink_tokens: the first
+        keys every row sees besides its window band (StreamingLLM; needs window left >= 0)."""
         if family:
             self.owner.check_family(family)
         o = FlashjitForwardOptions()
@@ -421,6 +428,8 @@ class Engine:
         o.sliding_window = 1 if (left, right) != (-1, -1) else 0
         o.window_left, o.window_right = left, right
         o.sink_logits = _address(sink, "sink", "torch.float32", 1) or None
+        o.alibi_slopes = _address(alibi, "alibi", "torch.float32", 1) or None
+        o.sink_tokens = int(sink_tokens)
         return o
 
     # --- KV cache (flashjit_forward_kv and friends; FlashjitLoadError on older builds) -------
@@ -547,9 +556,11 @@ class Engine:
             raise FlashjitError("flashjit_forward", status, self.owner.last_error())
 
     def forward(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None, family=None,
-                stream=None, tiles=None, softcap=0.0, window=(-1, -1), sink=None):
+                stream=None, tiles=None, softcap=0.0, window=(-1, -1), sink=None, alibi=None,
+                sink_tokens=0):
         self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family, tiles,
-                                                    softcap=softcap, window=window, sink=sink),
+                                                    softcap=softcap, window=window, sink=sink,
+                                                    alibi=alibi, sink_tokens=sink_tokens),
                          stream)
 
     def select_variant(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None,

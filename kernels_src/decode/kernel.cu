@@ -48,7 +48,7 @@ __device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int 
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged,
-          bool Tma, bool Softcap, bool Window, bool Sink, bool Alibi = false>
+          bool Tma, bool Softcap, bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(DecodeShape::kThreads)
     fmha_decode_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor k_map,
                        const __grid_constant__ TmaDescriptor v_map) {

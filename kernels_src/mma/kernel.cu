@@ -49,7 +49,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaPar
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Sink, bool Alibi = false>
+          bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
   constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kThreads = MmaShape::kThreads;

@@ -27,11 +27,12 @@ __device__ __forceinline__ void unpack8(const uint4& packed, float (&out)[8]) {
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Sink>
+          bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(SimtShape{HeadDim, TileM, TileN}.threads())
     fmha_simt_kernel(const FmhaParams p) {
   static_assert(!Window, "simt builds no sliding-window variants (its family lacks the feature)");
   static_assert(!Sink, "simt builds no sink variants (its family lacks the feature)");
+  static_assert(!Alibi, "simt builds no ALiBi variants (its family lacks the feature)");
   constexpr SimtShape kShape{HeadDim, TileM, TileN};
   constexpr int kThreads = kShape.threads();
   constexpr int kRowPitch = kShape.row_pitch();

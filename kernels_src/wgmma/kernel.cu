@@ -566,7 +566,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink, bool Alibi = false>
+          bool Softcap, bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
