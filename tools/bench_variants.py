@@ -191,7 +191,11 @@ def main():
                 Variant(f"softcap {args.softcap:g}", softcap=args.softcap),
                 Variant("sinks", sinks=sinks), Variant("alibi", alibi=slopes),
                 Variant(f"streaming {args.sink_tokens}+{args.window}", window=args.window,
-                        sink_tokens=args.sink_tokens)]
+                        sink_tokens=args.sink_tokens),
+                # The plain kernel again, last: sessions 8-9 saw plain causal run 7-12 % above
+                # the sinks run for every backend; a second plain measurement shows whether the
+                # plain number or the others are off.
+                Variant("causal again")]
     libs = {}
     for text in args.lib:
         name, _, path = text.rpartition("=")
@@ -210,11 +214,11 @@ def main():
         ref = reference_rows(q, k, v, rows, scale, variant)
 
         def check(key, out, ref=ref):
-            # Relative to the largest reference value: bf16 rounding gives ~4e-3; the output of
-            # another variant (a window ignored, a cap not applied) differs by tens of percent.
+            # Relative to the largest reference value: bf16 rounding gives ~2e-3 here; a variant
+            # left out differs by more (4 sink tokens ignored: 7e-3; a window or cap: tens of %).
             err = ((out[0, rows].float() - ref).abs().max() / ref.abs().max()).item()
             checks[key] = err
-            if not err < 2e-2:
+            if not err < 5e-3:
                 notes[key] = f"failed check: max relative error {err:.3g}"
                 return False
             return True

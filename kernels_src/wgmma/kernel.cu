@@ -227,8 +227,9 @@ struct RowSoftmax {
         partial[chain + 1] = fmaxf(partial[chain + 1], s[e + 1]);
       }
       const float tile_max = fmaxf(fmaxf(partial[0], partial[1]), fmaxf(partial[2], partial[3]));
+      // (The bias before the quad's reduction: it holds each thread's own first column.)
       const float new_max =
-          fmaxf(max[i], Biased ? quad_max(tile_max) + row_bias[i] : quad_max(tile_max));
+          fmaxf(max[i], quad_max(Biased ? tile_max + row_bias[i] : tile_max));
       const float offset = scaled_max(new_max, scale_log2);
       correction[i] = exp2_ftz(max[i] * scale_log2 - offset);  // 0 while max was -inf
       // (row_bias - max) before scaling: both may be large, their difference is not.

@@ -470,13 +470,12 @@ class Engine:
 
     def kv_args(self, q, k, v, out, page_table=None, seqused_k=None, causal=False,
                 softmax_scale=0.0, lse=None, family=None, tiles=None, num_splits=0,
-                workspace=None, softcap=0.0, window=(-1, -1), sink=None):
+                workspace=None, **variants):
         """(q, kv, out, options) structs from torch tensors (or FlashjitTensors / pointers);
-        lse a torch fp32 [batch, heads_q, seqlen_q] tensor or a pointer; softcap, window and
-        sink as options() takes them."""
+        lse a torch fp32 [batch, heads_q, seqlen_q] tensor or a pointer; variants: softcap,
+        window, sink, alibi and sink_tokens as options() takes them."""
         options = self.options(causal, softmax_scale, _address(lse, "lse", "torch.float32"),
-                               family, tiles, num_splits, workspace, softcap=softcap,
-                               window=window, sink=sink)
+                               family, tiles, num_splits, workspace, **variants)
         return _view(q), kv_cache_from_torch(k, v, page_table, seqused_k), _view(out), options
 
     def forward_kv_raw(self, q, kv, out, options, stream=None):
@@ -500,13 +499,13 @@ class Engine:
     def varlen_args(self, q, k, v, out, cu_seqlens_q, max_seqlen_q, cu_seqlens_k=None,
                     max_seqlen_k=0, page_table=None, seqused_k=None, causal=False,
                     softmax_scale=0.0, lse=None, family=None, num_splits=0, workspace=None,
-                    tiles=None, softcap=0.0, window=(-1, -1), sink=None):
+                    tiles=None, **variants):
         """(q, kv, out, varlen, options) structs for flashjit_forward_varlen from torch tensors
         (see forward_varlen); built once, they serve forward_varlen_raw in a timing loop."""
         q_view, kv, out_view, options = self.kv_args(q, k, v, out, page_table, seqused_k, causal,
                                                      softmax_scale, lse, family, tiles,
                                                      num_splits=num_splits, workspace=workspace,
-                                                     softcap=softcap, window=window, sink=sink)
+                                                     **variants)
         varlen = make_varlen(_address(cu_seqlens_q, "cu_seqlens_q", "torch.int32", 1),
                              _address(cu_seqlens_k, "cu_seqlens_k", "torch.int32", 1),
                              int(cu_seqlens_q.numel()) - 1, max_seqlen_q, max_seqlen_k)

@@ -79,9 +79,11 @@ def _check_same_device(where, first, *others):
             raise ValueError(f"{where}: {name} is on {t.device}, q on {first.device}")
 
 
-def _check_common(where, sink_logits):
+def _check_common(where, sink_logits, alibi_slopes):
     if sink_logits is not None:
         _check_tensor("sink_logits", sink_logits, (1,), where, (torch.float32,))
+    if alibi_slopes is not None:
+        _check_tensor("alibi_slopes", alibi_slopes, (1,), where, (torch.float32,))
 
 
 def _scale(softmax_scale):
@@ -95,9 +97,10 @@ def _scale(softmax_scale):
     return scale
 
 
-def _variants(window_left, window_right, softcap, sink_logits):
+def _variants(window_left, window_right, softcap, sink_logits, alibi_slopes, sink_tokens):
     # The binding's names for them (Engine.options): its encoding stays in one place.
-    return {"softcap": softcap, "window": (window_left, window_right), "sink": sink_logits}
+    return {"softcap": softcap, "window": (window_left, window_right), "sink": sink_logits,
+            "alibi": alibi_slopes, "sink_tokens": sink_tokens}
 
 
 def _lse_pointer(lse):
@@ -162,18 +165,20 @@ _templates = {}
 
 
 def _dense_options(engine, causal, softmax_scale, lse, window_left, window_right, softcap,
-                   sink_logits, family):
+                   sink_logits, alibi_slopes, sink_tokens, family):
     """engine.options() for these arguments, built once per distinct set and copied per call
     (a copy is one memcpy; building costs microseconds); only the LSE pointer differs."""
     key = (causal, softmax_scale, window_left, window_right, softcap, family,
-           sink_logits.data_ptr() if sink_logits is not None else 0)
+           sink_logits.data_ptr() if sink_logits is not None else 0,
+           alibi_slopes.data_ptr() if alibi_slopes is not None else 0, sink_tokens)
     template = _templates.get(key)
     if template is None:
         if len(_templates) > 1024:  # bounded: a caller cycling through scales or sinks
             _templates.clear()
         template = _templates[key] = engine.options(
             causal, softmax_scale, None, family,
-            **_variants(window_left, window_right, softcap, sink_logits))
+            **_variants(window_left, window_right, softcap, sink_logits, alibi_slopes,
+                        sink_tokens))
     options = _capi.FlashjitForwardOptions.from_buffer_copy(template)
     if lse is not None:
         ctypes.c_void_p.from_buffer(options, _LSE_OFFSET).value = lse.data_ptr()
@@ -183,14 +188,15 @@ def _dense_options(engine, causal, softmax_scale, lse, window_left, window_right
 # --- flashjit::attention: dense [batch, seqlen, heads, head_dim] --------------------------------
 
 def _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left, window_right,
-                   softcap, sink_logits, family):
+                   softcap, sink_logits, alibi_slopes, sink_tokens, family):
     """(out, lse or None): the forward itself."""
     # The common case checked in one expression; anything else gets _check_attention's message.
     device = q.device
     if not (q.is_cuda and k.device == device and v.device == device and q.dim() == 4
             and k.dim() == 4 and v.dim() == 4 and q.dtype in _CODES and k.dtype in _CODES
-            and v.dtype in _CODES and sink_logits is None):
-        _check_attention(q, k, v, sink_logits)
+            and v.dtype in _CODES and sink_logits is None
+            and alibi_slopes is None):
+        _check_attention(q, k, v, sink_logits, alibi_slopes)
     engine, index = _engine(device)
     # empty_like is twice as fast as new_empty(shape); out has q's shape (one head_dim).
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
@@ -198,7 +204,8 @@ def _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left, wind
         if return_lse else None
     engine.forward_raw(_view(q), _view(k), _view(v), _view(out),
                        _dense_options(engine, causal, softmax_scale, lse, window_left,
-                                      window_right, softcap, sink_logits, family),
+                                      window_right, softcap, sink_logits, alibi_slopes,
+                                      sink_tokens, family),
                        _stream(index))
     return out, lse
 
@@ -206,33 +213,35 @@ def _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left, wind
 @torch.library.custom_op(f"{_NAMESPACE}::attention", mutates_args=())
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
                return_lse: bool, window_left: int, window_right: int, softcap: float,
-               sink_logits: Optional[Tensor], family: Optional[str]) -> Tuple[Tensor, Tensor]:
-    # alibi_slopes (Optional[Tensor]) joins after sink_logits with the ALiBi branch.
+               sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor], sink_tokens: int,
+               family: Optional[str]) -> Tuple[Tensor, Tensor]:
     out, lse = _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left,
-                              window_right, softcap, sink_logits, family)
+                              window_right, softcap, sink_logits, alibi_slopes, sink_tokens, family)
     return out, lse if lse is not None else _no_lse(q)
 
 
 @_attention.register_fake
 def _(q, k, v, causal, softmax_scale, return_lse, window_left, window_right, softcap,
-      sink_logits, family):
-    _check_attention(q, k, v, sink_logits)
+      sink_logits, alibi_slopes, sink_tokens, family):
+    _check_attention(q, k, v, sink_logits, alibi_slopes)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32) \
         if return_lse else _no_lse(q)
     return out, lse
 
 
-def _check_attention(q, k, v, sink_logits):
+def _check_attention(q, k, v, sink_logits, alibi_slopes):
     where = "flashjit.attention"
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, (4,), where)
-    _check_same_device(where, q, ("k", k), ("v", v), ("sink_logits", sink_logits))
-    _check_common(where, sink_logits)
+    _check_same_device(where, q, ("k", k), ("v", v), ("sink_logits", sink_logits),
+                       ("alibi_slopes", alibi_slopes))
+    _check_common(where, sink_logits, alibi_slopes)
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, window_left=-1,
-              window_right=-1, softcap=0.0, sink_logits=None, family=None):
+              window_right=-1, softcap=0.0, sink_logits=None, alibi_slopes=None, sink_tokens=0,
+              family=None):
     """Attention forward on [batch, seqlen, heads, head_dim] CUDA tensors (bf16 or fp16; any
     strides with a unit head_dim stride, e.g. BSHD or a BHSD transpose), GQA/MQA when heads_q is
     a multiple of heads_kv. Returns out [batch, seqlen_q, heads_q, head_dim] (contiguous), and
@@ -243,11 +252,13 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, wi
     window_left / window_right: sliding window, FlashAttention's convention (-1: unbounded).
     softcap: > 0 caps scores at softcap * tanh(score / softcap).
     sink_logits: fp32 [heads_q] learnable attention-sink logits (in each row's denominator).
-    family: force a kernel family (e.g. 'mma'); None for the dispatcher's choice.
-    (alibi_slopes: to come with the library's ALiBi option.)"""
+    alibi_slopes: fp32 [heads_q] ALiBi slopes: scores get -slope * |i + seqlen_k - seqlen_q - j|.
+    sink_tokens: with a window (window_left >= 0), the first sink_tokens keys stay visible too
+    (StreamingLLM).
+    family: force a kernel family (e.g. 'mma'); None for the dispatcher's choice."""
     args = (q, k, v, bool(causal), _scale(softmax_scale), bool(return_lse), int(window_left),
-            int(window_right), float(softcap), sink_logits, family)
-    out, lse = _run_attention(*args) if _eager(q, k, v, sink_logits) else \
+            int(window_right), float(softcap), sink_logits, alibi_slopes, sink_tokens, family)
+    out, lse = _run_attention(*args) if _eager(q, k, v, sink_logits, alibi_slopes) else \
         torch.ops.flashjit.attention(*args)
     return (out, lse) if return_lse else out
 
@@ -258,9 +269,10 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, wi
 def _attention_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: Optional[Tensor],
                        seqused_k: Optional[Tensor], causal: bool, softmax_scale: float,
                        return_lse: bool, window_left: int, window_right: int, softcap: float,
-                       sink_logits: Optional[Tensor], num_splits: int,
+                       sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                       sink_tokens: int, num_splits: int,
                        family: Optional[str]) -> Tuple[Tensor, Tensor]:
-    _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits)
+    _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes)
     engine, index = _engine(q.device)
     out = q.new_empty(q.shape[:-1] + v_cache.shape[-1:])
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32) \
@@ -268,7 +280,7 @@ def _attention_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: 
     q_view, kv, out_view, options = engine.kv_args(
         q, k_cache, v_cache, out, page_table, seqused_k, causal, softmax_scale, _lse_pointer(lse),
         family, num_splits=num_splits, **_variants(window_left, window_right, softcap,
-                                                   sink_logits))
+                                                   sink_logits, alibi_slopes, sink_tokens))
     workspace = _workspace(q, engine.workspace_bytes_raw(q_view, kv, out_view, options)[0])
     _set_workspace(options, workspace)
     engine.forward_kv_raw(q_view, kv, out_view, options, _stream(index))
@@ -282,15 +294,15 @@ def _workspace(q, size):
 
 @_attention_kvcache.register_fake
 def _(q, k_cache, v_cache, page_table, seqused_k, causal, softmax_scale, return_lse, window_left,
-      window_right, softcap, sink_logits, num_splits, family):
-    _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits)
+      window_right, softcap, sink_logits, alibi_slopes, sink_tokens, num_splits, family):
+    _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes)
     out = q.new_empty(q.shape[:-1] + v_cache.shape[-1:])
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32) \
         if return_lse else _no_lse(q)
     return out, lse
 
 
-def _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits):
+def _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes):
     where = "flashjit.attention_with_kvcache"
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, t, (4,), where)
@@ -300,13 +312,14 @@ def _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits):
         _check_tensor("seqused_k", seqused_k, (1,), where, (torch.int32,))
     _check_same_device(where, q, ("k_cache", k_cache), ("v_cache", v_cache),
                        ("page_table", page_table), ("seqused_k", seqused_k),
-                       ("sink_logits", sink_logits))
-    _check_common(where, sink_logits)
+                       ("sink_logits", sink_logits), ("alibi_slopes", alibi_slopes))
+    _check_common(where, sink_logits, alibi_slopes)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, *, page_table=None, seqused_k=None, causal=False,
                            softmax_scale=None, return_lse=False, window_left=-1, window_right=-1,
-                           softcap=0.0, sink_logits=None, num_splits=0, family=None):
+                           softcap=0.0, sink_logits=None, alibi_slopes=None, sink_tokens=0,
+                           num_splits=0, family=None):
     """Attention over a KV cache (decode steps, speculative decode, chunked prefill).
 
     q: [batch, seqlen_q, heads_q, head_dim]. Dense cache: k_cache/v_cache [batch, seqlen_k,
@@ -318,6 +331,7 @@ def attention_with_kvcache(q, k_cache, v_cache, *, page_table=None, seqused_k=No
     out, lse = torch.ops.flashjit.attention_kvcache(
         q, k_cache, v_cache, page_table, seqused_k, bool(causal), _scale(softmax_scale),
         bool(return_lse), int(window_left), int(window_right), float(softcap), sink_logits,
+        alibi_slopes, sink_tokens,
         int(num_splits), family)
     return (out, lse) if return_lse else out
 
@@ -330,8 +344,10 @@ def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                       page_table: Optional[Tensor], seqused_k: Optional[Tensor], causal: bool,
                       softmax_scale: float, return_lse: bool, window_left: int,
                       window_right: int, softcap: float, sink_logits: Optional[Tensor],
+                      alibi_slopes: Optional[Tensor], sink_tokens: int,
                       num_splits: int, family: Optional[str]) -> Tuple[Tensor, Tensor]:
-    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits)
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits,
+                  alibi_slopes)
     engine, index = _engine(q.device)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if return_lse else None
@@ -339,7 +355,8 @@ def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
     q_view, kv, out_view, varlen, options = engine.varlen_args(
         _packed(q), k_view, v_view, _packed(out), cu_seqlens_q, max_seqlen_q, cu_seqlens_k,
         max_seqlen_k, page_table, seqused_k, causal, softmax_scale, _lse_pointer(lse), family,
-        num_splits, **_variants(window_left, window_right, softcap, sink_logits))
+        num_splits, **_variants(window_left, window_right, softcap, sink_logits, alibi_slopes,
+                                sink_tokens))
     _set_workspace(options, _workspace(q, engine.workspace_bytes_varlen_raw(
         q_view, kv, out_view, varlen, options)))
     engine.forward_varlen_raw(q_view, kv, out_view, varlen, options, _stream(index))
@@ -354,15 +371,18 @@ def _packed(t):
 @_attention_varlen.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, page_table, seqused_k,
       causal, softmax_scale, return_lse, window_left, window_right, softcap, sink_logits,
+      alibi_slopes, sink_tokens,
       num_splits, family):
-    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits)
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits,
+                  alibi_slopes)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if return_lse \
         else _no_lse(q)
     return out, lse
 
 
-def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits):
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits,
+                  alibi_slopes):
     where = "flashjit.attention_varlen"
     kv_dims = (3,) if page_table is None else (4,)
     _check_tensor("q", q, (3,), where)
@@ -380,14 +400,15 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, si
         _check_tensor("seqused_k", seqused_k, (1,), where, (torch.int32,))
     _check_same_device(where, q, ("k", k), ("v", v), ("cu_seqlens_q", cu_seqlens_q),
                        ("cu_seqlens_k", cu_seqlens_k), ("page_table", page_table),
-                       ("seqused_k", seqused_k), ("sink_logits", sink_logits))
-    _check_common(where, sink_logits)
+                       ("seqused_k", seqused_k), ("sink_logits", sink_logits),
+                       ("alibi_slopes", alibi_slopes))
+    _check_common(where, sink_logits, alibi_slopes)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      page_table=None, seqused_k=None, causal=False, softmax_scale=None,
                      return_lse=False, window_left=-1, window_right=-1, softcap=0.0,
-                     sink_logits=None, num_splits=0, family=None):
+                     sink_logits=None, alibi_slopes=None, sink_tokens=0, num_splits=0, family=None):
     """Attention over a packed variable-length batch (flash_attn_varlen_func's layout).
 
     q: [total_q, heads_q, head_dim]; k/v: [total_k, heads_kv, head_dim] with cu_seqlens_k, or
@@ -398,7 +419,8 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     out, lse = torch.ops.flashjit.attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), page_table,
         seqused_k, bool(causal), _scale(softmax_scale), bool(return_lse), int(window_left),
-        int(window_right), float(softcap), sink_logits, int(num_splits), family)
+        int(window_right), float(softcap), sink_logits, alibi_slopes, sink_tokens,
+        int(num_splits), family)
     return (out, lse) if return_lse else out
 
 

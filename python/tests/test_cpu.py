@@ -251,6 +251,8 @@ class TorchWithoutGpu(unittest.TestCase):
             flashjit.attention(q, q, q, softmax_scale=-1)
         with self.assertRaisesRegex(ValueError, "sink_logits"):
             flashjit.attention(q, q, q, sink_logits=self.meta(2))
+        with self.assertRaisesRegex(ValueError, "alibi_slopes"):
+            flashjit.attention(q, q, q, alibi_slopes=self.meta(2, 2))
         with self.assertRaisesRegex(ValueError, "cu_seqlens_k is None"):
             cu = torch.zeros(2, dtype=torch.int32, device="meta")
             flashjit.attention_varlen(q[0], q[0], q[0], cu, None, 8, 8)

@@ -25,9 +25,11 @@ WHY = ("torch is not installed" if not HAVE_TORCH else
        "no CUDA GPU visible to torch" if not HAVE_GPU else "")
 
 
-def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, sink=None):
-    """float32 attention on [b, s, h, d] tensors with FlashAttention's bottom-right masks, and
-    its LSE [b, h, s] (natural log, the sink included)."""
+def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, sink=None,
+              alibi=None, sink_tokens=0):
+    """float32 attention on [b, s, h, d] tensors with FlashAttention's bottom-right masks (the
+    first sink_tokens keys kept beside a window), ALiBi's -slope * |i' - j|, and its LSE
+    [b, h, s] (natural log, the sink included)."""
     q, k, v = (t.float().transpose(1, 2) for t in (q, k, v))
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
@@ -38,12 +40,14 @@ def reference(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0, s
     sq, sk = q.shape[2], k.shape[2]
     rows = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
     cols = torch.arange(sk, device=q.device)[None, :]
+    if alibi is not None:
+        scores = scores - alibi.float().view(1, -1, 1, 1) * (rows - cols).abs()
     visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
     left, right = window
     if causal:
         right = 0 if right < 0 else min(right, 0)
     if left >= 0:
-        visible &= cols >= rows - left
+        visible &= (cols >= rows - left) | (cols < sink_tokens)
     if right >= 0:
         visible &= cols <= rows + right
     scores = scores.masked_fill(~visible, float("-inf"))
@@ -101,15 +105,19 @@ class Dense(unittest.TestCase):
         torch.manual_seed(2)
         q, k, v = rand(1, 300, 4, 128), rand(1, 300, 2, 128), rand(1, 300, 2, 128)
         sink = torch.randn(4, device="cuda")
+        slopes = torch.tensor([0.5, 0.125, 0.03, 1.0], device="cuda")
         cases = [dict(window=(64, 0), causal=True), dict(window=(32, 16)), dict(softcap=5.0),
-                 dict(sink=sink, causal=True)]
+                 dict(sink=sink, causal=True), dict(alibi=slopes, causal=True), dict(alibi=slopes),
+                 dict(window=(40, 0), causal=True, sink_tokens=5)]
         for case in cases:
             with self.subTest(**{k: str(v) for k, v in case.items()}):
                 window = case.get("window", (-1, -1))
                 out = flashjit.attention(q, k, v, causal=case.get("causal", False),
                                          window_left=window[0], window_right=window[1],
                                          softcap=case.get("softcap", 0.0),
-                                         sink_logits=case.get("sink"))
+                                         sink_logits=case.get("sink"),
+                                         alibi_slopes=case.get("alibi"),
+                                         sink_tokens=case.get("sink_tokens", 0))
                 self.check(out, reference(q, k, v, **case)[0])
 
     def test_compile_fullgraph(self):
