@@ -147,7 +147,7 @@ class Dense(unittest.TestCase):
     def test_opcheck(self):
         q, k, v = rand(1, 64, 2, 64), rand(1, 64, 2, 64), rand(1, 64, 2, 64)
         torch.library.opcheck(torch.ops.flashjit.attention.default,
-                              (q, k, v, True, 0.0, True, -1, -1, 0.0, None, None))
+                              (q, k, v, True, 0.0, True, -1, -1, 0.0, None, None, 0, None))
 
     def test_errors_carry_the_library_message(self):
         q = rand(1, 64, 3, 64)
