@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "flashjit/flashjit.hpp"
 #include "api/dispatch.hpp"
@@ -45,6 +46,22 @@ DeviceInfo a100() {
   DeviceInfo d;
   d.arch = "sm_80", d.multiprocessors = 108, d.max_shared_per_block_optin = 166912;
   return d;
+}
+
+// The variants an H200 picks for a prefill (default Args) and for a causal decode step, both with
+// `with_variant` applied to their options.
+template <typename Modify>
+std::pair<Variant, Variant> hopper_prefill_and_decode(Modify with_variant) {
+  Args a;
+  with_variant(a.options);
+  Args step = decode_step();
+  step.options.causal = true;
+  with_variant(step.options);
+  return {detail::select_variant(detail::validate_forward(a.q, a.k, a.v, a.out, a.options),
+                                 h200(), nullptr),
+          detail::select_variant(
+              detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200(),
+              nullptr)};
 }
 
 std::string rejection(const Args& a) {
@@ -301,15 +318,11 @@ TEST_CASE("attention sinks reach the kernel as a pointer, and pick sink variants
         doctest::Contains("has no attention sinks"), Error);
   }
   SUBCASE("on sm_90a a sink prefill runs on wgmma, a decode step with sinks on decode_tma") {
-    a.options.sink_logits = static_cast<const float*>(fake(0x600004));
-    const Variant v = detail::select_variant(
-        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200(), nullptr);
+    const auto [v, d] = hopper_prefill_and_decode([](ForwardOptions& o) {
+      o.sink_logits = static_cast<const float*>(fake(0x600004));
+    });
     CHECK(v.family == "wgmma");
     CHECK(v.sink);
-    Args step = decode_step();
-    step.options.causal = true, step.options.sink_logits = a.options.sink_logits;
-    const Variant d = detail::select_variant(
-        detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200(), nullptr);
     CHECK(d.family == "decode_tma");
     CHECK(d.sink);
   }
@@ -354,15 +367,10 @@ TEST_CASE("ALiBi reaches the kernel as a pointer, and picks ALiBi variants") {
         doctest::Contains("has no ALiBi"), Error);
   }
   SUBCASE("on sm_90a an ALiBi prefill runs on wgmma, a decode step with ALiBi on decode_tma") {
-    a.options.alibi_slopes = slopes;
-    const Variant v = detail::select_variant(
-        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200(), nullptr);
+    const auto [v, d] =
+        hopper_prefill_and_decode([&](ForwardOptions& o) { o.alibi_slopes = slopes; });
     CHECK(v.family == "wgmma");
     CHECK(v.alibi);
-    Args step = decode_step();
-    step.options.causal = true, step.options.alibi_slopes = slopes;
-    const Variant d = detail::select_variant(
-        detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200(), nullptr);
     CHECK(d.family == "decode_tma");
     CHECK(d.alibi);
   }
