@@ -4,7 +4,7 @@
 // all of the kernel code in one go. Exits non-zero on any error, any output left unwritten or
 // non-finite, or a default variant that no problem reached. `flashjit_every_variant decode` runs
 // only the families whose names start with "decode"; `flashjit_every_variant "" softcap` the
-// soft-capped twins of every attention variant instead (`window`, `sink`: those twins).
+// soft-capped twins of every attention variant instead (`window`, `sink`, `alibi`: those twins).
 #include <fmt/format.h>
 
 #include <cmath>
@@ -144,6 +144,14 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
       buffers.back().upload(sinks.data(), sinks.size() * 4);
       options.sink_logits = static_cast<const float*>(buffers.back().data());
     }
+    if (variant.alibi) {  // FlashAttention's slopes for heads_q heads: 2^(-8 (h + 1) / heads_q)
+      std::vector<float> slopes(static_cast<std::size_t>(p.heads_q));
+      for (std::size_t h = 0; h < slopes.size(); ++h)
+        slopes[h] = std::exp2(-8.f * static_cast<float>(h + 1) / static_cast<float>(p.heads_q));
+      buffers.emplace_back(engine, slopes.size() * 4);  // kept alive until after the launch
+      buffers.back().upload(slopes.data(), slopes.size() * 4);
+      options.alibi_slopes = static_cast<const float*>(buffers.back().data());
+    }
     // Decode: split too, so the merge of split partials runs under the sanitizers as well.
     if (decode) options.num_splits = 3;
     const Variant chosen = engine.select_variant(problem.q(), kv, problem.out(), options);
@@ -163,15 +171,15 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
 // argv[1] (optional): run only the families whose names start with it (e.g. "decode", "merge";
 // "" for all). argv[2] (optional): "plain" (default) the default variants, "softcap" their
 // soft-capped twins (Variant::softcap), "window" their sliding-window twins (Variant::window),
-// "sink" their attention-sink twins (Variant::sink), where the family builds them; "both" plain
-// and softcap, "all" the four.
+// "sink" their attention-sink twins (Variant::sink), "alibi" their ALiBi twins (Variant::alibi),
+// where the family builds them; "both" plain and softcap, "all" the five.
 int main(int argc, char** argv) {
   try {
     Engine engine(0);
     const std::string_view which = argc > 2 ? argv[2] : "plain";
     if (which != "plain" && which != "softcap" && which != "window" && which != "sink" &&
-        which != "both" && which != "all") {
-      fmt::print(stderr, "usage: {} [FAMILY_PREFIX [plain|softcap|window|sink|both|all]]\n",
+        which != "alibi" && which != "both" && which != "all") {
+      fmt::print(stderr, "usage: {} [FAMILY_PREFIX [plain|softcap|window|sink|alibi|both|all]]\n",
                  argv[0]);
       return 2;
     }
@@ -179,6 +187,7 @@ int main(int argc, char** argv) {
     const bool softcap = which == "softcap" || which == "both" || which == "all";
     const bool window = which == "window" || which == "all";
     const bool sink = which == "sink" || which == "all";
+    const bool alibi = which == "alibi" || which == "all";
     auto info_of = [](const std::string& family) -> const FamilyInfo& {
       for (const FamilyInfo& info : families())
         if (info.name == family) return info;
@@ -203,6 +212,11 @@ int main(int argc, char** argv) {
         Variant sunk = v;
         sunk.sink = true;
         variants.push_back(sunk);
+      }
+      if (alibi && info.alibi) {
+        Variant biased = v;
+        biased.alibi = true;
+        variants.push_back(biased);
       }
     }
     fmt::print("{} ({}): {} default variants\n", engine.device().name, engine.device().arch,

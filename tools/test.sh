@@ -9,5 +9,7 @@ cmake -S "$root" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/nu
 cmake --build "$build" -j "$(nproc)"
 cd "$build"
 ctest --output-on-failure -j 1 "$@"
-# ctest prints nothing of a skipped test: say here why the GPU suite did not run, if it did not.
+# ctest prints nothing of a skipped test: say here why the GPU suite did not run, if it did not,
+# and which Python tests skipped and why.
 { ./tests/flashjit_gpu_tests --list-test-cases || true; } | grep '^SKIPPED' || true
+cat tests/python_*.skipped 2>/dev/null || true

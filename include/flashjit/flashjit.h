@@ -58,6 +58,14 @@ typedef struct flashjit_forward_options {
    * query head joining each row's softmax denominator, in the units of the scaled scores; the LSE
    * includes it. NULL (a zero-initialized struct): no sink. */
   const float* sink_logits;
+  /* ALiBi (ForwardOptions::alibi_slopes): device fp32 [heads_q]; the scaled score of query row i
+   * and key j gets -slope[head] * |i + seqlen_k - seqlen_q - j| added. NULL: none. */
+  const float* alibi_slopes;
+  /* StreamingLLM sink tokens (ForwardOptions::sink_tokens): the first sink_tokens keys stay
+   * visible beside the window band; needs sliding_window with window_left >= 0. 0: none. On
+   * 64-bit targets 4 bytes of tail padding follow (the struct is pointer-aligned): the place of
+   * a next int32 field. */
+  int32_t sink_tokens;
 } flashjit_forward_options;
 
 /* The keys and values of a forward (Engine::forward's KVCache): dense k/v [batch, seqlen_k,

@@ -70,13 +70,14 @@ struct FamilyInfo {
   bool softcap = false;            // builds soft-capped variants (ForwardOptions::softcap)
   bool window = false;             // builds sliding-window variants (ForwardOptions::window_*)
   bool sink = false;               // builds attention-sink variants (ForwardOptions::sink_logits)
+  bool alibi = false;              // builds ALiBi variants (ForwardOptions::alibi_slopes)
 };
 FLASHJIT_API const std::vector<FamilyInfo>& families();
 
 // Everything one compiled binary is specialized on. Its canonical name is readable, complete and
 // parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" or "decode.sm90a.bf16.d128.m16n64s3.paged":
-// feature suffixes (causal, paged, varlen, softcap, window, sink) follow the tiles in that
-// order, present only when set.
+// feature suffixes (causal, paged, varlen, softcap, window, sink, alibi) follow the tiles in
+// that order, present only when set.
 struct FLASHJIT_API Variant {
   std::string family = "simt";  // a name from families()
   std::string arch;  // NVRTC target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, ...
@@ -100,6 +101,8 @@ struct FLASHJIT_API Variant {
   // Learnable attention sinks compiled in (ForwardOptions::sink_logits): one more logit per query
   // head in each row's softmax denominator.
   bool sink = false;
+  // ALiBi compiled in (ForwardOptions::alibi_slopes): a linear bias by distance on each score.
+  bool alibi = false;
 
   std::string name() const;
   // Throws Error(invalid_argument) naming the field that is wrong, or for a variant that the
@@ -318,12 +321,25 @@ struct ForwardOptions {
   // for it (Variant::window), whose time scales with the window, not the sequence.
   int window_left = -1;
   int window_right = -1;
+  // StreamingLLM's sink tokens: the first sink_tokens keys of each sequence stay visible to every
+  // row besides its window band, never past the band's right side (the diagonal with causal): key
+  // j is seen iff j <= i + d + window_right and (j >= i + d - window_left or j < sink_tokens).
+  // Needs a bounded window_left (>= 0). A run-time parameter of the window kernels (no variant of
+  // its own); 0: none.
+  int sink_tokens = 0;
   // Learnable attention sinks (gpt-oss, FlashAttention 4's learnable_sink): device fp32
   // [heads_q], one logit per query head that joins each row's softmax denominator (it has no
   // value vector), in the units of the scaled scores (softmax_scale · q·k); the LSE includes it.
   // Rows that see no key get output 0 and LSE = the sink. Runs kernels built for it
   // (Variant::sink); null: no sink.
   const float* sink_logits = nullptr;
+  // ALiBi (Press et al.; FlashAttention's alibi_slopes, bottom-right aligned): device fp32
+  // [heads_q]; the scaled score of query row i and key j gets -slope[head] * |i + d - j| added,
+  // d = seqlen_k - seqlen_q, in natural-log units, after softmax_scale and soft-capping and
+  // before masking. The LSE includes this whole bias (FlashAttention-2's causal kernels add
+  // slope * j only: the same softmax, but their LSE is higher by slope * (i + d)). Runs kernels
+  // built for it (Variant::alibi); null: none.
+  const float* alibi_slopes = nullptr;
 };
 
 struct DeviceInfo {

@@ -11,15 +11,15 @@ __device__ __forceinline__ float output_scale(float row_sum) {
   return row_sum > 0.f ? rcp_approx_ftz(row_sum) : 0.f;
 }
 
-// Natural-log LSE from the running max (in raw score units) and sum; -inf for an empty row.
-__device__ __forceinline__ float row_lse(const FmhaParams& p, float row_max, float row_sum) {
-  if (!(row_sum > 0.f)) return neg_inf();
-  return row_max * p.softmax_scale + log2_approx(row_sum) * kLn2F;
-}
-
-// What a row's output is multiplied by, and its natural-log LSE.
+// What a row's output is multiplied by, and what its natural-log LSE comes from: the row's
+// total mass relative to 2^offset (log2 units). lse() is computed where it is stored, so the
+// logarithm adds no live register to the output's conversion.
 struct RowFinish {
-  float scale, lse;
+  float scale, offset, total;
+
+  __device__ __forceinline__ float lse() const {  // -inf for a row with no mass
+    return total > 0.f ? (offset + log2_approx(total)) * kLn2F : neg_inf();
+  }
 };
 
 // The end of a row's softmax from its running max (raw score units) and sum; with a sink
@@ -30,14 +30,14 @@ struct RowFinish {
 template <bool Sink>
 __device__ __forceinline__ RowFinish finish_row(const FmhaParams& p, int head, float row_max,
                                                 float row_sum, bool with_sink = true) {
-  if (!Sink || !with_sink) return {output_scale(row_sum), row_lse(p, row_max, row_sum)};
+  if (!Sink || !with_sink) return {output_scale(row_sum), row_max * p.scale_log2, row_sum};
   const float sink = __ldg(p.sink_logits + head) * kLog2e;
   const float keys = row_sum > 0.f ? row_max * p.scale_log2 : neg_inf();
   const float top = fmaxf(keys, sink);
-  if (top == neg_inf()) return {0.f, neg_inf()};  // no key and a sink of -inf
+  if (top == neg_inf()) return {0.f, 0.f, 0.f};  // no key and a sink of -inf
   const float kept = row_sum > 0.f ? exp2_ftz(keys - top) : 0.f;
   const float total = fmaf(row_sum, kept, exp2_ftz(sink - top));
-  return {kept * rcp_approx_ftz(total), (top + log2_approx(total)) * kLn2F};
+  return {kept * rcp_approx_ftz(total), top, total};
 }
 
 // Where row `row` of a sequence keeps its LSE in p.lse: [batch, heads_q, seqlen_q] for dense

@@ -47,11 +47,27 @@ __device__ __forceinline__ int key_end(const Lengths& len, const FmhaParams& p, 
   return right < limit ? static_cast<int>(right) : limit;
 }
 
-// Key tiles [first, end) of a query tile [row0, row0 + TileM): every key some row of it may see.
-// Tiles wholly outside the band (left of its first row's window, right of its last row's) are
-// never visited, so time scales with the window. first >= end: nothing to visit.
+// StreamingLLM's first keys (FmhaParams::sink_tokens, window variants): the key tiles [0,
+// sink_end) left of a band that starts at tile `first` hold them. Keys left of the band are below
+// every row's key_end, so these tiles need only the sink bound; tiles from `first` on are the
+// band's, whose mask keeps the sink keys too.
+template <bool Window, int TileN>
+__device__ __forceinline__ int sink_tile_end(const FmhaParams& p, int first) {
+  if (!Window) return 0;
+  const int tiles = (p.sink_tokens + TileN - 1) / TileN;
+  return tiles < first ? tiles : first;
+}
+
+// Key tiles [0, sink_end) then [first, end) of a query tile [row0, row0 + TileM): every key some
+// row of it may see. Tiles wholly outside the band (left of its first row's window, right of its
+// last row's) are never visited, so time scales with the window. count() <= 0: nothing to visit.
 struct TileRange {
-  int first, end;
+  int sink_end, first, end;
+
+  __device__ __forceinline__ int count() const { return sink_end + end - first; }
+  __device__ __forceinline__ int tile(int v) const {  // the v-th of them
+    return v < sink_end ? v : first + (v - sink_end);
+  }
 };
 template <bool Causal, bool Window, int TileM, int TileN, typename Lengths>
 __device__ __forceinline__ TileRange kv_tile_range(const Lengths& len, const FmhaParams& p,
@@ -59,7 +75,41 @@ __device__ __forceinline__ TileRange kv_tile_range(const Lengths& len, const Fmh
   const int last_row = last_row_of<TileM>(len, row0);
   const int keys = key_end<Causal, Window>(len, p, last_row);
   const int end = keys <= 0 ? 0 : (keys + TileN - 1) / TileN;
-  return {key_first<Window>(len, p, row0) / TileN, end};
+  const int first = key_first<Window>(len, p, row0) / TileN;
+  return {end > first ? sink_tile_end<Window, TileN>(p, first) : 0, first, end};
+}
+
+// The order in which a query tile [row0, row0 + TileM) visits its key tiles (kv_tile_range): the
+// tiles no row needs masked, [u0, u1), first, then the masked ones, [0, sink_end) (sink tokens),
+// [first, u0) (the band's left side cuts them) and [u1, end) (the diagonal, the band's right side
+// or seqlen_k). The online softmax does not depend on the order, and one masked loop serves every
+// masked tile. Without a window sink_end = u0 = first = 0: the natural order whatever u1 is.
+template <bool Window>
+struct TileOrder {
+  int sink_end, first, u0, u1, end;
+
+  __device__ __forceinline__ int count() const { return sink_end + end - first; }
+  __device__ __forceinline__ int unmasked() const { return u1 - u0; }
+  __device__ __forceinline__ int tile(int i) const {  // the i-th key tile visited
+    if (!Window) return i;
+    if (i < u1 - u0) return u0 + i;
+    int k = i - (u1 - u0);
+    if (k < sink_end) return k;
+    k -= sink_end;
+    return k < u0 - first ? first + k : u1 + (k - (u0 - first));
+  }
+};
+template <bool Causal, bool Window, int TileM, int TileN, typename Lengths>
+__device__ __forceinline__ TileOrder<Window> tile_order(const Lengths& len, const FmhaParams& p,
+                                                int row0) {
+  const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(len, p, row0);
+  const int last_row = last_row_of<TileM>(len, row0);
+  int u0 = Window ? (key_first<Window>(len, p, last_row) + TileN - 1) / TileN : range.first;
+  u0 = u0 < range.first ? range.first : (u0 > range.end ? range.end : u0);
+  const int right = key_end<Causal, Window>(len, p, row0);
+  int u1 = (right > 0 ? right : 0) / TileN;
+  u1 = u1 < u0 ? u0 : (u1 > range.end ? range.end : u1);
+  return {range.sink_end, range.first, u0, u1, range.end};
 }
 
 // Key tiles [0, n_tiles) hold every key some row of [row0, row0 + TileM) may see; tiles above the

@@ -30,11 +30,16 @@ struct FmhaParams {
   // scale_log2 = log2(e) and softmax_scale = 1 for them.
   float softcap, softcap_scale;
   // Sliding-window variants (Variant::window): row i sees keys [i + d - window_left,
-  // i + d + window_right], d = seqlen_k - seqlen_q; an unbounded side is kUnboundedWindow.
+  // i + d + window_right], d = seqlen_k - seqlen_q; an unbounded side is kUnboundedWindow. Keys
+  // j < sink_tokens (StreamingLLM; 0 without) are seen too, up to the right side.
   int window_left, window_right;
+  int sink_tokens;
   // Sink variants (Variant::sink): fp32 [heads_q], one more logit per query head in each row's
   // softmax denominator (gpt-oss's learnable sinks), in the units of the scaled scores.
   const float* sink_logits;
+  // ALiBi variants (Variant::alibi): fp32 [heads_q] slopes; the scaled score of (i, j) gets
+  // -slope * |i + seqlen_k - seqlen_q - j|.
+  const float* alibi_slopes;
 
   // Paged KV cache (families with the paged feature): key j of sequence b is row j % page_size of
   // page page_table[b * page_table_stride + j / page_size].

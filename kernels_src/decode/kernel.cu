@@ -13,6 +13,7 @@
 // (Tma) warp 0 fills each stage with TMA boxes instead (whole tiles of a dense cache, or
 // page-sized runs of rows of a paged one), completing on the stage's mbarrier, into 128-byte-
 // swizzled chunks that ldmatrix reads without bank conflicts.
+#include "common/alibi.cuh"
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/masking.cuh"
@@ -47,7 +48,7 @@ __device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int 
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged,
-          bool Tma, bool Softcap, bool Window, bool Sink>
+          bool Tma, bool Softcap, bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(DecodeShape::kThreads)
     fmha_decode_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor k_map,
                        const __grid_constant__ TmaDescriptor v_map) {
@@ -105,9 +106,13 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   const int n_tiles = (cta_keys + TileN - 1) / TileN;
   // A window's first tiles hold no key of the CTA's rows: the splits divide the rest
   // (split_tiles covers the most tiles any CTA's rows see, ForwardProblem::key_tiles_seen).
+  // So do StreamingLLM's sink tiles before it (kv_tile_range's order: sinks, then the band).
   const int first_tile = row_key_first(row0) / TileN;
-  const int tile_begin = first_tile + split * p.split_tiles;
-  const int tile_end = min(tile_begin + p.split_tiles, n_tiles);
+  const TileRange range{n_tiles > first_tile ? sink_tile_end<Window, TileN>(p, first_tile) : 0,
+                        first_tile, n_tiles};
+  // This split's tiles: range.tile(v) for v in [tile_begin, tile_end).
+  const int tile_begin = split * p.split_tiles;
+  const int tile_end = min(tile_begin + p.split_tiles, range.count());
   // Tiles from here on need no left-side mask: every row of the CTA sees all their keys.
   const int band_start = Window ? row_key_first(last_row) : 0;
 
@@ -144,9 +149,10 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     return __ldg(p.page_table + batch * p.page_table_stride + page_of(p, key, page_shift));
   };
   int next_page = 0;
-  // Issues the copies of key tile `tile` into ring stage `stage`; keys past the sequence are
-  // zero-filled (reading nothing), so padding never brings NaN into P·V.
-  auto load_tile = [&](int tile, int stage) {
+  // Issues the copies of key tile range.tile(v) into ring stage `stage`; keys past the sequence
+  // are zero-filled (reading nothing), so padding never brings NaN into P·V.
+  auto load_tile = [&](int v, int stage) {
+    const int tile = range.tile(v);
     T* k_smem = ring + stage * kShape.stage_elements();
     T* v_smem = k_smem + kShape.tile_elements();
     if constexpr (Tma) {
@@ -161,7 +167,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       }
       __syncwarp();
       const int page = next_page;
-      if (Paged) next_page = read_page(tile + 1);
+      if (Paged) next_page = read_page(range.tile(v + 1));
       static_assert(TileN / 8 <= 32, "a box per lane (boxes hold at least 8 rows)");
       if (lane < boxes) {
         const int r = lane * box_rows;
@@ -209,7 +215,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
     __syncthreads();  // the barriers are initialized before anyone uses them
     if (warp == 0) {
-      if (Paged) next_page = read_page(tile_begin);
+      if (Paged) next_page = read_page(range.tile(tile_begin));
 #pragma unroll
       for (int i = 0; i < Stages - 1; ++i)
         if (tile_begin + i < tile_end) load_tile(tile_begin + i, i);
@@ -231,6 +237,20 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) lane_key_end[mt][h] = row_key_end(row0 + mt * 16 + h * 8 + lane / 4);
+  // ALiBi: each row's head's slope and its diagonal (rows past the CTA's last take row 0's).
+  float alibi_slope[MT][2];
+  int alibi_diagonal[MT][2];
+  if constexpr (Alibi) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        int row = row0 + mt * 16 + h * 8 + lane / 4;
+        if (row >= rows) row = row0;
+        alibi_slope[mt][h] = alibi_raw_slope(p, kv_head * group + row % group);
+        alibi_diagonal[mt][h] = row / group + seqlen - seqlen_q;
+      }
+  }
 
   const unsigned q_addr = smem_address(q_tile + (lane % 16) * kPitch + (lane / 16) * 8);
   constexpr unsigned kStageBytes = kShape.stage_elements() * sizeof(T);
@@ -256,11 +276,12 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   float row_max[MT][2], row_sum[MT][2];
   start_online_softmax<MT, DT>(o, row_max, row_sum);
 
-  for (int tile = tile_begin; tile < tile_end; ++tile) {
-    const int stage = (tile - tile_begin) % Stages;
+  for (int v = tile_begin; v < tile_end; ++v) {
+    const int tile = range.tile(v);
+    const int stage = (v - tile_begin) % Stages;
     if constexpr (Tma) {
       cp_async_wait<0>();  // Q (the first time)
-      mbarrier_wait(&full[stage], ((tile - tile_begin) / Stages) & 1);
+      mbarrier_wait(&full[stage], ((v - tile_begin) / Stages) & 1);
       // Rows past the sequence hold whatever the skipped boxes or the cache had there: zero V's
       // (masked scores give P = 0, and 0 x NaN would still be NaN).
       const int valid = seqlen - tile * TileN;
@@ -278,8 +299,8 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       cp_async_wait<Stages - 2>();
     }
     __syncthreads();  // the tile has landed for all; every warp is done with the previous one
-    if (tile + Stages - 1 < tile_end && (!Tma || warp == 0))
-      load_tile(tile + Stages - 1, (stage + Stages - 1) % Stages);
+    if (v + Stages - 1 < tile_end && (!Tma || warp == 0))
+      load_tile(v + Stages - 1, (stage + Stages - 1) % Stages);
     if (!Tma) cp_async_commit();
 
     float s[MT][NT][4];
@@ -295,6 +316,10 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
     soft_cap<Softcap>(s, p);
     const int lane_key = tile * TileN + warp * kWarpKeys + (lane % 4) * 2;
+    if constexpr (Alibi)
+      add_alibi<MT, NT>(
+          s, [&](int mt, int h) { return alibi_slope[mt][h]; },
+          [&](int mt, int h) { return alibi_diagonal[mt][h]; }, lane_key);
     // A lane's first row sees the fewest keys on the right (limits grow with the row); on the
     // left the CTA's last row cuts deepest.
     if (tile * TileN + TileN > lane_key_end[0][0] || (Window && tile * TileN < band_start)) {
@@ -308,7 +333,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
 #pragma unroll
             for (int e = 0; e < 2; ++e) {
               const int key = lane_key + nt * 8 + e;
-              if (key >= lane_key_end[mt][h] || (Window && key < first))
+              if (key >= lane_key_end[mt][h] || (Window && key < first && key >= p.sink_tokens))
                 s[mt][nt][2 * h + e] = neg_inf();
             }
         }
@@ -375,7 +400,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     const int head = kv_head * group + row % group;
     // A split's partial must count the sink once: split 0 takes it (the merge adds the states).
     const RowFinish finish = finish_row<Sink>(p, head, best, total, split == 0);
-    const float scale = finish.scale, lse = finish.lse;
+    const float scale = finish.scale, lse = finish.lse();
     if (partial) {
       const long long out_row =
           static_cast<long long>(split) * p.batch * p.seqlen_q * p.heads_q +

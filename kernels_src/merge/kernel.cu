@@ -58,7 +58,6 @@ template <typename T, int HeadDim, int Warps>
 __global__ void __launch_bounds__(Warps * 32) merge_states_kernel(const MergeParams p) {
   static_assert(HeadDim % 32 == 0, "whole columns per lane");
   constexpr int N = HeadDim / 32;  // columns per lane
-  constexpr float kLog2e = 1.4426950408889634f;
 #if __CUDA_ARCH__ >= 900
   // Launched under the split-KV kernel's tail (LaunchPlan::overlaps_previous): its partials are
   // complete and visible only past this wait, a no-op for an ordinary launch.

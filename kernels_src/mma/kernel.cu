@@ -9,6 +9,7 @@
 // registers: the accumulator layout of two n8 tiles of S is the A-operand layout of one k16 step.
 // Shared rows are padded by 16 bytes, so the 8 rows that one ldmatrix phase reads fall into 8
 // distinct groups of 4 banks for every head dim (no swizzle arithmetic in the loop).
+#include "common/alibi.cuh"
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/masking.cuh"
@@ -41,13 +42,14 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaPar
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = lane_key + nt * 8 + e;
-          if (key >= end || (Window && key < first)) s[mt][nt][2 * h + e] = neg_inf();
+          if (key >= end || (Window && key < first && key >= p.sink_tokens))
+            s[mt][nt][2 * h + e] = neg_inf();
         }
     }
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Sink>
+          bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
   constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kThreads = MmaShape::kThreads;
@@ -83,24 +85,23 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   const unsigned v_smem = smem_address(v_tiles);
   constexpr unsigned kKvTileBytes = kKvTile * sizeof(T);
 
-  // Key tiles [first, n_tiles) (first > 0 only under a window's left side), counted j = tile -
-  // first from 0. cp.async groups, one per tile, in the order K0 V0 K1 V1 ...: the prologue issues
+  // Key tiles range.tile(j), j in [0, n_tiles) (kv_tile_range: a window's sink tiles, then its
+  // band). cp.async groups, one per tile, in the order K0 V0 K1 V1 ...: the prologue issues
   // Q with K0, then up to V_{Stages-2} and K_{Stages-1}; iteration j adds V_{j+Stages-1} and
   // K_{j+Stages}. So when K_j or V_j is waited for, exactly 2·(Stages-1) newer groups exist.
   // Tiles past the end commit empty groups to keep that count.
   const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(p, p, row0);
-  const int first = range.first, n_tiles = range.end;
+  const int n_tiles = range.count();
   TileStream<T, HeadDim, TileM, kPitch, kThreads>(q, p.q_stride_s)
       .copy(smem_address(q_tile), row0, p.seqlen_q, p.q_stride_s);
 #pragma unroll
   for (int j = 0; j < Stages; ++j) {
-    const int tile = first + j;
-    if (tile < n_tiles)
-      k_stream.copy(k_smem + j * kKvTileBytes, tile * TileN, p.seqlen_k, p.k_stride_s);
+    if (j < n_tiles)
+      k_stream.copy(k_smem + j * kKvTileBytes, range.tile(j) * TileN, p.seqlen_k, p.k_stride_s);
     cp_async_commit();
     if (j == Stages - 1) break;
-    if (tile < n_tiles)
-      v_stream.copy(v_smem + j * kKvTileBytes, tile * TileN, p.seqlen_k, p.v_stride_s);
+    if (j < n_tiles)
+      v_stream.copy(v_smem + j * kKvTileBytes, range.tile(j) * TileN, p.seqlen_k, p.v_stride_s);
     cp_async_commit();
   }
 
@@ -116,29 +117,37 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   float row_max[MT][2], row_sum[MT][2];
   start_online_softmax<MT, DT>(o, row_max, row_sum);
 
-  for (int tile = first; tile < n_tiles; ++tile) {
-    const int j = tile - first;
+  // ALiBi: every row of the CTA has its head's slope; the diagonals grow with the rows.
+  const float alibi_slope = Alibi ? alibi_raw_slope(p, head) : 0.f;
+  const int alibi_diagonal = row0 + warp_row0 + lane / 4 + p.seqlen_k - p.seqlen_q;
+
+  for (int j = 0; j < n_tiles; ++j) {
+    const int tile = range.tile(j);
     const unsigned stage_offset = j % Stages * kKvTileBytes;
     cp_async_wait<2 * (Stages - 1)>();
     __syncthreads();  // K_tile has landed for all; every warp is done with P·V of tile - 1
-    if (tile + Stages - 1 < n_tiles)
+    if (j + Stages - 1 < n_tiles)
       v_stream.copy(v_smem + (j + Stages - 1) % Stages * kKvTileBytes,
-                    (tile + Stages - 1) * TileN, p.seqlen_k, p.v_stride_s);
+                    range.tile(j + Stages - 1) * TileN, p.seqlen_k, p.v_stride_s);
     cp_async_commit();
 
     float s[MT][NT][4];
     gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage_offset);
     soft_cap<Softcap>(s, p);
     const int key0 = tile * TileN;
+    if constexpr (Alibi)
+      add_alibi<MT, NT>(
+          s, [&](int, int) { return alibi_slope; },
+          [&](int mt, int h) { return alibi_diagonal + mt * 16 + h * 8; }, key0 + (lane % 4) * 2);
     if (tile_needs_band_mask<Causal, Window, kWarpRows, TileN>(p, p, row0 + warp_row0, key0))
       mask_scores<Causal, Window, MT, NT>(s, p, row0 + warp_row0 + lane / 4,
                                           key0 + (lane % 4) * 2);
 
     cp_async_wait<2 * (Stages - 1)>();
     __syncthreads();  // V_tile has landed for all; every warp is done reading K_tile
-    if (tile + Stages < n_tiles)
-      k_stream.copy(k_smem + j % Stages * kKvTileBytes, (tile + Stages) * TileN, p.seqlen_k,
-                    p.k_stride_s);
+    if (j + Stages < n_tiles)
+      k_stream.copy(k_smem + j % Stages * kKvTileBytes, range.tile(j + Stages) * TileN,
+                    p.seqlen_k, p.k_stride_s);
     cp_async_commit();
 
     unsigned probs[MT][NT / 2][4];
@@ -164,7 +173,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
         staged[dt * 4] = pack2<T>(o[mt][dt][2 * h] * scale, o[mt][dt][2 * h + 1] * scale);
       const int row = row0 + local_row;
       if (p.lse != nullptr && lane % 4 == 0 && row < p.seqlen_q)
-        store_row_lse(p, batch, head, row, finish.lse);
+        store_row_lse(p, batch, head, row, finish.lse());
     }
   __syncwarp();
   T* o_base = static_cast<T*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h;

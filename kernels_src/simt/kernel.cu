@@ -27,11 +27,12 @@ __device__ __forceinline__ void unpack8(const uint4& packed, float (&out)[8]) {
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Sink>
+          bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(SimtShape{HeadDim, TileM, TileN}.threads())
     fmha_simt_kernel(const FmhaParams p) {
   static_assert(!Window, "simt builds no sliding-window variants (its family lacks the feature)");
   static_assert(!Sink, "simt builds no sink variants (its family lacks the feature)");
+  static_assert(!Alibi, "simt builds no ALiBi variants (its family lacks the feature)");
   constexpr SimtShape kShape{HeadDim, TileM, TileN};
   constexpr int kThreads = kShape.threads();
   constexpr int kRowPitch = kShape.row_pitch();
@@ -151,7 +152,7 @@ __global__ void __launch_bounds__(SimtShape{HeadDim, TileM, TileN}.threads())
     *reinterpret_cast<uint4*>(o + d) = packed;
   }
   if (p.lse != nullptr && lane_in_row == 0)
-    store_row_lse(p, batch, head, row, row_lse(p, row_max, row_sum));
+    store_row_lse(p, batch, head, row, finish_row<false>(p, head, row_max, row_sum).lse());
 }
 
 }  // namespace flashjit

@@ -10,6 +10,7 @@
 // consumer overlaps softmax(j) with P·V(j-1). With three consumers O leaves through a staging
 // buffer and a TMA store that runs while the warpgroup starts its next tile; otherwise with
 // 16-byte stores from registers.
+#include "common/alibi.cuh"
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/global_store.cuh"
@@ -66,8 +67,8 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
     for (int which = 0; which < u.tiles(); ++which) {
       const int row0 = u.m_block(which) * TileM;
       if (Varlen && row0 >= seq.seqlen_q) continue;  // past a shorter sequence (unsorted varlen)
-      const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(seq, p, row0);
-      if (range.first >= range.end) continue;  // the consumers write zeros, pipeline untouched
+      const TileOrder<Window> order = tile_order<Causal, Window, TileM, TileN>(seq, p, row0);
+      if (order.count() <= 0) continue;  // the consumers write zeros, pipeline untouched
       // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
       if (q_loads > 0) mbarrier_wait(&bars->q_empty, (q_loads - 1) & 1);
       ++q_loads;
@@ -93,14 +94,15 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       };
       // Keys ahead (WgmmaGeometry::keys_ahead): K(j + 1) before V(j), since K's slot frees once
       // both consumers' S(j - 1) is done and V's only after their P·V(j - 2); else K(j), V(j).
+      // Tiles go in the consumers' order (TileOrder), the i-th into slot pipe + i.
       if (Shape::kKeysAhead)
-        load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, range.first, pipe);
-      for (int j = range.first; j < range.end; ++j, ++pipe) {
+        load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(0), pipe);
+      for (int i = 0; i < order.count(); ++i, ++pipe) {
         if (!Shape::kKeysAhead)
-          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, j, pipe);
-        else if (j + 1 < range.end)
-          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, j + 1, pipe + 1);
-        load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, j, pipe);
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(i), pipe);
+        else if (i + 1 < order.count())
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(i + 1), pipe + 1);
+        load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, order.tile(i), pipe);
       }
     }
   }
@@ -157,8 +159,9 @@ __device__ __forceinline__ void issue_pv(float (&o)[HeadDim / 2],
 }
 
 // Scores of keys a row may not see become -inf (past seqlen_k, above the causal diagonal, outside
-// the window). `key` is the thread's first column; comparisons are against per-row bounds relative
-// to it, so each element costs a compare (two with a window) with an immediate.
+// the window but for its sink tokens). `key` is the thread's first column; comparisons are against
+// per-row bounds relative to it, so each element costs a compare (three with a window) with an
+// immediate.
 template <bool Causal, bool Window, int TileN>
 __device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const SequenceLengths& seq,
                                             const FmhaParams& p, int row, int key) {
@@ -166,10 +169,36 @@ __device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const Sequenc
                       key_end<Causal, Window>(seq, p, row + 8) - key};
   const int first[2] = {key_first<Window>(seq, p, row) - key,
                         key_first<Window>(seq, p, row + 8) - key};
+  const int sink_end = Window ? p.sink_tokens - key : 0;
 #pragma unroll
   for (int e = 0; e < TileN / 2; ++e) {
     const int column = 8 * (e / 4) + e % 2;
-    if (column >= end[(e / 2) % 2] || (Window && column < first[(e / 2) % 2])) s[e] = neg_inf();
+    if (column >= end[(e / 2) % 2] ||
+        (Window && column < first[(e / 2) % 2] && column >= sink_end))
+      s[e] = neg_inf();
+  }
+}
+
+// ALiBi on the two rows a thread holds; `distance` is row 0's diagonal minus the thread's first
+// key (row 1's is 8 more). Causal (every visible key at or left of the diagonal): -slope·(d - c)
+// = slope·c - slope·d, so each score takes one FMA with its column's immediate and the rows'
+// -slope·d goes to row_bias (RowSoftmax::update); keys right of the diagonal are masked anyway.
+// Otherwise the distance's sign varies within the tile: -slope·|d - c| per score.
+template <bool Causal, int TileN>
+__device__ __forceinline__ void alibi_scores(float (&s)[TileN / 2], float slope, int distance,
+                                             float (&row_bias)[2]) {
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+    const float d = static_cast<float>(distance + 8 * i);
+    row_bias[i] = Causal ? -slope * d : 0.f;
+#pragma unroll
+    for (int e = 2 * i; e < TileN / 2; e += 4)
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const float column = static_cast<float>(8 * ((e + k) / 4) + (e + k) % 2);
+        s[e + k] = Causal ? fmaf(slope, column, s[e + k])
+                          : fmaf(-slope, fabsf(d - column), s[e + k]);
+      }
   }
 }
 
@@ -180,8 +209,11 @@ struct RowSoftmax {
   float sum[2] = {0.f, 0.f};
 
   // Turns scores into unnormalized probabilities in place; returns how much O must shrink.
-  template <int N>
-  __device__ __forceinline__ void update(float (&s)[N], float scale_log2, float (&correction)[2]) {
+  // Biased: row i's scores are s + row_bias[i] (ALiBi's per-row part, alibi_scores), added to the
+  // max and folded into the exponent's offset rather than into every score.
+  template <bool Biased = false, int N>
+  __device__ __forceinline__ void update(float (&s)[N], float scale_log2, float (&correction)[2],
+                                         const float (&row_bias)[2] = {0.f, 0.f}) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       // Four independent partial maxima: the reduction is on the path to every exponential, and
@@ -195,14 +227,19 @@ struct RowSoftmax {
         partial[chain + 1] = fmaxf(partial[chain + 1], s[e + 1]);
       }
       const float tile_max = fmaxf(fmaxf(partial[0], partial[1]), fmaxf(partial[2], partial[3]));
-      const float new_max = fmaxf(max[i], quad_max(tile_max));
+      // (The bias before the quad's reduction: it holds each thread's own first column.)
+      const float new_max =
+          fmaxf(max[i], quad_max(Biased ? tile_max + row_bias[i] : tile_max));
       const float offset = scaled_max(new_max, scale_log2);
       correction[i] = exp2_ftz(max[i] * scale_log2 - offset);  // 0 while max was -inf
+      // (row_bias - max) before scaling: both may be large, their difference is not.
+      const float shift =
+          Biased ? (new_max == neg_inf() ? 0.f : (row_bias[i] - new_max) * scale_log2) : -offset;
       float tile_sum = 0.f;
 #pragma unroll
       for (int e = 2 * i; e < N; e += 4) {
-        s[e] = exp2_ftz(fmaf(s[e], scale_log2, -offset));
-        s[e + 1] = exp2_ftz(fmaf(s[e + 1], scale_log2, -offset));
+        s[e] = exp2_ftz(fmaf(s[e], scale_log2, shift));
+        s[e + 1] = exp2_ftz(fmaf(s[e + 1], scale_log2, shift));
         tile_sum += s[e] + s[e + 1];
       }
       sum[i] = sum[i] * correction[i] + tile_sum;
@@ -258,7 +295,7 @@ __device__ __forceinline__ void store_output(const FmhaParams& p, const Sequence
       store_global_16(out_row + 32 * g, w, in_range);
     }
     if (in_range && p.lse != nullptr && at.col == 0)
-      store_row_lse<Varlen>(p, c.batch, c.head, row, finish.lse, seq.q_start);
+      store_row_lse<Varlen>(p, c.batch, c.head, row, finish.lse(), seq.q_start);
   }
 }
 
@@ -288,12 +325,12 @@ struct StagedOutput {
                                         const TmaDescriptor* tma_o, const TileCoord& c, int row0,
                                         const FragmentPosition& at, const float (&o)[HeadDim / 2],
                                         RowSoftmax& softmax) const {
-    float lse[2], scale[2];
+    RowFinish finish[2];
+    float scale[2];
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
-      const RowFinish finish =
-          finish_row<Sink>(p, c.head, softmax.max[i], quad_sum(softmax.sum[i]));
-      scale[i] = finish.scale, lse[i] = finish.lse;
+      finish[i] = finish_row<Sink>(p, c.head, softmax.max[i], quad_sum(softmax.sum[i]));
+      scale[i] = finish[i].scale;
     }
     // The previous tile's store must have read the slice before anyone overwrites it; the
     // barrier passes that on from the issuer, which alone can wait on its bulk groups.
@@ -329,7 +366,7 @@ struct StagedOutput {
     for (int i = 0; i < 2; ++i) {
       const int row = row0 + at.row + 8 * i;
       if (row < seq.seqlen_q && p.lse != nullptr && at.col == 0)
-        store_row_lse<Varlen>(p, c.batch, c.head, row, lse[i], seq.q_start);
+        store_row_lse<Varlen>(p, c.batch, c.head, row, finish[i].lse(), seq.q_start);
     }
   }
 
@@ -384,7 +421,7 @@ struct Turns {
 // ---- consumer main loop -----------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink>
+          bool Softcap, bool Window, bool Sink, bool Alibi>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -417,74 +454,83 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
     for (int which = 0; which < u.tiles(); ++which) {
       const TileCoord c{u.m_block(which), u.head, u.batch};
       if (Varlen && c.m_block * TileM >= seq.seqlen_q) continue;  // as the producer skips it
-      const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(seq, p, c.m_block * TileM);
+      // The producer's order of key tiles (TileOrder); the i-th visited sits in ring slot
+      // pipe + i. Without a window the order is the natural one, and the warpgroup's own rows
+      // decide where its masked tiles start (one tile later for the second at most).
+      TileOrder<Window> order = tile_order<Causal, Window, TileM, TileN>(seq, p, c.m_block * TileM);
       const int row0 = c.m_block * TileM + consumer * 64;
-      // Key tiles from first_masked on hold keys that some row of this warpgroup may not see;
-      // under a window, so do those below lead_end (the left side of the band cuts them).
-      const int first_masked = max(key_end<Causal, Window>(seq, p, row0), 0) / TileN;
-      const int lead_end =
-          Window ? (key_first<Window>(seq, p, row0 + 63) + TileN - 1) / TileN : range.first;
-      const int slot0 = pipe - range.first;  // ring slot of key tile j: slot0 + j
+      if (!Window)
+        order.u1 = min(max(key_end<Causal, Window>(seq, p, row0), 0) / TileN, order.end);
+      const int n_tiles = order.count();
       float o[HeadDim / 2];
 #pragma unroll
       for (int e = 0; e < HeadDim / 2; ++e) o[e] = 0.f;
       RowSoftmax softmax;
       float s[TileN / 2], correction[2];
       unsigned pf[TileN / 16][4];
+      const float alibi_slope = Alibi ? alibi_raw_slope(p, c.head) : 0.f;
       auto softmax_step = [&](int j, auto masked) {  // S(j) -> P(j) in place, and O's correction
         soft_cap<Softcap>(s, p);
+        float row_bias[2] = {0.f, 0.f};
+        if constexpr (Alibi)
+          alibi_scores<Causal, TileN>(
+              s, alibi_slope, row0 + at.row + seq.seqlen_k - seq.seqlen_q - (j * TileN + at.col),
+              row_bias);
         if constexpr (decltype(masked)::value)
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
-        softmax.update(s, p.scale_log2, correction);
+        softmax.update<Alibi && Causal>(s, p.scale_log2, correction, row_bias);
       };
-      auto scores_alone = [&](int j, auto masked) {  // S(j), waited on, then softmax(j)
-        wait_full(bars->k_full, slot0 + j);
+      // Steps take the visit index i (the tile is order.tile(i), its ring slot pipe + i).
+      auto scores_alone = [&](int i, auto masked) {  // S(i), waited on, then softmax(i)
+        wait_full(bars->k_full, pipe + i);
         turns.begin();
-        issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(slot0 + j));
+        issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(pipe + i));
         turns.end();
         wgmma_wait<0>();
         wgmma_fence_operands(s);
         // The tile's last Q·Kᵀ is done: the producer may load the next Q under softmax and P·V.
-        if (j == range.end - 1) release(&bars->q_empty);
-        release(&bars->k_empty[(slot0 + j) % Stages]);
-        softmax_step(j, masked);
-        if (!Shape::kRescaleUnderQk) rescale_rows(o, correction);  // else before P·V(j)
+        if (i == n_tiles - 1) release(&bars->q_empty);
+        release(&bars->k_empty[(pipe + i) % Stages]);
+        softmax_step(order.tile(i), masked);
+        if (!Shape::kRescaleUnderQk) rescale_rows(o, correction);  // else before P·V(i)
         probabilities_to_fragments<T, TileN>(s, pf);
       };
-      auto values_alone = [&](int j) {  // O += P(j)·V(j), waited on
-        wait_full(bars->v_full, slot0 + j);
+      auto values_alone = [&](int i) {  // O += P(i)·V(i), waited on
+        wait_full(bars->v_full, pipe + i);
         // With seqused_k the rows past a sequence's last key may hold anything (NaN included),
-        // and P = 0 does not cancel NaN in P·V: the last tile's rows past it become zeros.
+        // and P = 0 does not cancel NaN in P·V: the last tile's rows past it become zeros (that
+        // tile is masked, so it is visited last).
+        const int j = order.tile(i);
         if (Varlen && p.seqused_k != nullptr && seq.seqlen_k - j * TileN < TileN)
           zero_rows<HeadDim, TileN>(
-              smem + Shape::kVOffset + ((slot0 + j) % Stages) * Shape::kKVBytes,
+              smem + Shape::kVOffset + ((pipe + i) % Stages) * Shape::kKVBytes,
               seq.seqlen_k - j * TileN, staged.barrier);
-        if (Shape::kRescaleUnderQk) rescale_rows(o, correction);  // softmax(j)'s, before P·V(j)
+        if (Shape::kRescaleUnderQk) rescale_rows(o, correction);  // softmax(i)'s, before P·V(i)
         turns.begin();
-        issue_pv<T, HeadDim, TileN>(o, pf, v_tile(slot0 + j));
+        issue_pv<T, HeadDim, TileN>(o, pf, v_tile(pipe + i));
         turns.end();
         wgmma_wait<0>();
         wgmma_fence_operands(o);
-        release(&bars->v_empty[(slot0 + j) % Stages]);
+        release(&bars->v_empty[(pipe + i) % Stages]);
       };
-      // Intra-warpgroup overlap for tile j >= 1: S(j) = Q·K(j) and O += P(j-1)·V(j-1) are issued
-      // together and softmax(j) runs while P·V is still on the tensor cores.
-      auto overlapped_step = [&](int j, auto masked) {
-        const int k_slot = slot0 + j, v_slot = slot0 + j - 1;
+      // Intra-warpgroup overlap for visit i >= 1: S(i) = Q·K(i) and O += P(i-1)·V(i-1) are issued
+      // together and softmax(i) runs while P·V is still on the tensor cores.
+      auto overlapped_step = [&](int i, auto masked) {
+        const int k_slot = pipe + i, v_slot = pipe + i - 1;
         wait_full(bars->k_full, k_slot);
         if (!Shape::kKeysAhead) wait_full(bars->v_full, v_slot);
         turns.begin();
         issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(k_slot));
-        // Under Q·K(j): O (final through P·V(j - 2)) takes softmax(j - 1)'s correction.
+        // Under Q·K(i): O (final through P·V(i - 2)) takes softmax(i - 1)'s correction.
         if (Shape::kRescaleUnderQk) rescale_rows(o, correction);
-        if (Shape::kKeysAhead) wait_full(bars->v_full, v_slot);  // V(j - 1) lands behind K(j)
+        if (Shape::kKeysAhead) wait_full(bars->v_full, v_slot);  // V(i - 1) lands behind K(i)
         issue_pv<T, HeadDim, TileN>(o, pf, v_tile(v_slot));
         turns.end();
-        wgmma_wait<1>();  // S(j) is ready; P·V may still run
+        wgmma_wait<1>();  // S(i) is ready; P·V may still run
         wgmma_fence_operands(s);
-        if (j == range.end - 1) release(&bars->q_empty);  // the tile's last Q·Kᵀ is done
+        if (i == n_tiles - 1) release(&bars->q_empty);  // the tile's last Q·Kᵀ is done
         release(&bars->k_empty[k_slot % Stages]);
-        softmax_step(j, masked);
+        softmax_step(order.tile(i), masked);
         wgmma_wait<0>();
         wgmma_fence_operands(o);
         wgmma_fence_operands(pf);  // P's registers stay reserved until P·V is done with them
@@ -494,21 +540,19 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       };
       // Masked and unmasked tiles run in separate loops: a branch inside a step would split its
       // block, and ptxas then hoists the wait for P·V above the softmax.
-      // Tiles [range.first, lead_end) are masked, then unmasked up to first_masked, then masked.
-      if (range.first < range.end) {
+      // The first order.unmasked() visits need no mask, the rest do.
+      if (n_tiles > 0) {
         mbarrier_wait(&bars->q_full, q_loads++ & 1);
-        int j = range.first;
-        if (j < lead_end || j >= first_masked)
-          scores_alone(j, True{});
+        const int unmasked = order.unmasked();
+        if (unmasked == 0)
+          scores_alone(0, True{});
         else
-          scores_alone(j, False{});
-        ++j;
-        if constexpr (Window)  // (one copy of the masked step fewer without a window)
-          for (; j < min(lead_end, range.end); ++j) overlapped_step(j, True{});
-        for (; j < min(first_masked, range.end); ++j) overlapped_step(j, False{});
-        for (; j < range.end; ++j) overlapped_step(j, True{});
-        values_alone(range.end - 1);
-        pipe += range.end - range.first;
+          scores_alone(0, False{});
+        int i = 1;
+        for (; i < unmasked; ++i) overlapped_step(i, False{});
+        for (; i < n_tiles; ++i) overlapped_step(i, True{});
+        values_alone(n_tiles - 1);
+        pipe += n_tiles;
       }
       const SequenceSpan rows = sequence_span<Varlen>(p, c.batch);
       if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= rows.seqlen_q))
@@ -523,7 +567,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink>
+          bool Softcap, bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
@@ -568,7 +612,7 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
           p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink>(
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi>(
         p, sched, table, &tma_o, smem, bars, warpgroup - 1);
   }
 }

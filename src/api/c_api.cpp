@@ -89,6 +89,8 @@ flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
     options.window_right = o->window_right;
   }
   options.sink_logits = o->sink_logits;
+  options.alibi_slopes = o->alibi_slopes;
+  options.sink_tokens = o->sink_tokens;
   return options;
 }
 

@@ -46,6 +46,7 @@ std::string why_family_cannot_run(const KernelFamily& family, const ForwardProbl
   if (problem.softcap > 0.f && !(family.features & kFeatureSoftcap)) return "has no soft-capping";
   if (problem.window && !(family.features & kFeatureWindow)) return "has no sliding window";
   if (problem.sink && !(family.features & kFeatureSink)) return "has no attention sinks";
+  if (problem.alibi && !(family.features & kFeatureAlibi)) return "has no ALiBi";
   if (problem.num_splits > 1 && !(family.features & kFeatureSplitKv))
     return "does not split keys (num_splits > 1)";
   if (std::find(family.head_dims.begin(), family.head_dims.end(), problem.head_dim) ==
@@ -70,7 +71,7 @@ std::vector<Variant> fallback_variants(const ForwardProblem& problem, const Devi
       const Variant v =
           variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal, tiles,
                      problem.paged, problem.per_sequence_lengths(), problem.softcap > 0.f,
-                     problem.window, problem.sink);
+                     problem.window, problem.sink, problem.alibi);
       if (shared_memory_shortfall(*family, v, device).empty() &&
           std::find(candidates.begin(), candidates.end(), v) == candidates.end())
         candidates.push_back(v);
@@ -94,7 +95,7 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
                     .pick(problem);
       variant = variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal,
                            tiles, problem.paged, problem.per_sequence_lengths(),
-                           problem.softcap > 0.f, problem.window, problem.sink);
+                           problem.softcap > 0.f, problem.window, problem.sink, problem.alibi);
       if (forced_tiles) why = family->check_tiles(variant);
       if (why.empty()) why = shared_memory_shortfall(*family, variant, device);
       // A caller's tile shape the family cannot build is the caller's error, not a reason to fall

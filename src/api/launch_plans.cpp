@@ -29,7 +29,11 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   key.num_splits = problem.num_splits;
   key.softcap = problem.softcap > 0.f;
   key.window = problem.window;
+  key.window_left = p.window_left;
+  key.window_right = p.window_right;
+  key.sink_tokens = p.sink_tokens;
   key.sink = problem.sink;
+  key.alibi = problem.alibi;
   if (tiles) {
     key.tile_m = tiles->tile_m;
     key.tile_n = tiles->tile_n;

@@ -31,9 +31,13 @@ struct PlanKey {
   std::int32_t varlen = 0, total_q = 0, total_k = 0;
   std::int32_t tile_m = 0, tile_n = 0, stages = 0;  // forced tiles; 0: the family's table
   std::int32_t softcap = 0;  // 1: soft-capped (its value is a run-time parameter, not the key's)
-  std::int32_t window = 0;   // 1: a sliding window (its sides are run-time parameters)
-  std::int32_t sink = 0;     // 1: attention sinks (their logits are run-time parameters); the
-                             // int32s stay even in number: no padding (the key is hashed as bytes)
+  std::int32_t window = 0;   // 1: a sliding window
+  // The window's sides and sink tokens (FmhaParams, 0 without a window): run-time parameters of
+  // the kernel, but split-KV's plan (num_splits, split_tiles) counts the tiles they span.
+  std::int32_t window_left = 0, window_right = 0, sink_tokens = 0;
+  std::int32_t sink = 0;   // 1: attention sinks (their logits are run-time parameters)
+  std::int32_t alibi = 0;  // 1: ALiBi (its slopes are run-time parameters); the int32s stay even
+                           // in number: no padding (the key is hashed as bytes)
 
   static PlanKey of(CUcontext context, const ForwardProblem& problem,
                     const KernelFamily* forced_family, const std::optional<TileConfig>& tiles);

@@ -238,11 +238,20 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
                        "side at the diagonal)",
                        options.window_right));
   problem.window = options.window_left >= 0 || (options.window_right >= 0 && !problem.causal);
+  if (options.sink_tokens < 0)
+    reject(fmt::format("sink_tokens is {}: expected 0 (none) or more", options.sink_tokens));
+  if (options.sink_tokens > 0 && options.window_left < 0)
+    reject(fmt::format("sink_tokens is {} with window_left {}: sink tokens need a sliding window "
+                       "bounded on the left (window_left >= 0)",
+                       options.sink_tokens, options.window_left));
   if (options.lse != nullptr && reinterpret_cast<std::uintptr_t>(options.lse) % 4 != 0)
     reject("lse is not 4-byte aligned: expected a float* device buffer");
   problem.sink = options.sink_logits != nullptr;
   if (problem.sink && reinterpret_cast<std::uintptr_t>(options.sink_logits) % 4 != 0)
     reject("sink_logits is not 4-byte aligned: expected a device buffer of heads_q floats");
+  problem.alibi = options.alibi_slopes != nullptr;
+  if (problem.alibi && reinterpret_cast<std::uintptr_t>(options.alibi_slopes) % 4 != 0)
+    reject("alibi_slopes is not 4-byte aligned: expected a device buffer of heads_q floats");
 
   FmhaParams& p = problem.params;
   p.q = q.data;
@@ -251,6 +260,7 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   p.o = out.data;
   p.lse = options.lse;
   p.sink_logits = options.sink_logits;
+  p.alibi_slopes = options.alibi_slopes;
   p.q_stride_b = q.stride[0], p.q_stride_s = q.stride[1], p.q_stride_h = q.stride[2];
   p.k_stride_b = k.stride[0], p.k_stride_s = k.stride[1], p.k_stride_h = k.stride[2];
   p.v_stride_b = v.stride[0], p.v_stride_s = v.stride[1], p.v_stride_h = v.stride[2];
@@ -274,6 +284,7 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
     p.window_right = problem.causal             ? 0
                      : options.window_right < 0 ? kUnboundedWindow
                                                 : options.window_right;
+    p.sink_tokens = options.sink_tokens;
   }
   p.page_table = kv.page_table;
   p.page_table_stride = paged ? kv.page_table_stride : 0;

@@ -27,6 +27,7 @@ struct ForwardProblem {
   float softcap = 0.f;  // ForwardOptions::softcap: > 0 runs a Variant::softcap kernel
   bool window = false;  // a sliding window (ForwardOptions::window_*): a Variant::window kernel
   bool sink = false;    // attention sinks (ForwardOptions::sink_logits): a Variant::sink kernel
+  bool alibi = false;   // ALiBi (ForwardOptions::alibi_slopes): a Variant::alibi kernel
   FmhaParams params{};  // pointers and strides, ready for a kernel
 
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }
@@ -36,13 +37,16 @@ struct ForwardProblem {
   int rows_per_kv_head() const { return seqlen_q * (heads_kv > 0 ? heads_q / heads_kv : 1); }
   // The most key tiles of tile_n keys that the query rows of one sequence see (what split-KV
   // divides): all of them, or under a window its band over seqlen_q rows, plus one tile for the
-  // band's misalignment with the tiles.
+  // band's misalignment with the tiles, plus the tiles of the sink tokens before it. Where the
+  // sink tiles overlap the band's, the band reaches back to them and so runs through every tile
+  // to the end: the cap at `all` is then their union, no tile counted twice.
   int key_tiles_seen(int tile_n) const {
     const int all = (seqlen_k + tile_n - 1) / tile_n;
     if (!window) return all;
     const long long band =
         static_cast<long long>(seqlen_q) + params.window_left + params.window_right;
-    return static_cast<int>(std::min<long long>(all, (band + tile_n - 1) / tile_n + 1));
+    const long long sinks = (static_cast<long long>(params.sink_tokens) + tile_n - 1) / tile_n;
+    return static_cast<int>(std::min<long long>(all, sinks + (band + tile_n - 1) / tile_n + 1));
   }
 };
 

@@ -17,10 +17,10 @@ std::string_view to_string(DType dtype) { return dtype == DType::bf16 ? "bf16" :
 std::string Variant::name() const {
   std::string arch_part = arch;
   std::erase(arch_part, '_');  // sm_90a -> sm90a keeps the name one token per field
-  return fmt::format("{}.{}.{}.d{}.m{}n{}s{}{}{}{}{}{}{}", family, arch_part, to_string(dtype),
+  return fmt::format("{}.{}.{}.d{}.m{}n{}s{}{}{}{}{}{}{}{}", family, arch_part, to_string(dtype),
                      head_dim, tile_m, tile_n, stages, causal ? ".causal" : "",
                      paged ? ".paged" : "", varlen ? ".varlen" : "", softcap ? ".softcap" : "",
-                     window ? ".window" : "", sink ? ".sink" : "");
+                     window ? ".window" : "", sink ? ".sink" : "", alibi ? ".alibi" : "");
 }
 
 }  // namespace flashjit
@@ -29,8 +29,8 @@ namespace flashjit::detail {
 namespace {
 
 // The optional suffixes after the tiles, in name order.
-constexpr std::string_view kFeatureSuffixes[] = {"causal",  "paged",  "varlen",
-                                                 "softcap", "window", "sink"};
+constexpr std::string_view kFeatureSuffixes[] = {"causal", "paged", "varlen", "softcap",
+                                                 "window", "sink",  "alibi"};
 
 std::vector<std::string_view> split(std::string_view text, char sep) {
   std::vector<std::string_view> parts;
@@ -74,7 +74,7 @@ Variant parse_variant_name(std::string_view name) {
         fmt::format(
             "bad variant name '{}': expected "
             "<family>.<arch>.<dtype>.d<head_dim>.m<M>n<N>s<stages>[.causal][.paged][.varlen]"
-            "[.softcap][.window][.sink], e.g. mma.sm90a.bf16.d128.m128n64s2.causal",
+            "[.softcap][.window][.sink][.alibi], e.g. mma.sm90a.bf16.d128.m128n64s2.causal",
             name));
   Variant v;
   if (!is_family_token(parts[0]))
@@ -129,8 +129,8 @@ Variant parse_variant_name(std::string_view name) {
       ++next_suffix;
     if (next_suffix == std::size(kFeatureSuffixes))
       bad_field(name, "features",
-                fmt::format("'{}' is not one of causal, paged, varlen, softcap, window, sink (in "
-                            "that order, each once)",
+                fmt::format("'{}' is not one of causal, paged, varlen, softcap, window, sink, "
+                            "alibi (in that order, each once)",
                             parts[i]));
     if (next_suffix == 0) v.causal = true;
     if (next_suffix == 1) v.paged = true;
@@ -138,6 +138,7 @@ Variant parse_variant_name(std::string_view name) {
     if (next_suffix == 3) v.softcap = true;
     if (next_suffix == 4) v.window = true;
     if (next_suffix == 5) v.sink = true;
+    if (next_suffix == 6) v.alibi = true;
     ++next_suffix;
   }
   return v;

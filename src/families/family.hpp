@@ -53,6 +53,7 @@ enum FamilyFeature : unsigned {
   kFeatureSoftcap = 1u << 4,   // ForwardOptions::softcap (Variant::softcap)
   kFeatureWindow = 1u << 5,    // ForwardOptions::window_left / window_right (Variant::window)
   kFeatureSink = 1u << 6,      // ForwardOptions::sink_logits (Variant::sink)
+  kFeatureAlibi = 1u << 7,     // ForwardOptions::alibi_slopes (Variant::alibi)
 };
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed

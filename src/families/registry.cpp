@@ -72,6 +72,8 @@ void check_variant(const Variant& v) {
     fail(fmt::format("family {} has no sliding-window variants", v.family));
   if (v.sink && !(family->features & kFeatureSink))
     fail(fmt::format("family {} has no sink variants", v.family));
+  if (v.alibi && !(family->features & kFeatureAlibi))
+    fail(fmt::format("family {} has no ALiBi variants", v.family));
   if (v.varlen && !family->varlen_variants)
     fail(
         fmt::format("family {} has no varlen variants (it takes sequence lengths at run time, "
@@ -94,8 +96,8 @@ KernelSpec kernel_spec(const Variant& v) {
   const std::string arguments =
       family.template_arguments
           ? family.template_arguments(v)
-          : fmt::format("{}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages,
-                        v.causal, v.softcap, v.window, v.sink);
+          : fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
+                        v.stages, v.causal, v.softcap, v.window, v.sink, v.alibi);
   spec.name_expression =
       fmt::format("{}<flashjit::{}, {}>", family.kernel_template, to_string(v.dtype), arguments);
   spec.options = {"--gpu-architecture=" + v.arch, "-std=c++17", "--ptxas-options=-v", "-lineinfo",
@@ -116,7 +118,7 @@ const std::vector<int>& head_dims_of_all_families() {
 
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
                    bool causal, TileConfig tiles, bool paged, bool per_sequence_lengths,
-                   bool softcap, bool window, bool sink) {
+                   bool softcap, bool window, bool sink, bool alibi) {
   return Variant{std::string(family.name),
                  std::string(arch),
                  dtype,
@@ -129,7 +131,8 @@ Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtyp
                  per_sequence_lengths && family.varlen_variants,
                  softcap,
                  window,
-                 sink};
+                 sink,
+                 alibi};
 }
 
 }  // namespace flashjit::detail
@@ -147,7 +150,8 @@ const std::vector<FamilyInfo>& families() {
                       {},
                       (family->features & detail::kFeatureSoftcap) != 0,
                       (family->features & detail::kFeatureWindow) != 0,
-                      (family->features & detail::kFeatureSink) != 0};
+                      (family->features & detail::kFeatureSink) != 0,
+                      (family->features & detail::kFeatureAlibi) != 0};
       for (const std::string& arch : detail::known_archs())
         if (family->runs_on(arch)) info.archs.push_back(arch);
       list.push_back(std::move(info));

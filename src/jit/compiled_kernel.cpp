@@ -51,6 +51,7 @@ std::string metadata_json(const CompiledKernel& k, std::string_view cubin) {
               {"softcap", v.softcap},
               {"window", v.window},
               {"sink", v.sink},
+              {"alibi", v.alibi},
               {"key", k.key},
               {"lowered_name", k.lowered_name},
               {"registers", e.registers},

@@ -36,12 +36,22 @@ TEST_CASE("engine creation reports the missing driver; null handles are invalid 
 }
 
 // Fields are only ever appended (an older library reads the prefix it knows), and zero means off.
-// That sink_logits reaches ForwardOptions takes an engine: tests/gpu/test_c_api.cpp.
-TEST_CASE("flashjit_forward_options ends with sink_logits; a zeroed struct has no sink") {
+// That sink_logits, alibi_slopes and sink_tokens reach ForwardOptions takes an engine:
+// tests/gpu/test_c_api.cpp.
+TEST_CASE("flashjit_forward_options ends with sink_tokens; a zeroed struct has none of them") {
   const flashjit_forward_options options{};
   CHECK(options.sink_logits == nullptr);
+  CHECK(options.alibi_slopes == nullptr);
+  CHECK(options.sink_tokens == 0);
   CHECK(offsetof(flashjit_forward_options, sink_logits) >
         offsetof(flashjit_forward_options, window_right));
-  CHECK(offsetof(flashjit_forward_options, sink_logits) + sizeof(options.sink_logits) ==
-        sizeof(flashjit_forward_options));
+  CHECK(offsetof(flashjit_forward_options, alibi_slopes) ==
+        offsetof(flashjit_forward_options, sink_logits) + sizeof(options.sink_logits));
+  CHECK(offsetof(flashjit_forward_options, sink_tokens) ==
+        offsetof(flashjit_forward_options, alibi_slopes) + sizeof(options.alibi_slopes));
+  // Only the tail padding of a pointer-aligned struct follows (4 bytes on 64-bit targets).
+  constexpr std::size_t end = offsetof(flashjit_forward_options, sink_tokens) + sizeof(int32_t);
+  constexpr std::size_t align = alignof(flashjit_forward_options);
+  CHECK(sizeof(flashjit_forward_options) == (end + align - 1) / align * align);
+  if (sizeof(void*) == 8) CHECK(sizeof(flashjit_forward_options) == 96);
 }

@@ -183,6 +183,7 @@ TEST_CASE("the cache directory comes from FLASHJIT_CACHE_DIR when --cache-dir is
   for (const json& family : doc.at("families")) {
     INFO(family.at("name"));
     CHECK(family.at("sink") == (family.at("name") != "simt" && family.at("attention")));
+    CHECK(family.at("alibi") == family.at("sink"));
   }
 }
 
@@ -282,6 +283,12 @@ TEST_CASE("bad flags exit 2 with a message naming the flag and the values it tak
   CHECK(contains(err, "--sink"));
   CHECK(contains(err, "sometimes"));
   err = fails("precompile --variant simt.sm80.bf16.d64.m64n64s1 --sink yes");
+  CHECK(contains(err, "excludes"));
+
+  err = fails("precompile --arch sm_90a --alibi often");
+  CHECK(contains(err, "--alibi"));
+  CHECK(contains(err, "often"));
+  err = fails("precompile --variant simt.sm80.bf16.d64.m64n64s1 --alibi yes");
   CHECK(contains(err, "excludes"));
 
   err = fails("precompile --arch sm_90a --softcap maybe");
@@ -421,6 +428,65 @@ TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
       run_cli(cache, dir + " precompile --arch sm_90a --sink yes --window both --dry-run");
   REQUIRE(sunk_windows.status == 0);
   CHECK(sunk_windows.out == expected_sunk_windows);
+
+  // --alibi both: each default shape without and with ALiBi, the latter only where the family
+  // builds it (all attention families but simt); with --sink yes, the sink twins of both.
+  const Run biased = run_cli(cache, dir + " precompile --arch sm_90a --alibi both --dry-run");
+  REQUIRE(biased.status == 0);
+  std::string expected_biased, expected_biased_sinks;
+  for (flashjit::Variant v : flashjit::default_variants("sm_90a")) {
+    expected_biased += v.name() + "\n";
+    if (v.family == "merge" || v.family == "simt") continue;
+    v.alibi = true;
+    expected_biased += v.name() + "\n";
+    v.sink = true;
+    v.alibi = false;
+    expected_biased_sinks += v.name() + "\n";
+    v.alibi = true;
+    expected_biased_sinks += v.name() + "\n";
+  }
+  CHECK(biased.out == expected_biased);
+  const Run biased_sinks =
+      run_cli(cache, dir + " precompile --arch sm_90a --alibi both --sink yes --dry-run");
+  REQUIRE(biased_sinks.status == 0);
+  CHECK(biased_sinks.out == expected_biased_sinks);
+}
+
+TEST_CASE("precompile --alibi both builds the ALiBi twins; list and its JSON show them") {
+  TempCache cache;
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  const Run compiled = run_cli(cache, dir +
+                                          " precompile --arch sm_80 --family mma --head-dim 64 "
+                                          "--dtype bf16 --causal no --alibi both -j 2");
+  INFO(compiled.out, compiled.err);
+  REQUIRE(compiled.status == 0);
+  std::vector<std::string> expected;
+  for (flashjit::Variant v : flashjit::default_variants("sm_80"))
+    if (v.family == "mma" && v.head_dim == 64 && v.dtype == flashjit::DType::bf16 && !v.causal) {
+      expected.push_back(v.name());
+      v.alibi = true;
+      expected.push_back(v.name());
+    }
+  REQUIRE(expected.size() >= 2);
+  CHECK(contains(compiled.out, fmt::format("{} compiled", expected.size())));
+  CHECK(contains(compiled.out, "0 failed"));
+
+  const Run table = run_cli(cache, dir + " list");
+  REQUIRE(table.status == 0);
+  for (const std::string& name : expected) CHECK(contains(table.out, name));
+  const Run listed = run_cli(cache, dir + " list --json");
+  REQUIRE(listed.status == 0);
+  std::vector<std::string> names;
+  for (const json& entry : json::parse(listed.out)) {
+    const std::string name = entry.at("name");
+    INFO(name);
+    CHECK(entry.at("alibi") == name.ends_with(".alibi"));
+    CHECK(entry.at("sink") == false);
+    names.push_back(name);
+  }
+  std::sort(names.begin(), names.end());
+  std::sort(expected.begin(), expected.end());
+  CHECK(names == expected);
 }
 
 TEST_CASE("--version, and -q keeps a successful precompile silent") {

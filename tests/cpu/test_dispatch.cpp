@@ -120,14 +120,20 @@ TEST_CASE("launch plans are keyed by every size, stride and option, and by no po
   CHECK_FALSE(capped_key == key);
   capped.softcap = 50.f;
   CHECK(detail::PlanKey::of(nullptr, capped, nullptr, std::nullopt) == capped_key);
-  // So does a sliding window; its sides are run-time parameters.
+  // So does a sliding window. Its sides and sink tokens are run-time parameters, but split-KV's
+  // plan counts the key tiles they span (ForwardProblem::key_tiles_seen): they key plans too.
   detail::ForwardProblem windowed = base;
   windowed.window = true;
   windowed.params.window_left = 64;
   const auto windowed_key = detail::PlanKey::of(nullptr, windowed, nullptr, std::nullopt);
   CHECK_FALSE(windowed_key == key);
-  windowed.params.window_left = 128;
   CHECK(detail::PlanKey::of(nullptr, windowed, nullptr, std::nullopt) == windowed_key);
+  for (auto side : {&FmhaParams::window_left, &FmhaParams::window_right,
+                    &FmhaParams::sink_tokens}) {
+    detail::ForwardProblem changed = windowed;
+    changed.params.*side += 100;
+    CHECK_FALSE(detail::PlanKey::of(nullptr, changed, nullptr, std::nullopt) == windowed_key);
+  }
   // And attention sinks; their logits are a run-time parameter (a pointer, like the others).
   detail::ForwardProblem sunk = base;
   sunk.sink = true;
@@ -137,6 +143,15 @@ TEST_CASE("launch plans are keyed by every size, stride and option, and by no po
   CHECK_FALSE(sunk_key == windowed_key);
   sunk.params.sink_logits = reinterpret_cast<const float*>(0x600000);
   CHECK(detail::PlanKey::of(nullptr, sunk, nullptr, std::nullopt) == sunk_key);
+  // And ALiBi; its slopes are a run-time parameter too.
+  detail::ForwardProblem biased = base;
+  biased.alibi = true;
+  biased.params.alibi_slopes = reinterpret_cast<const float*>(0x700000);
+  const auto biased_key = detail::PlanKey::of(nullptr, biased, nullptr, std::nullopt);
+  CHECK_FALSE(biased_key == key);
+  CHECK_FALSE(biased_key == sunk_key);
+  biased.params.alibi_slopes = reinterpret_cast<const float*>(0x800000);
+  CHECK(detail::PlanKey::of(nullptr, biased, nullptr, std::nullopt) == biased_key);
 
   detail::ForwardProblem strided = base;
   strided.params.k_stride_s *= 2;

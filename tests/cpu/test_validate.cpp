@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <utility>
 
 #include "flashjit/flashjit.hpp"
 #include "api/dispatch.hpp"
@@ -45,6 +46,22 @@ DeviceInfo a100() {
   DeviceInfo d;
   d.arch = "sm_80", d.multiprocessors = 108, d.max_shared_per_block_optin = 166912;
   return d;
+}
+
+// The variants an H200 picks for a prefill (default Args) and for a causal decode step, both with
+// `with_variant` applied to their options.
+template <typename Modify>
+std::pair<Variant, Variant> hopper_prefill_and_decode(Modify with_variant) {
+  Args a;
+  with_variant(a.options);
+  Args step = decode_step();
+  step.options.causal = true;
+  with_variant(step.options);
+  return {detail::select_variant(detail::validate_forward(a.q, a.k, a.v, a.out, a.options),
+                                 h200(), nullptr),
+          detail::select_variant(
+              detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200(),
+              nullptr)};
 }
 
 std::string rejection(const Args& a) {
@@ -175,6 +192,12 @@ TEST_CASE("each bad input is named") {
         mentions(rejection(a),
                  "sink_logits is not 4-byte aligned: expected a device buffer of heads_q floats"));
   }
+  SUBCASE("misaligned alibi_slopes") {
+    a.options.alibi_slopes = static_cast<const float*>(fake(0x700002));
+    CHECK(mentions(
+        rejection(a),
+        "alibi_slopes is not 4-byte aligned: expected a device buffer of heads_q floats"));
+  }
 }
 
 // Found by tests/fuzz/fuzz_forward_args: each of these was accepted, and would have overflowed
@@ -295,16 +318,109 @@ TEST_CASE("attention sinks reach the kernel as a pointer, and pick sink variants
         doctest::Contains("has no attention sinks"), Error);
   }
   SUBCASE("on sm_90a a sink prefill runs on wgmma, a decode step with sinks on decode_tma") {
-    a.options.sink_logits = static_cast<const float*>(fake(0x600004));
-    const Variant v = detail::select_variant(
-        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), h200(), nullptr);
+    const auto [v, d] = hopper_prefill_and_decode([](ForwardOptions& o) {
+      o.sink_logits = static_cast<const float*>(fake(0x600004));
+    });
     CHECK(v.family == "wgmma");
     CHECK(v.sink);
-    Args step = decode_step();
-    step.options.causal = true, step.options.sink_logits = a.options.sink_logits;
-    const Variant d = detail::select_variant(
-        detail::validate_forward(step.q, step.k, step.v, step.out, step.options), h200(), nullptr);
     CHECK(d.family == "decode_tma");
     CHECK(d.sink);
+  }
+}
+
+TEST_CASE("ALiBi reaches the kernel as a pointer, and picks ALiBi variants") {
+  Args a;
+  const auto plain = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+  CHECK_FALSE(plain.alibi);
+  CHECK(plain.params.alibi_slopes == nullptr);
+  const auto* slopes = static_cast<const float*>(fake(0x700004));
+  SUBCASE("alibi_slopes set: problem.alibi and the params' pointer, nothing else changed") {
+    a.options.alibi_slopes = slopes;
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(problem.alibi);
+    CHECK(problem.params.alibi_slopes == slopes);
+    CHECK_FALSE(problem.sink);
+    CHECK(problem.params.sink_logits == nullptr);
+    CHECK_FALSE(problem.window);
+    CHECK(problem.softcap == 0.f);
+    CHECK(problem.params.scale_log2 == plain.params.scale_log2);
+    const Variant v = detail::select_variant(problem, a100(), nullptr);
+    CHECK(v.alibi);
+    CHECK_FALSE(v.sink);
+    CHECK(v.family == "mma");
+    CHECK_FALSE(detail::select_variant(plain, a100(), nullptr).alibi);
+  }
+  SUBCASE("with sinks, a window and soft-capping: one variant with all four") {
+    a.options.alibi_slopes = slopes;
+    a.options.sink_logits = static_cast<const float*>(fake(0x600004));
+    a.options.window_left = 32, a.options.softcap = 30.f, a.options.causal = true;
+    const Variant v = detail::select_variant(
+        detail::validate_forward(a.q, a.k, a.v, a.out, a.options), a100(), nullptr);
+    CHECK(v.family == "mma");
+    CHECK(v.name().ends_with(".causal.softcap.window.sink.alibi"));
+  }
+  SUBCASE("simt has no ALiBi: forcing it names why") {
+    a.options.alibi_slopes = slopes;
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK_THROWS_WITH_AS(
+        detail::select_variant(problem, a100(), detail::forced_family(std::string("simt"))),
+        doctest::Contains("has no ALiBi"), Error);
+  }
+  SUBCASE("on sm_90a an ALiBi prefill runs on wgmma, a decode step with ALiBi on decode_tma") {
+    const auto [v, d] =
+        hopper_prefill_and_decode([&](ForwardOptions& o) { o.alibi_slopes = slopes; });
+    CHECK(v.family == "wgmma");
+    CHECK(v.alibi);
+    CHECK(d.family == "decode_tma");
+    CHECK(d.alibi);
+  }
+}
+
+TEST_CASE("sink tokens ride in the window variants, and split-KV counts their tiles") {
+  Args a;
+  CHECK(detail::validate_forward(a.q, a.k, a.v, a.out, a.options).params.sink_tokens == 0);
+  SUBCASE("a negative count, or no bounded left side, is named") {
+    a.options.sink_tokens = -1, a.options.window_left = 64;
+    CHECK(mentions(rejection(a), "sink_tokens is -1: expected 0 (none) or more"));
+    a.options.sink_tokens = 4, a.options.window_left = -1;
+    CHECK(mentions(rejection(a), "sink_tokens is 4 with window_left -1: sink tokens need a "
+                                 "sliding window bounded on the left (window_left >= 0)"));
+    a.options.window_right = 16;  // a window, but unbounded on the left: the sinks are in it
+    CHECK(mentions(rejection(a), "sink_tokens is 4 with window_left -1"));
+  }
+  SUBCASE("with a window: the same window variant, the count in the params") {
+    a.options.window_left = 64, a.options.causal = true;
+    const auto windowed = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    a.options.sink_tokens = 4;
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(problem.window);
+    CHECK(problem.params.sink_tokens == 4);
+    CHECK(problem.params.window_left == 64);
+    CHECK(problem.params.window_right == 0);
+    const Variant v = detail::select_variant(problem, h200(), nullptr);
+    CHECK(v == detail::select_variant(windowed, h200(), nullptr));
+    CHECK(v.name().ends_with(".causal.window"));
+  }
+  SUBCASE("key_tiles_seen: the band's tiles and the sinks', each tile once") {
+    // One query over 8192 keys, 100 back: 3 band tiles of 64 (see the window test above).
+    Args step = decode_step();
+    step.options.causal = true, step.options.window_left = 100;
+    auto tiles = [&](int sink_tokens, int tile_n) {
+      step.options.sink_tokens = sink_tokens;
+      return detail::validate_forward(step.q, step.k, step.v, step.out, step.options)
+          .key_tiles_seen(tile_n);
+    };
+    CHECK(tiles(0, 64) == 3);
+    CHECK(tiles(4, 64) == 4);       // one more tile at the start
+    CHECK(tiles(64, 64) == 4);      // exactly one tile of sinks
+    CHECK(tiles(65, 64) == 5);      // the sinks spill into a second tile
+    CHECK(tiles(200, 64) == 7);     // 4 tiles of sinks, bigger than a tile
+    CHECK(tiles(8000, 64) == 128);  // the sinks reach the band: every tile, once
+    CHECK(tiles(1 << 30, 64) == 128);
+    CHECK(tiles(4, 8192) == 1);     // sinks and band in one tile
+    // A short cache that the band already covers: the sinks add nothing.
+    step.k.shape[1] = step.v.shape[1] = 150;
+    CHECK(tiles(0, 64) == 3);
+    CHECK(tiles(4, 64) == 3);
   }
 }

@@ -48,7 +48,8 @@ TEST_CASE("soft-capped variants: a .softcap suffix, last, on every attention fam
   // Suffix order is fixed, so a variant has one name; merge kernels have no scores to cap.
   CHECK_THROWS_WITH_AS(
       Variant::parse("simt.sm90a.bf16.d128.m64n64s1.softcap.causal"),
-      doctest::Contains("causal, paged, varlen, softcap, window, sink (in that order"), Error);
+      doctest::Contains("causal, paged, varlen, softcap, window, sink, alibi (in that order"),
+      Error);
   CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.softcap"),
                        doctest::Contains("no soft-capped variants"), Error);
 }
@@ -151,9 +152,51 @@ TEST_CASE("attention-sink variants: a .sink suffix, last, on the families that b
   CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.sink.window"),
                        doctest::Contains("(in that order, each once)"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.sink.sink"),
-                       doctest::Contains("window, sink (in that order, each once)"), Error);
+                       doctest::Contains("window, sink, alibi (in that order, each once)"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.sink"),
                        doctest::Contains("family simt has no sink variants"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.sink"),
                        doctest::Contains("no sink variants"), Error);
+}
+
+TEST_CASE("ALiBi variants: an .alibi suffix, last, on the families that build them") {
+  const Variant biased =
+      Variant::parse("wgmma.sm90a.bf16.d128.m128n176s2.causal.varlen.softcap.window.sink.alibi");
+  CHECK(biased.alibi);
+  CHECK(biased.sink);
+  CHECK(biased.window);
+  CHECK(biased.softcap);
+  CHECK(biased.varlen);
+  CHECK(biased.name() == "wgmma.sm90a.bf16.d128.m128n176s2.causal.varlen.softcap.window.sink.alibi");
+  const Variant paged = Variant::parse("decode_tma.sm90a.bf16.d128.m16n64s3.paged.alibi");
+  CHECK(paged.paged);
+  CHECK(paged.alibi);
+  CHECK_FALSE(paged.sink);
+  CHECK(Variant::parse("mma.sm80.fp16.d64.m128n64s2.window.alibi").window);
+  CHECK_FALSE(Variant::parse("mma.sm80.bf16.d128.m128n64s2.causal.sink").alibi);
+  for (const FamilyInfo& family : families()) {
+    INFO(family.name);
+    // The families that build sinks build ALiBi: every attention family but simt.
+    CHECK(family.alibi == (family.name != "simt" && family.name != "merge"));
+  }
+  for (const char* arch : {"sm_80", "sm_90a"})
+    for (const Variant& v : default_variants(arch)) {
+      if (v.family == "simt" || v.family == "merge") continue;
+      Variant with_alibi = v;
+      with_alibi.alibi = true;
+      INFO(with_alibi.name());
+      CHECK(with_alibi.name().ends_with(".alibi"));
+      CHECK(Variant::parse(with_alibi.name()) == with_alibi);
+      with_alibi.sink = with_alibi.window = true;
+      CHECK(with_alibi.name().ends_with(".window.sink.alibi"));
+      CHECK(Variant::parse(with_alibi.name()) == with_alibi);
+    }
+  CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.alibi.sink"),
+                       doctest::Contains("(in that order, each once)"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.alibi.alibi"),
+                       doctest::Contains("sink, alibi (in that order, each once)"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.alibi"),
+                       doctest::Contains("family simt has no ALiBi variants"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.alibi"),
+                       doctest::Contains("no ALiBi variants"), Error);
 }

@@ -97,5 +97,27 @@ TEST_CASE("flashjit_forward computes what Engine::forward computes, and rejects 
   CHECK(flashjit_forward(handle, &tq, &tk, &tv, &tout, &options, nullptr) ==
         FLASHJIT_INVALID_ARGUMENT);
   CHECK(std::string(flashjit_last_error()).find("sink_logits") != std::string::npos);
+  options.sink_logits = cpp_options.sink_logits;
+  // And ALiBi's slopes (the sinks' buffer again: 1.5 per head) and the window's sink tokens.
+  options.alibi_slopes = cpp_options.alibi_slopes = options.sink_logits;
+  options.sink_tokens = cpp_options.sink_tokens = 4;
+  CHECK(flashjit_forward(handle, &tq, &tk, &tv, &tout, &options, nullptr) == FLASHJIT_OK);
+  CHECK(same_as_cpp());
+  CHECK(flashjit_select_variant(handle, &tq, &tk, &tv, &tout, &options, name, sizeof name) ==
+        FLASHJIT_OK);
+  const Variant all = Variant::parse(name);
+  CHECK(all.window);
+  CHECK(all.sink);
+  CHECK(all.alibi);
+  options.alibi_slopes = reinterpret_cast<const float*>(
+      static_cast<const char*>(sink_buffer.data()) + 2);  // misaligned
+  CHECK(flashjit_forward(handle, &tq, &tk, &tv, &tout, &options, nullptr) ==
+        FLASHJIT_INVALID_ARGUMENT);
+  CHECK(std::string(flashjit_last_error()).find("alibi_slopes") != std::string::npos);
+  options.alibi_slopes = cpp_options.alibi_slopes;
+  options.sliding_window = 0;  // the window off: its sink tokens have nothing to ride in
+  CHECK(flashjit_forward(handle, &tq, &tk, &tv, &tout, &options, nullptr) ==
+        FLASHJIT_INVALID_ARGUMENT);
+  CHECK(std::string(flashjit_last_error()).find("sink_tokens is 4") != std::string::npos);
   flashjit_engine_destroy(handle);
 }

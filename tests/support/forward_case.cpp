@@ -15,7 +15,7 @@
 namespace flashjit::test {
 
 std::string ForwardCase::describe() const {
-  return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}{}{}", batch, heads_q, heads_kv,
+  return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}{}{}{}{}", batch, heads_q, heads_kv,
                      seqlen_q, seqlen_k, head_dim, causal ? "causal" : "full", to_string(dtype),
                      bhsd ? "bhsd" : "bshd",
                      softcap > 0.f ? fmt::format(" softcap {} (q, k sd {})", softcap, input_scale)
@@ -23,7 +23,10 @@ std::string ForwardCase::describe() const {
                      window_left >= 0 || window_right >= 0
                          ? fmt::format(" window ({}, {})", window_left, window_right)
                          : "",
-                     sink_logits.empty() ? "" : fmt::format(" sinks {}", fmt::join(sink_logits, " ")));
+                     sink_tokens > 0 ? fmt::format(" sink tokens {}", sink_tokens) : "",
+                     sink_logits.empty() ? "" : fmt::format(" sinks {}", fmt::join(sink_logits, " ")),
+                     alibi_slopes.empty() ? ""
+                                          : fmt::format(" alibi {}", fmt::join(alibi_slopes, " ")));
 }
 
 std::optional<ForwardCheck> run_if_supported(Engine& engine, const ForwardCase& c,
@@ -83,11 +86,17 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   options.softcap = c.softcap;
   options.window_left = c.window_left;
   options.window_right = c.window_right;
-  std::optional<DeviceBuffer> sinks;
+  options.sink_tokens = c.sink_tokens;
+  std::optional<DeviceBuffer> sinks, slopes;
   if (!c.sink_logits.empty()) {
     sinks.emplace(engine, c.sink_logits.size() * sizeof(float));
     sinks->upload(c.sink_logits.data(), c.sink_logits.size() * sizeof(float));
     options.sink_logits = static_cast<const float*>(sinks->data());
+  }
+  if (!c.alibi_slopes.empty()) {
+    slopes.emplace(engine, c.alibi_slopes.size() * sizeof(float));
+    slopes->upload(c.alibi_slopes.data(), c.alibi_slopes.size() * sizeof(float));
+    options.alibi_slopes = static_cast<const float*>(slopes->data());
   }
   if (c.with_lse) options.lse = problem.lse();
   ForwardCheck check;
@@ -101,7 +110,9 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   mods.softcap = c.softcap;
   mods.window_left = c.window_left;
   mods.window_right = c.window_right;
+  mods.sink_tokens = c.sink_tokens;
   mods.sink_logits.assign(c.sink_logits.begin(), c.sink_logits.end());
+  mods.alibi_slopes.assign(c.alibi_slopes.begin(), c.alibi_slopes.end());
   const Reference ref = reference_attention(problem.host_q(), problem.host_k(), problem.host_v(),
                                             scale, c.causal, mods);
   const std::vector<float> lse = problem.lse_values();

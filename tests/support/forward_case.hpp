@@ -18,7 +18,9 @@ struct ForwardCase {
   bool with_lse = true;
   float softcap = 0.f;       // ForwardOptions::softcap
   int window_left = -1, window_right = -1;  // ForwardOptions::window_* (-1: unbounded)
+  int sink_tokens = 0;                      // ForwardOptions::sink_tokens
   std::vector<float> sink_logits;  // ForwardOptions::sink_logits, one per query head; empty: none
+  std::vector<float> alibi_slopes;  // ForwardOptions::alibi_slopes, one per query head; empty: none
   double input_scale = 1.0;  // standard deviation of the random q and k (large: capped scores)
   std::string describe() const;
 };
@@ -41,7 +43,7 @@ std::optional<ForwardCheck> run_if_supported(Engine& engine, const ForwardCase& 
 // Asserts every bound of compare.hpp (doctest CHECK), naming the ones that fail.
 void check_within_bounds(const ForwardErrors& errors, DType dtype);
 
-// A variant (softcap, window, sinks) in every family on this GPU that runs it: each case first
+// A variant (softcap, window, sinks, ALiBi) in every family on this GPU that runs it: each case first
 // as `plain` makes it (the variant off: its launch plan is cached, and must not serve the
 // variant's call, whose name must not end with `suffix`), then as given (its name ends with
 // `suffix`, and it is within the reference bounds). Seeds count up from `seed`. Returns how many

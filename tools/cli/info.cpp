@@ -49,10 +49,10 @@ void print_text(const GpuSurvey& gpus, const KernelCache& cache,
   row("NVRTC archs", fmt::format("{}", fmt::join(nvrtc_archs(), " ")));
   for (const FamilyInfo& family : families())
     row(fmt::format("family {}", family.name),
-        fmt::format("{}; archs {}; head dims {}{}{}{}", family.summary,
+        fmt::format("{}; archs {}; head dims {}{}{}{}{}", family.summary,
                     fmt::join(family.archs, " "), fmt::join(family.head_dims, " "),
                     family.softcap ? "; softcap" : "", family.window ? "; window" : "",
-                    family.sink ? "; sink" : ""));
+                    family.sink ? "; sink" : "", family.alibi ? "; alibi" : ""));
   row("CUDA driver", gpus.driver_version ? driver_text(*gpus.driver_version) : "none");
   if (gpus.devices.empty()) row("GPU", fmt::format("no GPU: {}", gpus.why_none));
   for (const DeviceInfo& d : gpus.devices)
@@ -85,7 +85,8 @@ nlohmann::ordered_json to_json(const GpuSurvey& gpus, const KernelCache& cache, 
                            {"head_dims", family.head_dims},
                            {"softcap", family.softcap},
                            {"window", family.window},
-                           {"sink", family.sink}});
+                           {"sink", family.sink},
+                           {"alibi", family.alibi}});
   const auto dir = cache.directory();
   return {{"flashjit_version", version()},
           {"nvrtc_version", nvrtc_version()},

@@ -33,6 +33,7 @@ nlohmann::ordered_json entry_json(const CacheEntry& entry) {
           {"softcap", v.softcap},
           {"window", v.window},
           {"sink", v.sink},
+          {"alibi", v.alibi},
           {"tile_m", v.tile_m},
           {"tile_n", v.tile_n},
           {"stages", v.stages},

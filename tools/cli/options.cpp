@@ -106,6 +106,11 @@ CLI::Option* add_sink_option(CLI::App& command, std::string& choice) {
                            "no");
 }
 
+CLI::Option* add_alibi_option(CLI::App& command, std::string& choice) {
+  return add_yes_no_option(command, "--alibi", choice,
+                           "ALiBi variants (ForwardOptions::alibi_slopes): no, yes or both", "no");
+}
+
 DType dtype_from_name(std::string_view name) { return name == "fp16" ? DType::fp16 : DType::bf16; }
 
 std::vector<bool> yes_no_values(std::string_view choice) {

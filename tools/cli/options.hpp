@@ -44,6 +44,8 @@ CLI::Option* add_softcap_option(CLI::App& command, std::string& choice);
 CLI::Option* add_window_option(CLI::App& command, std::string& choice);
 // --sink yes|no|both (default no): attention-sink variants (Variant::sink)
 CLI::Option* add_sink_option(CLI::App& command, std::string& choice);
+// --alibi yes|no|both (default no): ALiBi variants (Variant::alibi)
+CLI::Option* add_alibi_option(CLI::App& command, std::string& choice);
 
 // Values already checked by the options above.
 DType dtype_from_name(std::string_view name);

@@ -22,6 +22,7 @@ struct PrecompileOptions {
   std::string softcap = "no";
   std::string window = "no";
   std::string sink = "no";
+  std::string alibi = "no";
   std::vector<std::string> dtypes;
   std::vector<std::string> families;
   std::vector<std::string> variant_names;
@@ -113,6 +114,7 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
   const auto softcap = yes_no_values(options.softcap);
   const auto window = yes_no_values(options.window);
   const auto sink = yes_no_values(options.sink);
+  const auto alibi = yes_no_values(options.alibi);
   auto info_of = [](const std::string& family) -> const FamilyInfo* {
     for (const FamilyInfo& info : families())
       if (info.name == family) return &info;
@@ -124,27 +126,29 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
           !contains(causal, variant.causal))
         continue;
       if (!options.families.empty() && !contains(options.families, variant.family)) continue;
-      // Each default shape once per --softcap, --window and --sink value, where the family
-      // builds soft-capped, sliding-window or sink kernels.
+      // Each default shape once per --softcap, --window, --sink and --alibi value, where the
+      // family builds soft-capped, sliding-window, sink or ALiBi kernels.
       const FamilyInfo* info = info_of(variant.family);
       for (bool capped : softcap)
         for (bool windowed : window)
-          for (bool sunk : sink) {
-            if ((capped && !(info && info->softcap)) || (windowed && !(info && info->window)) ||
-                (sunk && !(info && info->sink)))
-              continue;
-            Variant chosen_variant = variant;
-            chosen_variant.softcap = capped;
-            chosen_variant.window = windowed;
-            chosen_variant.sink = sunk;
-            add(std::move(chosen_variant));
-          }
+          for (bool sunk : sink)
+            for (bool biased : alibi) {
+              if ((capped && !(info && info->softcap)) || (windowed && !(info && info->window)) ||
+                  (sunk && !(info && info->sink)) || (biased && !(info && info->alibi)))
+                continue;
+              Variant chosen_variant = variant;
+              chosen_variant.softcap = capped;
+              chosen_variant.window = windowed;
+              chosen_variant.sink = sunk;
+              chosen_variant.alibi = biased;
+              add(std::move(chosen_variant));
+            }
     }
   if (chosen.empty())
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("no default variant for {} matches --head-dim, --dtype, --causal, "
-                            "--softcap, --window, --sink and --family; `flashjit precompile "
-                            "--arch {} --dry-run` lists them",
+                            "--softcap, --window, --sink, --alibi and --family; `flashjit "
+                            "precompile --arch {} --dry-run` lists them",
                             fmt::join(archs, ", "), archs.front()));
   return chosen;
 }
@@ -271,6 +275,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
   auto* softcap = add_softcap_option(*command, options->softcap);
   auto* window = add_window_option(*command, options->window);
   auto* sink = add_sink_option(*command, options->sink);
+  auto* alibi = add_alibi_option(*command, options->alibi);
   auto* dtype = add_dtype_option(*command, options->dtypes);
   auto* family = add_family_option(*command, options->families,
                                    "Kernel families (default: every one that runs on the arch)");
@@ -285,6 +290,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->excludes(softcap)
       ->excludes(window)
       ->excludes(sink)
+      ->excludes(alibi)
       ->excludes(dtype)
       ->excludes(family)
       ->type_name("NAME");
@@ -298,6 +304,7 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->excludes(softcap)
       ->excludes(window)
       ->excludes(sink)
+      ->excludes(alibi)
       ->excludes(dtype)
       ->excludes(family)
       ->excludes("--variant")

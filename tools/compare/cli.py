@@ -47,7 +47,7 @@ def build_parser():
     p.add_argument("--family", default="auto",
                    help="auto (dispatcher's pick, default), all (every family in the library, "
                         "each forced), or a comma list")
-    p.add_argument("--lib", help="libflashjit path (default $FLASHJIT_LIB, else build/libflashjit.so)")
+    p.add_argument("--lib", help="libflashjit path (default $FLASHJIT_LIBRARY, else build/libflashjit.so)")
     p.add_argument("--cache-dir", help="flashjit kernel cache directory (default: flashjit's own)")
     p.add_argument("--out", help="directory for results.json, table.txt and the PNG plots")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")

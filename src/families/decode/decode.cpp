@@ -142,8 +142,9 @@ LaunchPlan decode_plan(const Variant& v, const ForwardProblem& problem, const De
 }
 
 std::string decode_arguments(const Variant& v) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
-                     v.stages, v.causal, v.paged, loads_with_tma(v), v.softcap, v.window, v.sink);
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
+                     v.stages, v.causal, v.paged, loads_with_tma(v), v.softcap, v.window, v.sink,
+                     v.alibi);
 }
 
 // 16-byte vectors per row must divide the 128 threads' copy passes.
@@ -183,7 +184,7 @@ constexpr KernelFamily decode_family(std::string_view name, std::string_view sum
   return {
       .role = FamilyRole::attention,
       .features = kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv | kFeatureVarlen |
-                  kFeatureSoftcap | kFeatureWindow | kFeatureSink,
+                  kFeatureSoftcap | kFeatureWindow | kFeatureSink | kFeatureAlibi,
       .name = name,
       .summary = summary,
       .source_file = "decode/kernel.cu",

@@ -133,8 +133,8 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
 }
 
 std::string wgmma_arguments(const Variant& v) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages,
-                     v.causal, v.varlen, v.softcap, v.window, v.sink);
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
+                     v.stages, v.causal, v.varlen, v.softcap, v.window, v.sink, v.alibi);
 }
 
 // Multiples of 64: whole 128-byte swizzle rows.
@@ -143,7 +143,8 @@ constexpr int kWgmmaHeadDims[] = {64, 128, 256};
 }  // namespace
 
 constinit extern const KernelFamily kWgmmaFamily = {
-    .features = kFeatureSeqUsedK | kFeatureVarlen | kFeatureSoftcap | kFeatureWindow | kFeatureSink,
+    .features = kFeatureSeqUsedK | kFeatureVarlen | kFeatureSoftcap | kFeatureWindow |
+                kFeatureSink | kFeatureAlibi,
     .name = "wgmma",
     .summary = "TMA + wgmma, warp-specialized and persistent, FlashAttention-3 class",
     .source_file = "wgmma/kernel.cu",

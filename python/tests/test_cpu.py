@@ -1,0 +1,298 @@
+"""CPU tests of the flashjit package: no GPU needed (on a GPU machine they pass too).
+
+Run through ctest (python_cpu), or by hand:
+    FLASHJIT_LIBRARY=build/libflashjit.so FLASHJIT_CLI=build/tools/flashjit \
+        PYTHONPATH=python python3 python/tests/run.py python/tests/test_cpu.py
+The torch tests skip, saying why, where torch cannot be imported."""
+
+import ctypes
+import importlib.util
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+from unittest import mock
+
+import flashjit
+from flashjit import _capi, _loader, cache
+
+HAVE_TORCH = importlib.util.find_spec("torch") is not None
+NO_TORCH = ("torch is not installed here (CI: the CPU wheel's index, download.pytorch.org, is not "
+            "reachable, and PyPI's torch pulls GBs of CUDA wheels), so the torch entry points' "
+            "CPU tests did not run")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def has_driver():
+    return flashjit.library().driver_version() is not None
+
+
+def a_variant(arch="sm_80"):
+    """A small real variant name, from the CLI's own default set (simt compiles fastest)."""
+    out = cache.run_cli(["precompile", "--arch", arch, "--family", "simt", "--head-dim", "32",
+                         "--dtype", "bf16", "--causal", "no", "--dry-run"]).stdout
+    names = [word for word in out.split() if word.startswith("simt.")]
+    assert names, out
+    return names[0]
+
+
+class ImportAndLibrary(unittest.TestCase):
+    def test_import_needs_no_torch(self):
+        # A fresh interpreter: importing flashjit must not import torch (nor load the library).
+        code = ("import sys, flashjit; assert 'torch' not in sys.modules, 'torch imported'; "
+                "assert flashjit._library is None; print(flashjit.__version__)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env=dict(os.environ))
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.strip(), flashjit.__version__)
+
+    def test_library_loads_and_reports(self):
+        lib = flashjit.library()
+        self.assertIs(lib, flashjit.library())
+        self.assertEqual(lib.version(), flashjit.__version__)
+        self.assertRegex(lib.nvrtc_version(), r"^\d+\.\d+$")
+        self.assertIn("mma", lib.families())
+        self.assertTrue(Path(lib.path).is_file())
+
+    def test_tools_shim_is_the_binding(self):
+        # tools/flashjit_ctypes.py re-exports this module itself, not a copy.
+        code = (f"import sys; sys.path.insert(0, {str(ROOT / 'tools')!r}); "
+                "import flashjit_ctypes, flashjit._capi as c; assert flashjit_ctypes is c; "
+                "print(flashjit_ctypes.FlashjitForwardOptions.__name__)")
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        self.assertEqual(out.returncode, 0, out.stderr)
+
+    @unittest.skipIf(HAVE_TORCH, "torch is installed here: the no-torch message cannot show")
+    def test_torch_entry_points_say_torch_is_missing(self):
+        with self.assertRaises(flashjit.TorchUnavailableError) as caught:
+            flashjit.attention  # noqa: B018
+        self.assertIn("PyTorch >= 2.4", str(caught.exception))
+        self.assertIn("flashjit.cache", str(caught.exception))
+        self.assertIsInstance(caught.exception, ImportError)
+
+    def test_unknown_attribute(self):
+        with self.assertRaises(AttributeError):
+            flashjit.no_such_thing  # noqa: B018
+
+
+class Errors(unittest.TestCase):
+    def test_status_maps_to_its_class(self):
+        for status, cls in _capi.ERROR_CLASSES.items():
+            with self.assertRaises(cls) as caught:
+                _capi.raise_status("flashjit_x", status, "why")
+            self.assertIsInstance(caught.exception, flashjit.FlashjitError)
+            self.assertEqual(caught.exception.message, "why")
+            self.assertIn(_capi.STATUS_NAMES[status], str(caught.exception))
+        self.assertTrue(issubclass(flashjit.InvalidArgumentError, ValueError))
+
+    def test_bad_variant_name_is_invalid_argument_with_the_message(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            with self.assertRaises(flashjit.InvalidArgumentError) as caught:
+                flashjit.cache.precompile(["mma.sm90a.bf16.d100.m128n64s2"], cache_dir=tmp)
+        self.assertIn("has no head_dim 100", caught.exception.message)
+
+    def test_no_driver_is_no_driver_error(self):
+        if has_driver():
+            self.skipTest("a CUDA driver is here: engine creation does not fail")
+        with self.assertRaises(flashjit.NoDriverError) as caught:
+            flashjit.library().create_engine(0)
+        self.assertIn("driver", caught.exception.message)
+
+
+class FindingLibraries(unittest.TestCase):
+    def test_environment_variable_first(self):
+        with mock.patch.dict(os.environ, {"FLASHJIT_LIBRARY": "/nonexistent/libflashjit.so"}):
+            with self.assertRaises(flashjit.FlashjitLoadError) as caught:
+                _loader.find_library()
+        self.assertIn("FLASHJIT_LIBRARY", str(caught.exception))
+
+    def test_bundled_copy_before_the_checkout_and_the_system(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            bundled = Path(tmp) / _loader.SONAME
+            bundled.write_bytes(b"")
+            environment = {k: v for k, v in os.environ.items()
+                           if k not in ("FLASHJIT_LIBRARY", "FLASHJIT_LIB")}
+            with mock.patch.dict(os.environ, environment, clear=True), \
+                    mock.patch.object(_loader, "BUNDLED_LIBRARY", bundled):
+                self.assertEqual(_loader.find_library(), str(bundled))
+            with mock.patch.dict(os.environ, environment, clear=True), \
+                    mock.patch.object(_loader, "BUNDLED_LIBRARY", Path(tmp) / "none"), \
+                    mock.patch.object(_loader, "CHECKOUT", Path(tmp)), \
+                    mock.patch.object(Path, "cwd", return_value=Path(tmp)):
+                self.assertEqual(_loader.find_library(), _loader.SONAME)  # the system loader's
+
+    def test_nvrtc_from_the_nvidia_wheel(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            lib = Path(tmp) / "site" / "nvidia" / "cu13" / "lib"
+            lib.mkdir(parents=True)
+            (lib / "libnvrtc.so.13").write_bytes(b"")
+            found = _loader.locate_dependency("libnvrtc.so.13", Path(tmp) / "elsewhere",
+                                              search_path=[Path(tmp) / "site"])
+            self.assertEqual(found, lib / "libnvrtc.so.13")
+            # Only NVRTC is looked for in the wheels.
+            self.assertIsNone(_loader.locate_dependency("libfmt.so.9", Path(tmp) / "elsewhere",
+                                                        search_path=[Path(tmp) / "site"]))
+
+    def test_missing_dependency_is_preloaded_then_the_load_retried(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            (Path(tmp) / "libfmt.so.9").write_bytes(b"")  # beside the library, as pack puts it
+            library = Path(tmp) / "libflashjit.so.0"
+            calls = []
+
+            def cdll(path, mode=0):
+                calls.append((Path(path).name, mode))
+                if Path(path).name == "libflashjit.so.0" and len(calls) == 1:
+                    raise OSError("libfmt.so.9: cannot open shared object file: No such file")
+                return "handle"
+
+            handle, preloaded = _loader.load_library(library, cdll=cdll, search_path=[])
+        self.assertEqual(handle, "handle")
+        self.assertEqual([p.name for p in preloaded], ["libfmt.so.9"])
+        self.assertEqual(calls, [("libflashjit.so.0", 0), ("libfmt.so.9", ctypes.RTLD_GLOBAL),
+                                 ("libflashjit.so.0", 0)])
+
+    def test_unfindable_dependency_names_it(self):
+        def cdll(path, mode=0):
+            raise OSError("libnvrtc.so.13: cannot open shared object file: No such file")
+
+        with self.assertRaises(flashjit.FlashjitLoadError) as caught:
+            _loader.load_library("/x/libflashjit.so.0", cdll=cdll, search_path=[])
+        self.assertIn("libnvrtc.so.13", str(caught.exception))
+        self.assertIn("nvidia-cuda-nvrtc", str(caught.exception))
+
+
+class Cache(unittest.TestCase):
+    def test_precompile_list_clear(self):
+        name = a_variant()
+        with tempfile.TemporaryDirectory() as tmp:
+            self.assertEqual(cache.list(cache_dir=tmp), [])
+            cache.precompile([name], cache_dir=tmp)  # the C API
+            entries = cache.list(cache_dir=tmp)
+            self.assertEqual([e["name"] for e in entries], [name])
+            self.assertEqual(entries[0]["state"], "current")
+            self.assertEqual(cache.list(arch="sm_90a", cache_dir=tmp), [])
+            self.assertIn("removed 1 entries", cache.clear(cache_dir=tmp))
+            self.assertEqual(cache.list(cache_dir=tmp), [])
+
+    def test_precompile_by_arch_runs_the_cli(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            summary = cache.precompile(arch="sm_80", cache_dir=tmp, options=[
+                "--family", "simt", "--head-dim", "32", "--dtype", "bf16", "--causal", "no"])
+            self.assertIn("0 failed", summary)
+            self.assertEqual(len(cache.list(cache_dir=tmp)), 1)
+
+    def test_precompile_arguments(self):
+        with self.assertRaises(ValueError):
+            cache.precompile()
+        with self.assertRaises(ValueError):
+            cache.precompile(["x"], arch="sm_90a")
+
+    def test_missing_cli_says_where_it_looked(self):
+        with mock.patch.dict(os.environ, {"FLASHJIT_CLI": "/nonexistent/flashjit"}):
+            with self.assertRaises(cache.CliNotFoundError) as caught:
+                cache.list()
+        self.assertIn("FLASHJIT_CLI", str(caught.exception))
+
+
+class Main(unittest.TestCase):
+    def run_module(self, *args, cache_dir):
+        env = dict(os.environ, FLASHJIT_CACHE_DIR=cache_dir)
+        return subprocess.run([sys.executable, "-m", "flashjit", *args], capture_output=True,
+                              text=True, env=env)
+
+    def test_info(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            out = self.run_module(cache_dir=tmp)
+        self.assertEqual(out.returncode, 0, out.stderr)
+        for label in ("library", "NVRTC", "families", "NVRTC archs", "cache", "torch"):
+            self.assertIn(label, out.stdout)
+        self.assertIn(tmp, out.stdout)
+
+    def test_info_json_and_cli_passthrough(self):
+        import json
+        with tempfile.TemporaryDirectory() as tmp:
+            info = json.loads(self.run_module("--json", cache_dir=tmp).stdout)
+            self.assertEqual(info["cli"]["info"]["cache"]["dir"], tmp)
+            self.assertIn("mma", info["library"]["families"])
+            listed = self.run_module("list", "--json", cache_dir=tmp)
+            self.assertEqual((listed.returncode, listed.stdout.strip()), (0, "[]"))
+
+
+@unittest.skipUnless(HAVE_TORCH, NO_TORCH)
+class TorchWithoutGpu(unittest.TestCase):
+    """Argument checks and fake (meta) shapes: no GPU needed, nothing reaches the library."""
+
+    @classmethod
+    def setUpClass(cls):
+        import torch
+        cls.torch = torch
+
+    def meta(self, *shape, dtype=None):
+        return self.torch.empty(*shape, dtype=dtype or self.torch.bfloat16, device="meta")
+
+    def test_cpu_tensors_are_refused(self):
+        torch = self.torch
+        q = torch.zeros(1, 8, 2, 64, dtype=torch.bfloat16)
+        with self.assertRaisesRegex(ValueError, "q is on cpu: flashjit runs on CUDA tensors"):
+            flashjit.attention(q, q, q)
+        with self.assertRaisesRegex(ValueError, "on cpu"):
+            flashjit.merge_attention_states(q, torch.zeros(1, 2, 8), q, torch.zeros(1, 2, 8))
+
+    def test_argument_checks(self):
+        torch = self.torch
+        q = self.meta(1, 8, 2, 64)
+        with self.assertRaisesRegex(ValueError, "expected 4 dims"):
+            flashjit.attention(q[0], q, q)
+        with self.assertRaisesRegex(ValueError, "torch.float32"):
+            flashjit.attention(q.float(), q, q)
+        with self.assertRaisesRegex(ValueError, "softmax_scale -1"):
+            flashjit.attention(q, q, q, softmax_scale=-1)
+        with self.assertRaisesRegex(ValueError, "sink_logits"):
+            flashjit.attention(q, q, q, sink_logits=self.meta(2))
+        with self.assertRaisesRegex(ValueError, "alibi_slopes"):
+            flashjit.attention(q, q, q, alibi_slopes=self.meta(2, 2))
+        with self.assertRaisesRegex(ValueError, "cu_seqlens_k is None"):
+            cu = torch.zeros(2, dtype=torch.int32, device="meta")
+            flashjit.attention_varlen(q[0], q[0], q[0], cu, None, 8, 8)
+        with self.assertRaisesRegex(ValueError, "page_table"):
+            flashjit.attention_with_kvcache(q, q, q, page_table=self.meta(1, 4))
+
+    def test_fake_shapes(self):
+        torch = self.torch
+        q, k = self.meta(2, 8, 4, 64), self.meta(2, 16, 2, 64)
+        out, lse = flashjit.attention(q, k, k, return_lse=True)
+        self.assertEqual((out.shape, lse.shape, lse.dtype),
+                         ((2, 8, 4, 64), (2, 4, 8), torch.float32))
+        self.assertEqual(flashjit.attention(q, k, k).shape, (2, 8, 4, 64))
+        cu = torch.zeros(3, dtype=torch.int32, device="meta")
+        out, lse = flashjit.attention_varlen(q[0], k[0], k[0], cu, cu, 8, 16, return_lse=True)
+        self.assertEqual((out.shape, lse.shape), ((8, 4, 64), (4, 8)))
+        pages = self.meta(10, 16, 2, 64)
+        table = torch.zeros(2, 5, dtype=torch.int32, device="meta")
+        out = flashjit.attention_with_kvcache(q[:, :1], pages, pages, page_table=table)
+        self.assertEqual(out.shape, (2, 1, 4, 64))
+        merged, merged_lse = flashjit.merge_attention_states(q, lse_a := self.meta(
+            2, 4, 8, dtype=torch.float32), q, lse_a)
+        self.assertEqual((merged.shape, merged_lse.shape), (q.shape, lse_a.shape))
+
+    def test_compile_fullgraph_traces_the_fake(self):
+        torch = self.torch
+
+        def block(q, k, v):
+            return flashjit.attention(q, k, v, causal=True).sum(dim=-1)
+
+        compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
+        q = self.meta(2, 8, 4, 64)
+        self.assertEqual(compiled(q, q, q).shape, (2, 8, 4))
+
+    def test_backward_says_it_does_not_exist(self):
+        q = self.meta(1, 8, 2, 64).requires_grad_()
+        out = flashjit.attention(q, q, q)
+        with self.assertRaisesRegex(NotImplementedError, "backward kernels do not exist yet"):
+            out.sum().backward()
+
+
+if __name__ == "__main__":
+    unittest.main()
