@@ -131,9 +131,10 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
     options.tiles = TileConfig{variant.tile_m, variant.tile_n, variant.stages};
     options.lse = problem.lse();
     options.softcap = variant.softcap ? 20.f : 0.f;
-    if (variant.window) {  // a band narrower than the problems, on both sides unless causal
-      options.window_left = 48;
+    if (variant.window) {  // a band narrower than the problems, on both sides unless causal,
+      options.window_left = 48;  // and StreamingLLM's first keys left of it (a partial tile)
       options.window_right = variant.causal ? -1 : 16;
+      options.sink_tokens = 5;
     }
     if (variant.sink) {  // one logit per query head, some above the scores, some below
       constexpr float kSinkLogits[] = {0.5f, -1.f, 2.f, -3.f, 0.f, 1.5f};
