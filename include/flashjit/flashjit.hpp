@@ -54,6 +54,48 @@ class FLASHJIT_API Error : public std::runtime_error {
 enum class DType { bf16, fp16 };
 FLASHJIT_API std::string_view to_string(DType dtype);
 
+// User functions (docs/variants.md, "User functions"): CUDA C source that NVRTC compiles into the
+// attention kernel, FlexAttention's score_mod and mask_mod for C and C++ callers.
+//   score_mod's source defines
+//     __device__ float score_mod(float score, int batch, int head, int q_idx, int kv_idx,
+//                                const flashjit::UserArgs& args);
+//   mask_mod's source defines
+//     __device__ bool mask_mod(int batch, int head, int q_idx, int kv_idx,
+//                              const flashjit::UserArgs& args);
+// `score` is softmax_scale · q·k after soft-capping and ALiBi, in natural-log units; what
+// score_mod returns goes on to the masks and the softmax. mask_mod returns false to hide key
+// kv_idx from query q_idx (on top of causal / window masks). batch is the sequence, head the query
+// head; q_idx and kv_idx are positions in that sequence (0 <= q_idx < its seqlen_q, 0 <= kv_idx <
+// its seqlen_k: functions are never called outside them). args.ptr[i] is
+// ForwardOptions::user_args[i], read-only device memory. The functions may be called any number
+// of times per (q_idx, kv_idx), so they must be pure.
+constexpr int kMaxUserArgs = 8;
+
+class FLASHJIT_API UserFunctions {
+ public:
+  // Either source may be empty (that function is absent), not both: Error(invalid_argument).
+  // Nothing is compiled here; a source NVRTC rejects fails the first compile of a variant that
+  // uses it with Error(compile_failed), whose log names the user's lines as "score_mod(LINE)" or
+  // "mask_mod(LINE)". Every UserFunctions made in a process stays known to it by hash, so
+  // KernelCache::compile can build a Variant that names it.
+  UserFunctions(std::string score_mod, std::string mask_mod);
+  // Reads the sources from files (an empty path: that function is absent); Error(invalid_argument)
+  // naming a file that cannot be read.
+  static UserFunctions from_files(const std::filesystem::path& score_mod_file,
+                                  const std::filesystem::path& mask_mod_file);
+
+  const std::string& score_mod() const { return score_mod_; }
+  const std::string& mask_mod() const { return mask_mod_; }
+  bool has_score_mod() const { return !score_mod_.empty(); }
+  bool has_mask_mod() const { return !mask_mod_.empty(); }
+  // 32 hex digits of a 128-bit hash of both sources: Variant::user_functions, and through the
+  // variant's name part of the cache key. Equal sources have equal hashes in every process.
+  const std::string& hash() const { return hash_; }
+
+ private:
+  std::string score_mod_, mask_mod_, hash_;
+};
+
 // A kernel family is one kernel template; a Variant fixes all of its compile-time parameters.
 // families() lists those built into this library, fastest first (the dispatcher's preference):
 // today decode (split-KV decode with GQA packing over dense or paged caches, sm_80 on), wgmma
@@ -71,13 +113,15 @@ struct FamilyInfo {
   bool window = false;             // builds sliding-window variants (ForwardOptions::window_*)
   bool sink = false;               // builds attention-sink variants (ForwardOptions::sink_logits)
   bool alibi = false;              // builds ALiBi variants (ForwardOptions::alibi_slopes)
+  bool user_functions = false;     // compiles user functions in (ForwardOptions::user_functions)
+  bool block_mask = false;         // skips tiles by a BlockMask (ForwardOptions::block_mask)
 };
 FLASHJIT_API const std::vector<FamilyInfo>& families();
 
 // Everything one compiled binary is specialized on. Its canonical name is readable, complete and
 // parses back, e.g. "mma.sm90.bf16.d128.m128n64s2.causal" or "decode.sm90a.bf16.d128.m16n64s3.paged":
-// feature suffixes (causal, paged, varlen, softcap, window, sink, alibi) follow the tiles in
-// that order, present only when set.
+// feature suffixes (causal, paged, varlen, softcap, window, sink, alibi, user<hash>) follow the
+// tiles in that order, present only when set.
 struct FLASHJIT_API Variant {
   std::string family = "simt";  // a name from families()
   std::string arch;  // NVRTC target: sm_80, sm_86, sm_89, sm_90, sm_90a, sm_100a, sm_120, ...
@@ -103,6 +147,10 @@ struct FLASHJIT_API Variant {
   bool sink = false;
   // ALiBi compiled in (ForwardOptions::alibi_slopes): a linear bias by distance on each score.
   bool alibi = false;
+  // User functions compiled in (ForwardOptions::user_functions): UserFunctions::hash(), 32
+  // lowercase hex digits, or empty for none. The name carries it as ".user<hash>"; compiling
+  // such a variant needs a UserFunctions of that hash made in this process.
+  std::string user_functions;
 
   std::string name() const;
   // Throws Error(invalid_argument) naming the field that is wrong, or for a variant that the
@@ -288,6 +336,8 @@ struct TileConfig {
   bool operator==(const TileConfig&) const = default;
 };
 
+class BlockMask;
+
 struct ForwardOptions {
   std::optional<float> softmax_scale;  // default 1/sqrt(head_dim)
   // Causal mask aligned bottom-right like FlashAttention: query i sees key j iff
@@ -340,6 +390,57 @@ struct ForwardOptions {
   // slope * j only: the same softmax, but their LSE is higher by slope * (i + d)). Runs kernels
   // built for it (Variant::alibi); null: none.
   const float* alibi_slopes = nullptr;
+  // User functions (UserFunctions: score_mod, mask_mod) compiled into the kernel; they run in
+  // kernels built for them (Variant::user_functions, by their hash). The object must live through
+  // the call; null: none.
+  const UserFunctions* user_functions = nullptr;
+  // Read-only device pointers the user functions see as args.ptr[0..kMaxUserArgs).
+  std::array<const void*, kMaxUserArgs> user_args{};
+  // Key tiles to skip, made by Engine::create_block_mask for the same arguments (their shapes,
+  // options and user functions): tiles its mask_mod hides wholly are not visited, and tiles it
+  // hides nowhere skip the per-score mask. A forward checks what it can (shapes, tiles, masks) and
+  // throws Error(invalid_argument) otherwise; the contents of user_args it cannot check, so
+  // rebuild the mask when they change. Null: every tile the causal / window masks leave is
+  // visited and masked score by score.
+  const BlockMask* block_mask = nullptr;
+};
+
+// Which key tiles each query tile of a problem must visit, found once by evaluating a
+// UserFunctions' mask_mod (with the causal / window masks) over every score of the problem:
+// per (batch, head, query tile), the key tiles that no mask touches, then those partly masked
+// (docs/variants.md, "Block masks"). Made by Engine::create_block_mask for the kernel tiles the
+// forward runs; owns device memory on the engine's GPU.
+struct BlockMaskOptions {
+  // The mask_mod does not depend on the head (or the batch): one map serves every head (batch),
+  // evaluated at head 0 (batch 0). Smaller, built faster.
+  bool same_for_all_heads = false;
+  bool same_for_all_batches = false;
+};
+
+class FLASHJIT_API BlockMask {
+ public:
+  BlockMask(BlockMask&&) noexcept;
+  BlockMask& operator=(BlockMask&&) noexcept;
+  ~BlockMask();
+
+  // The attention variant it was built for (its tiles, masks and user functions): the forward
+  // given this mask runs exactly it.
+  const Variant& variant() const;
+  int query_tiles() const;  // per sequence (of the longest, for a varlen batch)
+  int key_tiles() const;
+  std::size_t device_bytes() const;
+  // Key tiles visited (partly masked, not masked) summed over the map; copies the map's counts to
+  // the host and waits for them (for reports and tests, not the hot path).
+  struct Counts {
+    long long partial = 0, full = 0, total = 0;  // total: tiles the causal / window masks leave
+  };
+  Counts counts() const;
+
+ private:
+  friend class Engine;
+  struct Impl;
+  explicit BlockMask(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 struct DeviceInfo {
@@ -392,6 +493,24 @@ class FLASHJIT_API Engine {
                               const ForwardOptions& options = {}) const;
   std::size_t workspace_bytes(const TensorView& q, const KVCache& kv, const TensorView& out,
                               const VarlenBatch& varlen, const ForwardOptions& options = {}) const;
+
+  // Builds the block mask of options.user_functions' mask_mod for these arguments, on `stream`
+  // (asynchronously; it allocates device memory, so build it before capturing a CUDA graph).
+  // The forward that takes it must have the same arguments otherwise (options.block_mask aside).
+  // Throws Error(invalid_argument) without a mask_mod, or when the family that runs the problem
+  // takes no block mask.
+  BlockMask create_block_mask(const TensorView& q, const TensorView& k, const TensorView& v,
+                              const TensorView& out, const ForwardOptions& options,
+                              const BlockMaskOptions& mask_options = {},
+                              CUstream_st* stream = nullptr);
+  BlockMask create_block_mask(const TensorView& q, const KVCache& kv, const TensorView& out,
+                              const ForwardOptions& options,
+                              const BlockMaskOptions& mask_options = {},
+                              CUstream_st* stream = nullptr);
+  BlockMask create_block_mask(const TensorView& q, const KVCache& kv, const TensorView& out,
+                              const VarlenBatch& varlen, const ForwardOptions& options,
+                              const BlockMaskOptions& mask_options = {},
+                              CUstream_st* stream = nullptr);
 
   // Merges two partial attention results over disjoint key sets (cascade / shared-prefix
   // attention, context-parallel ring attention): out = (e^lse_a·out_a + e^lse_b·out_b) /

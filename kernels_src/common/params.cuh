@@ -11,6 +11,13 @@ constexpr float kLog2e = 1.4426950408889634f;
 // A window side left unbounded (ForwardOptions::window_* = -1): farther than any key.
 constexpr int kUnboundedWindow = 1 << 30;
 
+// Read-only device pointers a kernel's user functions see (ForwardOptions::user_args; the count
+// is the public kMaxUserArgs).
+constexpr int kUserArgCount = 8;
+struct UserArgs {
+  const void* ptr[kUserArgCount];
+};
+
 struct FmhaParams {
   const void* q;  // [batch, seqlen_q, heads_q, head_dim], strides below, unit stride in head_dim
   const void* k;  // [batch, seqlen_k, heads_kv, head_dim]; paged: pages, see page_table
@@ -40,6 +47,22 @@ struct FmhaParams {
   // ALiBi variants (Variant::alibi): fp32 [heads_q] slopes; the scaled score of (i, j) gets
   // -slope * |i + seqlen_k - seqlen_q - j|.
   const float* alibi_slopes;
+
+  // User-function variants (Variant::user_functions): what their score_mod and mask_mod read.
+  // With a score_mod the host sets scale_log2 = log2(e) and softmax_scale = 1 (scores leave it in
+  // natural-log units) and user_score_scale to what takes a raw score there (softmax_scale, 1
+  // when soft-capped: capped scores already are).
+  UserArgs user_args;
+  float user_score_scale;
+  // A block mask (ForwardOptions::block_mask; user-function variants with a mask_mod): query tile
+  // t of sequence b and head h has entry r = b * block_stride_b + h * block_stride_h + t (a stride
+  // is 0 for a map shared by every batch or head); block_counts[2 r] key tiles that no mask
+  // touches and then block_counts[2 r + 1] partly masked ones are listed, ascending each, at
+  // block_tiles[r * block_key_tiles]. nullptr: none.
+  const int* block_counts;
+  const int* block_tiles;
+  long long block_stride_b, block_stride_h;
+  int block_key_tiles;
 
   // Paged KV cache (families with the paged feature): key j of sequence b is row j % page_size of
   // page page_table[b * page_table_stride + j / page_size].

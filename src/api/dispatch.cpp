@@ -47,6 +47,9 @@ std::string why_family_cannot_run(const KernelFamily& family, const ForwardProbl
   if (problem.window && !(family.features & kFeatureWindow)) return "has no sliding window";
   if (problem.sink && !(family.features & kFeatureSink)) return "has no attention sinks";
   if (problem.alibi && !(family.features & kFeatureAlibi)) return "has no ALiBi";
+  if (!problem.user_functions.empty() && !(family.features & kFeatureUserFunctions))
+    return "has no user functions";
+  if (problem.block_mask && !(family.features & kFeatureBlockMask)) return "takes no block mask";
   if (problem.num_splits > 1 && !(family.features & kFeatureSplitKv))
     return "does not split keys (num_splits > 1)";
   if (std::find(family.head_dims.begin(), family.head_dims.end(), problem.head_dim) ==
@@ -71,7 +74,7 @@ std::vector<Variant> fallback_variants(const ForwardProblem& problem, const Devi
       const Variant v =
           variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal, tiles,
                      problem.paged, problem.per_sequence_lengths(), problem.softcap > 0.f,
-                     problem.window, problem.sink, problem.alibi);
+                     problem.window, problem.sink, problem.alibi, problem.user_functions);
       if (shared_memory_shortfall(*family, v, device).empty() &&
           std::find(candidates.begin(), candidates.end(), v) == candidates.end())
         candidates.push_back(v);
@@ -95,7 +98,7 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
                     .pick(problem);
       variant = variant_of(*family, device.arch, problem.dtype, problem.head_dim, problem.causal,
                            tiles, problem.paged, problem.per_sequence_lengths(),
-                           problem.softcap > 0.f, problem.window, problem.sink, problem.alibi);
+                           problem.softcap > 0.f, problem.window, problem.sink, problem.alibi, problem.user_functions);
       if (forced_tiles) why = family->check_tiles(variant);
       if (why.empty()) why = shared_memory_shortfall(*family, variant, device);
       // A caller's tile shape the family cannot build is the caller's error, not a reason to fall
@@ -122,6 +125,8 @@ std::vector<Variant> default_variants(std::string_view arch_spelling) {
   std::vector<Variant> variants;
   for (const detail::KernelFamily* family : detail::registered_families()) {
     if (!family->runs_on(arch)) continue;
+    // Block-mask builders exist only for user functions, which no default variant has.
+    if (family->role == detail::FamilyRole::block_mask) continue;
     const bool merge = family->role == detail::FamilyRole::merge;
     const bool can_page = (family->features & detail::kFeaturePagedKv) != 0;
     for (DType dtype : {DType::bf16, DType::fp16})

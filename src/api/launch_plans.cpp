@@ -4,6 +4,8 @@
 
 #include <mutex>
 
+#include "core/user_functions.hpp"
+
 namespace flashjit::detail {
 
 PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
@@ -34,6 +36,7 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   key.sink_tokens = p.sink_tokens;
   key.sink = problem.sink;
   key.alibi = problem.alibi;
+  key.user_functions = user_functions_key(problem.user_functions);
   if (tiles) {
     key.tile_m = tiles->tile_m;
     key.tile_n = tiles->tile_n;

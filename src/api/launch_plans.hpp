@@ -38,6 +38,7 @@ struct PlanKey {
   std::int32_t sink = 0;   // 1: attention sinks (their logits are run-time parameters)
   std::int32_t alibi = 0;  // 1: ALiBi (its slopes are run-time parameters); the int32s stay even
                            // in number: no padding (the key is hashed as bytes)
+  std::array<std::uint64_t, 2> user_functions{};  // their hash (user_functions_key); 0: none
 
   static PlanKey of(CUcontext context, const ForwardProblem& problem,
                     const KernelFamily* forced_family, const std::optional<TileConfig>& tiles);

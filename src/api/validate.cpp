@@ -253,6 +253,22 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   if (problem.alibi && reinterpret_cast<std::uintptr_t>(options.alibi_slopes) % 4 != 0)
     reject("alibi_slopes is not 4-byte aligned: expected a device buffer of heads_q floats");
 
+  if (const UserFunctions* functions = options.user_functions) {
+    problem.user_functions = functions->hash();
+    problem.score_mod = functions->has_score_mod();
+    problem.mask_mod = functions->has_mask_mod();
+  } else {
+    for (int i = 0; i < kMaxUserArgs; ++i)
+      if (options.user_args[i] != nullptr)
+        reject(fmt::format("user_args[{}] is set without user_functions: expected user functions "
+                           "that read it, or null",
+                           i));
+  }
+  problem.block_mask = options.block_mask != nullptr;
+  if (problem.block_mask && !problem.mask_mod)
+    reject("block_mask is set without a mask_mod: expected user_functions with the mask_mod the "
+           "block mask was built from");
+
   FmhaParams& p = problem.params;
   p.q = q.data;
   p.k = k.data;
@@ -276,6 +292,13 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   if (problem.softcap > 0.f) {  // capped scores come out already scaled (params.cuh)
     p.softcap = problem.softcap;
     p.softcap_scale = problem.softmax_scale / problem.softcap;
+    p.softmax_scale = 1.f;
+    p.scale_log2 = kLog2e;
+  }
+  static_assert(kMaxUserArgs == kUserArgCount, "public and kernel argument counts");
+  for (int i = 0; i < kMaxUserArgs; ++i) p.user_args.ptr[i] = options.user_args[i];
+  if (problem.score_mod) {  // score_mod sees natural-log units (params.cuh)
+    p.user_score_scale = problem.softcap > 0.f ? 1.f : p.softmax_scale;
     p.softmax_scale = 1.f;
     p.scale_log2 = kLog2e;
   }

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <algorithm>
+#include <string_view>
 
 #include "common/params.cuh"
 #include "flashjit/flashjit.hpp"
@@ -28,6 +29,11 @@ struct ForwardProblem {
   bool window = false;  // a sliding window (ForwardOptions::window_*): a Variant::window kernel
   bool sink = false;    // attention sinks (ForwardOptions::sink_logits): a Variant::sink kernel
   bool alibi = false;   // ALiBi (ForwardOptions::alibi_slopes): a Variant::alibi kernel
+  // User functions (ForwardOptions::user_functions): their hash, a Variant::user_functions kernel;
+  // empty: none. Points into the caller's UserFunctions, alive through the call.
+  std::string_view user_functions;
+  bool score_mod = false, mask_mod = false;
+  bool block_mask = false;  // ForwardOptions::block_mask given
   FmhaParams params{};  // pointers and strides, ready for a kernel
 
   bool empty() const { return batch == 0 || heads_q == 0 || seqlen_q == 0; }

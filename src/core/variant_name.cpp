@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/arch.hpp"
+#include "core/user_functions.hpp"
 
 namespace flashjit {
 
@@ -17,10 +18,11 @@ std::string_view to_string(DType dtype) { return dtype == DType::bf16 ? "bf16" :
 std::string Variant::name() const {
   std::string arch_part = arch;
   std::erase(arch_part, '_');  // sm_90a -> sm90a keeps the name one token per field
-  return fmt::format("{}.{}.{}.d{}.m{}n{}s{}{}{}{}{}{}{}{}", family, arch_part, to_string(dtype),
-                     head_dim, tile_m, tile_n, stages, causal ? ".causal" : "",
+  return fmt::format("{}.{}.{}.d{}.m{}n{}s{}{}{}{}{}{}{}{}{}{}", family, arch_part,
+                     to_string(dtype), head_dim, tile_m, tile_n, stages, causal ? ".causal" : "",
                      paged ? ".paged" : "", varlen ? ".varlen" : "", softcap ? ".softcap" : "",
-                     window ? ".window" : "", sink ? ".sink" : "", alibi ? ".alibi" : "");
+                     window ? ".window" : "", sink ? ".sink" : "", alibi ? ".alibi" : "",
+                     user_functions.empty() ? "" : ".user", user_functions);
 }
 
 }  // namespace flashjit
@@ -28,9 +30,10 @@ std::string Variant::name() const {
 namespace flashjit::detail {
 namespace {
 
-// The optional suffixes after the tiles, in name order.
+// The optional suffixes after the tiles, in name order; the user functions' (".user<hash>") last.
 constexpr std::string_view kFeatureSuffixes[] = {"causal", "paged", "varlen", "softcap",
                                                  "window", "sink",  "alibi"};
+constexpr std::string_view kUserSuffix = "user";
 
 std::vector<std::string_view> split(std::string_view text, char sep) {
   std::vector<std::string_view> parts;
@@ -68,13 +71,14 @@ bool is_family_token(std::string_view text) {
 
 Variant parse_variant_name(std::string_view name) {
   const auto parts = split(name, '.');
-  if (parts.size() < 5 || parts.size() > 5 + std::size(kFeatureSuffixes))
+  if (parts.size() < 5 || parts.size() > 6 + std::size(kFeatureSuffixes))
     throw Error(
         ErrorCode::invalid_argument,
         fmt::format(
             "bad variant name '{}': expected "
             "<family>.<arch>.<dtype>.d<head_dim>.m<M>n<N>s<stages>[.causal][.paged][.varlen]"
-            "[.softcap][.window][.sink][.alibi], e.g. mma.sm90a.bf16.d128.m128n64s2.causal",
+            "[.softcap][.window][.sink][.alibi][.user<hash>], e.g. "
+            "mma.sm90a.bf16.d128.m128n64s2.causal",
             name));
   Variant v;
   if (!is_family_token(parts[0]))
@@ -124,13 +128,22 @@ Variant parse_variant_name(std::string_view name) {
 
   // Feature suffixes, each at most once and in kFeatureSuffixes' order, so a variant has one name.
   std::size_t next_suffix = 0;
-  for (std::size_t i = 5; i < parts.size(); ++i) {
+  std::size_t features_end = parts.size();
+  if (parts.size() > 5 && parts.back().substr(0, kUserSuffix.size()) == kUserSuffix &&
+      parts.back() != kUserSuffix) {
+    const std::string_view hash = parts.back().substr(kUserSuffix.size());
+    if (std::string why = check_user_functions_hash(hash); !why.empty())
+      bad_field(name, "user functions", why);
+    v.user_functions = std::string(hash);
+    --features_end;
+  }
+  for (std::size_t i = 5; i < features_end; ++i) {
     while (next_suffix < std::size(kFeatureSuffixes) && kFeatureSuffixes[next_suffix] != parts[i])
       ++next_suffix;
     if (next_suffix == std::size(kFeatureSuffixes))
       bad_field(name, "features",
                 fmt::format("'{}' is not one of causal, paged, varlen, softcap, window, sink, "
-                            "alibi (in that order, each once)",
+                            "alibi, user<hash> (in that order, each once)",
                             parts[i]));
     if (next_suffix == 0) v.causal = true;
     if (next_suffix == 1) v.paged = true;

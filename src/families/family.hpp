@@ -39,9 +39,10 @@ struct TileTable {
   TileConfig pick(const ForwardProblem& problem) const;
 };
 
-// What a family computes: attention forward (the dispatcher chooses among these), or the merge of
-// partial results (split-KV, Engine::merge_attention_states), which forward never dispatches to.
-enum class FamilyRole { attention, merge };
+// What a family computes: attention forward (the dispatcher chooses among these), the merge of
+// partial results (split-KV, Engine::merge_attention_states), or block masks
+// (Engine::create_block_mask); forward dispatches only to the first.
+enum class FamilyRole { attention, merge, block_mask };
 
 // Problem features beyond dense, equal-length attention; a family lists those it handles, and the
 // dispatcher and the variant check refuse the others.
@@ -54,6 +55,9 @@ enum FamilyFeature : unsigned {
   kFeatureWindow = 1u << 5,    // ForwardOptions::window_left / window_right (Variant::window)
   kFeatureSink = 1u << 6,      // ForwardOptions::sink_logits (Variant::sink)
   kFeatureAlibi = 1u << 7,     // ForwardOptions::alibi_slopes (Variant::alibi)
+  // ForwardOptions::user_functions (Variant::user_functions): score_mod / mask_mod compiled in.
+  kFeatureUserFunctions = 1u << 8,
+  kFeatureBlockMask = 1u << 9,  // ForwardOptions::block_mask (variants with a mask_mod)
 };
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed

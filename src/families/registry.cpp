@@ -74,6 +74,11 @@ void check_variant(const Variant& v) {
     fail(fmt::format("family {} has no sink variants", v.family));
   if (v.alibi && !(family->features & kFeatureAlibi))
     fail(fmt::format("family {} has no ALiBi variants", v.family));
+  if (!v.user_functions.empty() && !(family->features & kFeatureUserFunctions))
+    fail(fmt::format("family {} has no variants with user functions", v.family));
+  if (family->role == FamilyRole::block_mask && v.user_functions.empty())
+    fail(fmt::format("family {} builds the block masks of user functions: expected .user<hash>",
+                     v.family));
   if (v.varlen && !family->varlen_variants)
     fail(
         fmt::format("family {} has no varlen variants (it takes sequence lengths at run time, "
@@ -118,7 +123,8 @@ const std::vector<int>& head_dims_of_all_families() {
 
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
                    bool causal, TileConfig tiles, bool paged, bool per_sequence_lengths,
-                   bool softcap, bool window, bool sink, bool alibi) {
+                   bool softcap, bool window, bool sink, bool alibi,
+                   std::string_view user_functions) {
   return Variant{std::string(family.name),
                  std::string(arch),
                  dtype,
@@ -132,7 +138,8 @@ Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtyp
                  softcap,
                  window,
                  sink,
-                 alibi};
+                 alibi,
+                 std::string(user_functions)};
 }
 
 }  // namespace flashjit::detail
@@ -151,7 +158,9 @@ const std::vector<FamilyInfo>& families() {
                       (family->features & detail::kFeatureSoftcap) != 0,
                       (family->features & detail::kFeatureWindow) != 0,
                       (family->features & detail::kFeatureSink) != 0,
-                      (family->features & detail::kFeatureAlibi) != 0};
+                      (family->features & detail::kFeatureAlibi) != 0,
+                      (family->features & detail::kFeatureUserFunctions) != 0,
+                      (family->features & detail::kFeatureBlockMask) != 0};
       for (const std::string& arch : detail::known_archs())
         if (family->runs_on(arch)) info.archs.push_back(arch);
       list.push_back(std::move(info));

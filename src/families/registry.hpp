@@ -31,6 +31,6 @@ const std::vector<int>& head_dims_of_all_families();
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
                    bool causal, TileConfig tiles, bool paged = false,
                    bool per_sequence_lengths = false, bool softcap = false, bool window = false,
-                   bool sink = false, bool alibi = false);
+                   bool sink = false, bool alibi = false, std::string_view user_functions = {});
 
 }  // namespace flashjit::detail

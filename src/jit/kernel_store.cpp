@@ -2,6 +2,7 @@
 
 #include "jit/content_key.hpp"
 #include "jit/nvrtc.hpp"
+#include "jit/user_source.hpp"
 
 namespace flashjit::detail {
 
@@ -14,8 +15,10 @@ std::vector<SourceFile> KernelStore::translation_unit(const std::string& source_
 }
 
 std::string KernelStore::key_for(const Variant& variant, const KernelSpec& spec) {
+  std::vector<SourceFile> sources = translation_unit(spec.source_file);
+  if (!variant.user_functions.empty()) sources.push_back(user_functions_template());
   return content_key({std::string(version()), nvrtc_version(), variant.name(), spec.name_expression,
-                      spec.options, translation_unit(spec.source_file)});
+                      spec.options, std::move(sources)});
 }
 
 std::shared_ptr<const CompiledKernel> KernelStore::get_if_built(const Variant& variant,
@@ -41,7 +44,8 @@ std::shared_ptr<const CompiledKernel> KernelStore::get(const Variant& variant,
           return std::make_shared<const CompiledKernel>(std::move(*loaded));
         }
         auto compiled = std::make_shared<CompiledKernel>(
-            compile_with_nvrtc(variant, spec, translation_unit(spec.source_file)));
+            compile_with_nvrtc(variant, spec,
+                               with_user_functions(translation_unit(spec.source_file), variant)));
         compiled->key = key;
         compiled->entry.key = key.substr(0, 16);
         compiled->store_error = disk_.store(*compiled);

@@ -48,7 +48,7 @@ TEST_CASE("soft-capped variants: a .softcap suffix, last, on every attention fam
   // Suffix order is fixed, so a variant has one name; merge kernels have no scores to cap.
   CHECK_THROWS_WITH_AS(
       Variant::parse("simt.sm90a.bf16.d128.m64n64s1.softcap.causal"),
-      doctest::Contains("causal, paged, varlen, softcap, window, sink, alibi (in that order"),
+      doctest::Contains("causal, paged, varlen, softcap, window, sink, alibi, user<hash> (in that order"),
       Error);
   CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.softcap"),
                        doctest::Contains("no soft-capped variants"), Error);
@@ -152,7 +152,7 @@ TEST_CASE("attention-sink variants: a .sink suffix, last, on the families that b
   CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.sink.window"),
                        doctest::Contains("(in that order, each once)"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.sink.sink"),
-                       doctest::Contains("window, sink, alibi (in that order, each once)"), Error);
+                       doctest::Contains("window, sink, alibi, user<hash> (in that order, each once)"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.sink"),
                        doctest::Contains("family simt has no sink variants"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.sink"),
@@ -194,7 +194,7 @@ TEST_CASE("ALiBi variants: an .alibi suffix, last, on the families that build th
   CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.alibi.sink"),
                        doctest::Contains("(in that order, each once)"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.alibi.alibi"),
-                       doctest::Contains("sink, alibi (in that order, each once)"), Error);
+                       doctest::Contains("sink, alibi, user<hash> (in that order, each once)"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.alibi"),
                        doctest::Contains("family simt has no ALiBi variants"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("merge.sm90a.bf16.d128.m4n1s1.alibi"),

@@ -1,0 +1,31 @@
+// The text that stands in for kernels_src/common/user_functions.cuh in a variant with user
+// functions: the caller's score_mod and mask_mod, each numbered from its own line 1 so NVRTC's
+// messages point at the caller's lines ("score_mod(3): error: ..."), and the flags the kernels
+// test.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "jit/kernel_sources.hpp"
+
+#include "flashjit/flashjit.hpp"
+
+namespace flashjit::detail {
+
+// The kernel source file it replaces.
+inline constexpr const char* kUserFunctionsFile = "common/user_functions.cuh";
+
+// Either may be empty (absent), as in UserFunctions.
+std::string user_functions_source(std::string_view score_mod, std::string_view mask_mod);
+
+// The translation unit of a variant: kernel_translation_unit's, with the variant's user functions
+// (a UserFunctions made in this process) in place of the default file. Throws
+// Error(compile_failed) when no UserFunctions of the variant's hash was made here.
+std::vector<SourceFile> with_user_functions(std::vector<SourceFile> unit, const Variant& variant);
+// What the content key of a variant with user functions takes besides its name (which holds
+// their hash): this generator's text around them, so a change to it is a new key.
+SourceFile user_functions_template();
+
+}  // namespace flashjit::detail
