@@ -1,11 +1,12 @@
 // The float64 reference's score modifications (sliding window, StreamingLLM sink tokens, softcap,
-// ALiBi, gpt-oss sinks) on cases small enough to work out by hand: the GPU tests of those
-// variants trust it.
+// ALiBi, gpt-oss sinks, user functions) on cases small enough to work out by hand: the GPU tests of
+// those variants trust it.
 #include <doctest/doctest.h>
 
 #include <cmath>
 #include <initializer_list>
 #include <limits>
+#include <vector>
 
 #include "reference.hpp"
 
@@ -129,6 +130,61 @@ TEST_CASE("reference: a sink logit joins the denominator and the LSE, and fills 
   const Reference big = reference_attention(q, k, v, 1.0, true, mods);
   CHECK(std::abs(big.out[1]) < 1e-300);
   CHECK(big.lse[1] == doctest::Approx(1000));
+}
+
+TEST_CASE("reference: score_mod takes the capped, biased score in order; mask_mod adds to causal") {
+  // 2 queries over 3 keys, causal: row 0 sits at key position 1, row 1 at 2.
+  const HostTensor q = tensor(2, 1, {1, 2}), k = tensor(3, 1, {1, 2, -1}),
+                   v = tensor(3, 1, {3, 5, 7});
+  struct Call {
+    double score;
+    int batch, head, q_idx, kv_idx;
+  };
+  std::vector<Call> calls;
+  ScoreMods mods;
+  mods.softcap = 4;
+  mods.alibi_slopes = {0.25};
+  mods.first_batch = 5;
+  mods.score_mod = [&](double score, int batch, int head, int q_idx, int kv_idx) {
+    calls.push_back({score, batch, head, q_idx, kv_idx});
+    return score + kv_idx;
+  };
+  const Reference r = reference_attention(q, k, v, 0.5, true, mods);
+  // Called once per visible (query, key), never for the key causal hides (row 0, key 2).
+  REQUIRE(calls.size() == 5);
+  auto capped = [&](double qk, int distance) {
+    return 4 * std::tanh(0.5 * qk / 4) - 0.25 * distance;
+  };
+  for (const Call& call : calls) {
+    CAPTURE(call.q_idx);
+    CAPTURE(call.kv_idx);
+    CHECK(call.batch == 5);
+    CHECK(call.head == 0);
+    const double qk = (call.q_idx + 1.0) * (call.kv_idx == 0 ? 1 : call.kv_idx == 1 ? 2 : -1);
+    CHECK(call.score == doctest::Approx(capped(qk, std::abs(call.q_idx + 1 - call.kv_idx))));
+  }
+  const Expected row0 = expected({capped(1, 1), capped(2, 0) + 1}, {3, 5});
+  CHECK(r.out[0] == doctest::Approx(row0.out));
+  CHECK(r.lse[0] == doctest::Approx(row0.lse));
+  const Expected row1 = expected({capped(2, 2), capped(4, 1) + 1, capped(-2, 0) + 2}, {3, 5, 7});
+  CHECK(r.out[1] == doctest::Approx(row1.out));
+  CHECK(r.lse[1] == doctest::Approx(row1.lse));
+
+  // mask_mod hides key 1 from every row and every key from row 0: row 0 sees nothing (0, -inf),
+  // row 1 keys 0 and 2; score_mod is not called for hidden keys.
+  calls.clear();
+  mods.mask_mod = [](int batch, int head, int q_idx, int kv_idx) {
+    CHECK(batch == 5);
+    CHECK(head == 0);
+    return q_idx != 0 && kv_idx != 1;
+  };
+  const Reference masked = reference_attention(q, k, v, 0.5, true, mods);
+  CHECK(calls.size() == 2);
+  CHECK(masked.out[0] == 0);
+  CHECK(masked.lse[0] == kNegInf);
+  const Expected kept = expected({capped(2, 2), capped(-2, 0) + 2}, {3, 7});
+  CHECK(masked.out[1] == doctest::Approx(kept.out));
+  CHECK(masked.lse[1] == doctest::Approx(kept.lse));
 }
 
 }  // namespace flashjit::test

@@ -10,6 +10,7 @@
 #include "flashjit/flashjit.hpp"
 #include "api/dispatch.hpp"
 #include "api/validate.hpp"
+#include "user_examples.hpp"
 
 using namespace flashjit;
 
@@ -422,5 +423,70 @@ TEST_CASE("sink tokens ride in the window variants, and split-KV counts their ti
     step.k.shape[1] = step.v.shape[1] = 150;
     CHECK(tiles(0, 64) == 3);
     CHECK(tiles(4, 64) == 3);
+  }
+}
+
+TEST_CASE("user functions reach the kernel as a hash and args, and pick user variants") {
+  const UserFunctions bias = test::relative_position_bias_functions();
+  const UserFunctions documents = test::document_mask_functions();
+  Args a;
+  const auto plain = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+  CHECK(plain.user_functions.empty());
+  const void* table = fake(0x800000);
+  SUBCASE("a score_mod: its hash and args, scores in natural-log units") {
+    a.options.user_functions = &bias;
+    a.options.user_args[0] = table;
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(problem.user_functions == bias.hash());
+    CHECK(problem.score_mod);
+    CHECK_FALSE(problem.mask_mod);
+    CHECK(problem.params.user_args.ptr[0] == table);
+    CHECK(problem.params.user_args.ptr[1] == nullptr);
+    // score_mod sees softmax_scale · q·k: the kernel scales raw scores by user_score_scale, and
+    // its softmax takes them as they are.
+    CHECK(problem.params.user_score_scale == doctest::Approx(1.0 / std::sqrt(128.0)));
+    CHECK(problem.params.softmax_scale == 1.f);
+    CHECK(problem.params.scale_log2 == doctest::Approx(1.4426950408889634));
+    a.options.softcap = 30.f;  // capped scores are already scaled
+    CHECK(detail::validate_forward(a.q, a.k, a.v, a.out, a.options).params.user_score_scale == 1.f);
+    const Variant v = detail::select_variant(problem, a100(), nullptr);
+    CHECK(v.family == "mma");
+    CHECK(v.user_functions == bias.hash());
+    CHECK(v.name().ends_with(".user" + bias.hash()));
+  }
+  SUBCASE("a mask_mod alone leaves the scaling as it is") {
+    a.options.user_functions = &documents;
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(problem.mask_mod);
+    CHECK_FALSE(problem.score_mod);
+    CHECK(problem.params.softmax_scale == plain.params.softmax_scale);
+    CHECK(problem.params.scale_log2 == plain.params.scale_log2);
+  }
+  SUBCASE("on sm_90a a prefill runs on wgmma, a decode step on decode_tma, both with the hash") {
+    const auto [v, d] =
+        hopper_prefill_and_decode([&](ForwardOptions& o) { o.user_functions = &documents; });
+    CHECK(v.family == "wgmma");
+    CHECK(v.user_functions == documents.hash());
+    CHECK(d.family == "decode_tma");
+    CHECK(d.user_functions == documents.hash());
+  }
+  SUBCASE("forced: mma builds user variants, simt has none and says so") {
+    a.options.user_functions = &bias;
+    const auto problem = detail::validate_forward(a.q, a.k, a.v, a.out, a.options);
+    CHECK(detail::select_variant(problem, h200(), detail::forced_family(std::string("mma")))
+              .user_functions == bias.hash());
+    CHECK_THROWS_WITH_AS(
+        detail::select_variant(problem, h200(), detail::forced_family(std::string("simt"))),
+        doctest::Contains("has no user functions"), Error);
+  }
+  SUBCASE("user_args without user functions, a block mask without a mask_mod: named") {
+    a.options.user_args[3] = table;
+    CHECK(mentions(rejection(a), "user_args[3] is set without user_functions"));
+    a.options.user_args[3] = nullptr;
+    // Never dereferenced: refused before the mask is read.
+    a.options.block_mask = reinterpret_cast<const BlockMask*>(fake(0x900000));
+    CHECK(mentions(rejection(a), "block_mask is set without a mask_mod"));
+    a.options.user_functions = &bias;  // a score_mod builds no block mask
+    CHECK(mentions(rejection(a), "block_mask is set without a mask_mod"));
   }
 }

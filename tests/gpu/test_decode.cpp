@@ -178,12 +178,6 @@ class State {
   DeviceBuffer out_, lse_;
 };
 
-DeviceBuffer int_array(const std::vector<std::int32_t>& values) {
-  DeviceBuffer buffer(engine(), values.size() * sizeof(std::int32_t));
-  buffer.upload(values.data(), values.size() * sizeof(std::int32_t));
-  return buffer;
-}
-
 }  // namespace
 
 TEST_CASE("decode: dense caches, seqlen_q 1 to 16, GQA 1:1 to 8:1, forced and heuristic splits") {
@@ -501,8 +495,9 @@ TEST_CASE("merge_attention_states: a state with no keys (LSE -inf) merges to the
   std::mt19937 rng(7600);
   const HostKv host = HostKv::random(c, rng);
   const KvDeviceProblem p(engine(), host);
-  const DeviceBuffer used_a = int_array({kSplit, 0, 0});
-  const DeviceBuffer used_b = int_array({0, c.capacity - kSplit, 0});
+  const DeviceBuffer used_a = device_copy(engine(), std::vector<std::int32_t>{kSplit, 0, 0});
+  const DeviceBuffer used_b =
+      device_copy(engine(), std::vector<std::int32_t>{0, c.capacity - kSplit, 0});
   const KVCache first = KVCache::dense(key_range(p.k(), 0, kSplit), key_range(p.v(), 0, kSplit),
                                        static_cast<const std::int32_t*>(used_a.data()));
   const KVCache second = KVCache::dense(key_range(p.k(), kSplit, c.capacity - kSplit),

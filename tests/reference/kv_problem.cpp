@@ -113,9 +113,11 @@ Reference reference_per_sequence(const HostTensor& q, const std::vector<HostTens
         for (std::int64_t d = 0; d < D; ++d)
           q_b.bits[static_cast<std::size_t>(q_b.offset(0, i, h, d))] =
               q.bits[static_cast<std::size_t>(q.offset(b, i, h, d))];
-    const Reference one = reference_attention(
-        q_b, k[static_cast<std::size_t>(b)], v[static_cast<std::size_t>(b)], softmax_scale, causal,
-        mods);
+    ScoreMods sequence_mods = mods;
+    sequence_mods.first_batch = mods.first_batch + static_cast<int>(b);
+    const Reference one =
+        reference_attention(q_b, k[static_cast<std::size_t>(b)], v[static_cast<std::size_t>(b)],
+                            softmax_scale, causal, sequence_mods);
     ref.out.insert(ref.out.end(), one.out.begin(), one.out.end());
     ref.lse.insert(ref.lse.end(), one.lse.begin(), one.lse.end());
   }

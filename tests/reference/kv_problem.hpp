@@ -62,6 +62,7 @@ struct HostKv {
 // Float64 attention of each sequence b of q against its own keys k[b], v[b] ([1, L_b, heads_kv,
 // head_dim], L_b may be 0), causal aligned bottom-right to L_b; laid out as reference_attention
 // lays out one batch (out [b, sq, hq, d], lse [b, hq, sq]; rows that see no key: 0 and -inf).
+// The user functions of `mods` see sequence b as batch b.
 Reference reference_per_sequence(const HostTensor& q, const std::vector<HostTensor>& k,
                                  const std::vector<HostTensor>& v, double softmax_scale,
                                  bool causal, const ScoreMods& mods = {});

@@ -81,8 +81,14 @@ Reference reference_attention(const HostTensor& q, const HostTensor& k, const Ho
       for (std::int64_t i = 0; i < SQ; ++i) {
         const std::int64_t at = i + SK - SQ;
         double max_score = sink;
+        const int batch = mods.first_batch + static_cast<int>(b);
+        const int head = static_cast<int>(h), q_idx = static_cast<int>(i);
         for (std::int64_t j = 0; j < SK; ++j) {
-          if (!visible(mods, causal, at, j)) {
+          const int kv_idx = static_cast<int>(j);
+          // The masks come after score_mod but do not depend on the score: a masked key's score
+          // is not computed.
+          if (!visible(mods, causal, at, j) ||
+              (mods.mask_mod && !mods.mask_mod(batch, head, q_idx, kv_idx))) {
             scores[j] = kNegInf;
             continue;
           }
@@ -91,6 +97,7 @@ Reference reference_attention(const HostTensor& q, const HostTensor& k, const Ho
           double s = dot * softmax_scale;
           if (mods.softcap > 0) s = mods.softcap * std::tanh(s / mods.softcap);
           s -= slope * static_cast<double>(std::abs(at - j));
+          if (mods.score_mod) s = mods.score_mod(s, batch, head, q_idx, kv_idx);
           scores[j] = s;
           max_score = std::max(max_score, s);
         }

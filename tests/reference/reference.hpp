@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -33,6 +34,10 @@ struct Reference {
   std::vector<double> lse;  // [b, hq, sq]; -inf for rows with no visible key (and no sink)
 };
 
+using HostScoreMod =
+    std::function<double(double score, int batch, int head, int q_idx, int kv_idx)>;
+using HostMaskMod = std::function<bool(int batch, int head, int q_idx, int kv_idx)>;
+
 // Score modifications and masks beyond causal, in FlashAttention's conventions. Positions are
 // bottom-right aligned: query i of sq sits at key position i' = i + sk - sq.
 struct ScoreMods {
@@ -49,6 +54,16 @@ struct ScoreMods {
   // Per query head (empty: none): one more logit in each row's softmax denominator, with no value
   // (gpt-oss). It enters the LSE; a row with no visible key gets output 0 and LSE = the sink.
   std::vector<double> sink_logits;
+  // Host mirrors of user functions (ForwardOptions::user_functions; empty: none). score_mod takes
+  // the score after softmax_scale, softcap and ALiBi (natural-log units) and its result goes on to
+  // the masks and the softmax; mask_mod false hides key kv_idx from query q_idx, on top of the
+  // causal and window masks. q_idx and kv_idx are row indices of q and k (not aligned), head the
+  // query head, batch first_batch + the batch index of the tensors.
+  HostScoreMod score_mod;
+  HostMaskMod mask_mod;
+  // The batch the user functions see for batch 0: a per-sequence reference (one sequence at a
+  // time, reference_per_sequence, HostVarlen::reference) passes each sequence's own.
+  int first_batch = 0;
 };
 
 Reference reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v,

@@ -208,9 +208,12 @@ std::vector<Reference> HostVarlen::reference(std::optional<double> softmax_scale
                                              const ScoreMods& mods) const {
   const double scale = softmax_scale.value_or(1.0 / std::sqrt(static_cast<double>(shape.head_dim)));
   std::vector<Reference> refs;
-  for (int b = 0; b < shape.batch(); ++b)
+  for (int b = 0; b < shape.batch(); ++b) {
+    ScoreMods sequence_mods = mods;
+    sequence_mods.first_batch = mods.first_batch + b;
     refs.push_back(reference_attention(sequence_rows(q, b), sequence_keys(k, b),
-                                       sequence_keys(v, b), scale, shape.causal, mods));
+                                       sequence_keys(v, b), scale, shape.causal, sequence_mods));
+  }
   return refs;
 }
 

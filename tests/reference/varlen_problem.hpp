@@ -75,7 +75,8 @@ struct HostVarlen {
   // Sequence b's valid keys (or values) from `store`, as BSHD [1, length(b), heads_kv, head_dim].
   HostTensor sequence_keys(const HostTensor& store, int b) const;
   // The float64 reference of each sequence over its valid keys (causal aligned bottom-right to
-  // them), laid out for sequence_rows / sequence_lse; scale default 1/sqrt(head_dim).
+  // them), laid out for sequence_rows / sequence_lse; scale default 1/sqrt(head_dim). The user
+  // functions of `mods` see sequence b as batch b, its positions from 0.
   std::vector<Reference> reference(std::optional<double> softmax_scale = {},
                                    const ScoreMods& mods = {}) const;
   // Which elements of out's bits, and which LSE entries, some sequence writes.

@@ -7,7 +7,6 @@
 #include <cmath>
 #include <random>
 
-#include "device_problem.hpp"
 #include "flashjit/device_memory.hpp"
 #include "gpu.hpp"
 #include "reference.hpp"
@@ -27,6 +26,28 @@ std::string ForwardCase::describe() const {
                      sink_logits.empty() ? "" : fmt::format(" sinks {}", fmt::join(sink_logits, " ")),
                      alibi_slopes.empty() ? ""
                                           : fmt::format(" alibi {}", fmt::join(alibi_slopes, " ")));
+}
+
+DeviceProblem random_problem(const Engine& engine, const ForwardCase& c, unsigned seed) {
+  std::mt19937 rng(seed);
+  auto q = HostTensor::make(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bhsd);
+  auto k = HostTensor::make(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.bhsd);
+  auto v = HostTensor::make(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.bhsd);
+  q.fill_random(rng, c.input_scale);
+  k.fill_random(rng, c.input_scale);
+  v.fill_random(rng);
+  return DeviceProblem(engine, std::move(q), std::move(k), std::move(v));
+}
+
+ScoreMods score_mods(const ForwardCase& c) {
+  ScoreMods mods;
+  mods.softcap = c.softcap;
+  mods.window_left = c.window_left;
+  mods.window_right = c.window_right;
+  mods.sink_tokens = c.sink_tokens;
+  mods.sink_logits.assign(c.sink_logits.begin(), c.sink_logits.end());
+  mods.alibi_slopes.assign(c.alibi_slopes.begin(), c.alibi_slopes.end());
+  return mods;
 }
 
 std::optional<ForwardCheck> run_if_supported(Engine& engine, const ForwardCase& c,
@@ -70,15 +91,7 @@ void check_within_bounds(const ForwardErrors& errors, DType dtype) {
 ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
                               std::optional<std::string> family, unsigned seed,
                               std::optional<TileConfig> tiles) {
-  std::mt19937 rng(seed);
-  auto q = HostTensor::make(c.dtype, c.batch, c.seqlen_q, c.heads_q, c.head_dim, c.bhsd);
-  auto k = HostTensor::make(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.bhsd);
-  auto v = HostTensor::make(c.dtype, c.batch, c.seqlen_k, c.heads_kv, c.head_dim, c.bhsd);
-  q.fill_random(rng, c.input_scale);
-  k.fill_random(rng, c.input_scale);
-  v.fill_random(rng);
-
-  const DeviceProblem problem(engine, std::move(q), std::move(k), std::move(v));
+  const DeviceProblem problem = random_problem(engine, c, seed);
   ForwardOptions options;
   options.causal = c.causal;
   options.family = family;
@@ -89,13 +102,11 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   options.sink_tokens = c.sink_tokens;
   std::optional<DeviceBuffer> sinks, slopes;
   if (!c.sink_logits.empty()) {
-    sinks.emplace(engine, c.sink_logits.size() * sizeof(float));
-    sinks->upload(c.sink_logits.data(), c.sink_logits.size() * sizeof(float));
+    sinks.emplace(device_copy(engine, c.sink_logits));
     options.sink_logits = static_cast<const float*>(sinks->data());
   }
   if (!c.alibi_slopes.empty()) {
-    slopes.emplace(engine, c.alibi_slopes.size() * sizeof(float));
-    slopes->upload(c.alibi_slopes.data(), c.alibi_slopes.size() * sizeof(float));
+    slopes.emplace(device_copy(engine, c.alibi_slopes));
     options.alibi_slopes = static_cast<const float*>(slopes->data());
   }
   if (c.with_lse) options.lse = problem.lse();
@@ -106,15 +117,8 @@ ForwardCheck run_forward_case(Engine& engine, const ForwardCase& c,
   synchronize(engine);
 
   const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-  ScoreMods mods;
-  mods.softcap = c.softcap;
-  mods.window_left = c.window_left;
-  mods.window_right = c.window_right;
-  mods.sink_tokens = c.sink_tokens;
-  mods.sink_logits.assign(c.sink_logits.begin(), c.sink_logits.end());
-  mods.alibi_slopes.assign(c.alibi_slopes.begin(), c.alibi_slopes.end());
   const Reference ref = reference_attention(problem.host_q(), problem.host_k(), problem.host_v(),
-                                            scale, c.causal, mods);
+                                            scale, c.causal, score_mods(c));
   const std::vector<float> lse = problem.lse_values();
   static_cast<ForwardErrors&>(check) =
       compare_forward(problem.output(), c.with_lse ? &lse : nullptr, ref);

@@ -6,7 +6,9 @@
 #include <vector>
 
 #include "compare.hpp"
+#include "device_problem.hpp"
 #include "flashjit/flashjit.hpp"
+#include "reference.hpp"
 
 namespace flashjit::test {
 
@@ -24,6 +26,12 @@ struct ForwardCase {
   double input_scale = 1.0;  // standard deviation of the random q and k (large: capped scores)
   std::string describe() const;
 };
+
+// Fresh random q, k (standard deviation input_scale) and v (1), seeded by `seed`, on the device
+// with a poisoned output.
+DeviceProblem random_problem(const Engine& engine, const ForwardCase& c, unsigned seed);
+// The case's softcap, window, sink tokens, sinks and ALiBi as the float64 reference takes them.
+ScoreMods score_mods(const ForwardCase& c);
 
 struct ForwardCheck : ForwardErrors {
   std::string variant;

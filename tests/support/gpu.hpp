@@ -4,6 +4,7 @@
 #include <string>
 #include <vector>
 
+#include "flashjit/device_memory.hpp"
 #include "flashjit/flashjit.hpp"
 
 namespace flashjit::test {
@@ -12,4 +13,11 @@ std::string gpu_unavailable_reason();
 Engine& shared_engine();
 // The library's kernel families by name, fastest first (every GPU test covers each).
 std::vector<std::string> family_names();
+// A device copy of `values` on the engine's GPU (per-head inputs, user functions' args).
+template <typename T>
+DeviceBuffer device_copy(const Engine& engine, const std::vector<T>& values) {
+  DeviceBuffer buffer(engine, values.size() * sizeof(T));
+  buffer.upload(values.data(), values.size() * sizeof(T));
+  return buffer;
+}
 }  // namespace flashjit::test

@@ -53,6 +53,36 @@ int check_against(const HostTensor& out, const std::vector<float>& lse, const Re
   return empty;
 }
 
+std::vector<int> check_varlen_against(const HostVarlen& host, const std::vector<Reference>& refs,
+                                      const HostTensor& out, const std::vector<float>& lse) {
+  const VarlenCase& c = host.shape;
+  std::vector<int> empty(static_cast<std::size_t>(c.batch()), 0);
+  for (int b = 0; b < c.batch(); ++b) {
+    const auto s = static_cast<std::size_t>(b);
+    if (c.seqlens_q[s] == 0) continue;  // nothing of its own; the poison check below covers it
+    const std::string sequence = fmt::format("sequence {}: {} queries at row {}, {} keys", b,
+                                             c.seqlens_q[s], host.cu_seqlens_q[s], c.length(b));
+    CAPTURE(sequence);
+    empty[s] =
+        check_against(host.sequence_rows(out, b), host.sequence_lse(lse, b), refs[s], c.dtype);
+  }
+  const std::vector<bool> owned_out = host.written_out();
+  std::size_t stray_out = 0;
+  for (std::size_t i = 0; i < owned_out.size(); ++i)
+    stray_out += !owned_out[i] && out.bits[i] != 0xffff;
+  CHECK_MESSAGE(stray_out == 0, stray_out,
+                " output elements no sequence owns (stride gaps, tail rows) were written");
+  const std::vector<bool> owned_lse = host.written_lse();
+  std::size_t stray_lse = 0;
+  for (std::size_t i = 0; i < owned_lse.size(); ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, &lse[i], 4);
+    stray_lse += !owned_lse[i] && bits != 0xffffffffu;
+  }
+  CHECK_MESSAGE(stray_lse == 0, stray_lse, " LSE entries of tail rows were written");
+  return empty;
+}
+
 namespace {
 
 // `call` throws Error(code); with `names`, its message names one of them.

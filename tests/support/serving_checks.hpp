@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "reference.hpp"
+#include "varlen_problem.hpp"
 
 namespace flashjit::test {
 
@@ -29,6 +30,13 @@ bool all_poison(const std::vector<float>& lse);
 // must have LSE exactly -inf), and each such row exactly 0. Returns how many rows see no key.
 int check_against(const HostTensor& out, const std::vector<float>& lse, const Reference& ref,
                   DType dtype);
+
+// A varlen forward's output and LSE (in the packed layouts): each sequence with queries against
+// its reference (check_against), and every output element and LSE entry that no sequence owns
+// (stride gaps, tail rows) still poison. Returns the rows (all heads) of each sequence that see
+// no key.
+std::vector<int> check_varlen_against(const HostVarlen& host, const std::vector<Reference>& refs,
+                                      const HostTensor& out, const std::vector<float>& lse);
 
 // `call` throws Error(invalid_argument) whose message names one of `names`.
 void check_refused(const std::string& what, const std::function<void()>& call,

@@ -1,0 +1,73 @@
+// The user-function examples of examples/user_functions, as a caller loads them (from their
+// files), and host mirrors of what each computes for the float64 reference (ScoreMods). The CPU
+// tests compile them; the GPU tests run them.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "flashjit/flashjit.hpp"
+#include "reference.hpp"
+
+namespace flashjit::test {
+
+inline std::filesystem::path user_example(std::string_view file) {
+  return std::filesystem::path(FLASHJIT_USER_EXAMPLES_DIR) / file;
+}
+
+// mask_mod: args.ptr[0] = int32 doc_id[seqlen]; a key is seen by the queries of its document.
+inline UserFunctions document_mask_functions() {
+  return UserFunctions::from_files({}, user_example("document_mask.cu"));
+}
+// score_mod: args.ptr[0] = fp32 table[heads_q * (2 R + 1)], R = relative_position_range().
+inline UserFunctions relative_position_bias_functions() {
+  return UserFunctions::from_files(user_example("relative_position_bias.cu"), {});
+}
+// mask_mod: args.ptr[0] = int32 prefix[batch]; the prefix is seen by all, the rest causally.
+inline UserFunctions prefix_lm_functions() {
+  return UserFunctions::from_files({}, user_example("prefix_lm.cu"));
+}
+
+// R of relative_position_bias.cu, read from the file (its `constexpr int kMaxDistance = R;`), so
+// the host mirror cannot drift from it.
+inline int relative_position_range() {
+  std::ifstream in(user_example("relative_position_bias.cu"));
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string source = text.str();
+  std::smatch match;
+  if (!std::regex_search(source, match, std::regex(R"(constexpr int kMaxDistance = (\d+);)")))
+    throw std::runtime_error("relative_position_bias.cu declares no `constexpr int kMaxDistance`");
+  return std::stoi(match[1]);
+}
+
+// Host mirrors of the examples over the host copies of what their args.ptr[0] points to.
+inline HostMaskMod document_mask(std::vector<std::int32_t> doc_id) {
+  return [doc_id = std::move(doc_id)](int, int, int q_idx, int kv_idx) {
+    return doc_id.at(static_cast<std::size_t>(q_idx)) ==
+           doc_id.at(static_cast<std::size_t>(kv_idx));
+  };
+}
+inline HostScoreMod relative_position_bias(std::vector<float> table) {
+  const int range = relative_position_range();
+  return [table = std::move(table), range](double score, int, int head, int q_idx, int kv_idx) {
+    const int distance = std::clamp(kv_idx - q_idx, -range, range);
+    return score + table.at(static_cast<std::size_t>(head * (2 * range + 1) + range + distance));
+  };
+}
+inline HostMaskMod prefix_lm(std::vector<std::int32_t> prefix) {
+  return [prefix = std::move(prefix)](int batch, int, int q_idx, int kv_idx) {
+    return kv_idx < prefix.at(static_cast<std::size_t>(batch)) || kv_idx <= q_idx;
+  };
+}
+
+}  // namespace flashjit::test
