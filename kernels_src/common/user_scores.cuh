@@ -21,6 +21,18 @@ __device__ __forceinline__ void scale_for_score_mod(float (&s)[N], const FmhaPar
   }
 }
 
+template <bool Softcap, int MT, int NT>
+__device__ __forceinline__ void scale_for_score_mod(float (&s)[MT][NT][4], const FmhaParams& p) {
+  if constexpr (user::kScoreMod && !Softcap) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt)
+#pragma unroll
+      for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) s[mt][nt][e] *= p.user_score_scale;
+  }
+}
+
 // One score: score_mod, then (Masked) mask_mod's -inf.
 template <bool Masked>
 __device__ __forceinline__ float user_score(float score, const FmhaParams& p, int batch, int head,
