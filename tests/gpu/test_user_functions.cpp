@@ -90,6 +90,7 @@ struct UserSetup {
   HostScoreMod score_mod;
   HostMaskMod mask_mod;
   BlockMaskOptions mask_options;  // what the mask_mod allows (independent of head, batch)
+  bool skips_tiles = false;       // its block mask visits fewer tiles than causal alone
 
   void apply(ForwardOptions& options) const {
     options.user_functions = functions;
@@ -120,6 +121,9 @@ UserSetup document_setup(int length, int max_length, std::mt19937& rng) {
   s.args.push_back(device_copy(engine(), doc_id));
   s.mask_mod = document_mask(doc_id);
   s.mask_options = {.same_for_all_heads = true, .same_for_all_batches = true};
+  // The last query tile (of up to 128 rows) starts in a document after the first key tile (of
+  // up to 176 keys), so it skips that tile, causal or not.
+  s.skips_tiles = length - max_length > 128 + 176;
   return s;
 }
 
@@ -220,6 +224,7 @@ ExpectedCounts expected_counts(const Variant& v, const std::vector<SequenceLengt
 // A problem's sizes, for the block mask checks.
 struct MaskGeometry {
   std::vector<SequenceLengths> sequences;  // per batch entry
+  SequenceLengths longest;                 // the problem's bounds: seqlen_q, the key capacity
   int heads_q = 1;
   bool per_sequence_lengths = false;  // varlen or seqused_k: no map shared by every batch
 };
@@ -254,11 +259,8 @@ void check_block_mask(const Variant& variant, const UserSetup& setup, const Mask
     CAPTURE(mask_options.same_for_all_batches);
     const BlockMask mask = build(mask_options);
     CHECK(mask.variant() == variant);
-    int longest_q = 0, longest_k = 0;
-    for (const auto [q, k] : geometry.sequences)
-      longest_q = std::max(longest_q, q), longest_k = std::max(longest_k, k);
-    CHECK(mask.query_tiles() == (longest_q + variant.tile_m - 1) / variant.tile_m);
-    CHECK(mask.key_tiles() == (longest_k + variant.tile_n - 1) / variant.tile_n);
+    CHECK(mask.query_tiles() == (geometry.longest.q + variant.tile_m - 1) / variant.tile_m);
+    CHECK(mask.key_tiles() == (geometry.longest.k + variant.tile_n - 1) / variant.tile_n);
     CHECK(mask.device_bytes() > 0);
     std::vector<SequenceLengths> batches = geometry.sequences;
     if (mask_options.same_for_all_batches) batches.resize(1);
@@ -269,6 +271,10 @@ void check_block_mask(const Variant& variant, const UserSetup& setup, const Mask
     CHECK(counts.full + counts.partial == expected.visited);
     CHECK(counts.full >= expected.full_at_least);
     CHECK(counts.full <= expected.full_at_most);
+    if (setup.skips_tiles) {  // the case is built so; then the mask must say so
+      CHECK(expected.visited < expected.total);
+      CHECK(counts.full + counts.partial < counts.total);
+    }
     MESSAGE(fmt::format("block mask of {}: {} full + {} partial of {} tiles, {} bytes", setup.what,
                         counts.full, counts.partial, counts.total, mask.device_bytes()));
     forward_with(mask);
@@ -324,6 +330,7 @@ class DenseRun {
       MaskGeometry geometry;
       geometry.sequences.assign(static_cast<std::size_t>(case_.batch),
                                 {case_.seqlen_q, case_.seqlen_k});
+      geometry.longest = {case_.seqlen_q, case_.seqlen_k};
       geometry.heads_q = case_.heads_q;
       check_block_mask(
           v, setup_, geometry,
@@ -529,6 +536,7 @@ TEST_CASE(
         MaskGeometry geometry;
         for (int b = 0; b < c.batch(); ++b)
           geometry.sequences.push_back({c.seqlens_q[static_cast<std::size_t>(b)], c.length(b)});
+        geometry.longest = {p.varlen().max_seqlen_q, p.varlen().max_seqlen_k};
         geometry.heads_q = c.heads_q;
         geometry.per_sequence_lengths = true;
         check_block_mask(
@@ -627,6 +635,7 @@ TEST_CASE(
         MaskGeometry geometry;
         for (int b = 0; b < c.batch; ++b)
           geometry.sequences.push_back({c.seqlen_q, one.host.length(b)});
+        geometry.longest = {c.seqlen_q, c.capacity};
         geometry.heads_q = c.heads_q;
         geometry.per_sequence_lengths = true;
         check_block_mask(
