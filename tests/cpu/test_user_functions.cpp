@@ -78,6 +78,27 @@ std::string example_hashes() {
                      relative_position_bias_functions().hash(), prefix_lm_functions().hash());
 }
 
+// Compiling `v` fails both ways a caller meets it, each message containing `text`:
+// KernelCache::compile's outcome, and the Error(compile_failed) that forward gets from the store
+// under it. Nothing is cached.
+void check_compile_fails(const Variant& v, const std::string& text) {
+  TempDir dir;
+  KernelCache cache(CacheOptions{dir.path()});
+  const CompileOutcome outcome = cache.compile(v);
+  INFO(v.name(), ": ", outcome.error);
+  CHECK_FALSE(outcome.ok);
+  CHECK(outcome.error.find(text) != std::string::npos);
+  detail::KernelStore store(CacheOptions{dir.path()});
+  try {
+    store.get(v, detail::kernel_spec(v));
+    FAIL_CHECK("compiled");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::compile_failed);
+    CHECK(std::string(e.what()).find(text) != std::string::npos);
+  }
+  CHECK(cache.list().empty());
+}
+
 constexpr const char* kHashOutVariable = "FLASHJIT_TEST_HASH_OUT";
 constexpr const char* kHashTestCase =
     "user functions: the hashes of the examples for another process";
@@ -269,27 +290,9 @@ TEST_CASE("NVRTC errors in user code name the user's line: score_mod(3), mask_mo
       "__device__ bool mask_mod(int, int, int, int, const flashjit::UserArgs&) {\n"
       "  return undeclared_name;\n"
       "}\n");
-  TempDir dir;
-  KernelCache cache(CacheOptions{dir.path()});
   for (const auto& [functions, line] :
-       {std::pair{&broken_score, "score_mod(3)"}, std::pair{&broken_mask, "mask_mod(2)"}}) {
-    const Variant v = user_variant("wgmma", "sm_90a", *functions);
-    INFO(v.name());
-    const CompileOutcome outcome = cache.compile(v);
-    INFO(outcome.error);
-    CHECK_FALSE(outcome.ok);
-    CHECK(outcome.error.find(line) != std::string::npos);
-    // What forward meets (the store under the public API): Error(compile_failed) with that log.
-    detail::KernelStore store(CacheOptions{dir.path()});
-    try {
-      store.get(v, detail::kernel_spec(v));
-      FAIL_CHECK("compiled");
-    } catch (const Error& e) {
-      CHECK(e.code() == ErrorCode::compile_failed);
-      CHECK(std::string(e.what()).find(line) != std::string::npos);
-    }
-  }
-  CHECK(cache.list().empty());  // nothing cached
+       {std::pair{&broken_score, "score_mod(3)"}, std::pair{&broken_mask, "mask_mod(2)"}})
+    check_compile_fails(user_variant("wgmma", "sm_90a", *functions), line);
 }
 
 TEST_CASE("a .user<hash> that no UserFunctions of this process has fails to compile, saying why") {
@@ -298,18 +301,6 @@ TEST_CASE("a .user<hash> that no UserFunctions of this process has fails to comp
   REQUIRE(example_hashes().find(unknown) == std::string::npos);
   const Variant v = Variant::parse(default_variant("wgmma", "sm_90a").name() + ".user" + unknown);
   CHECK(v.user_functions == unknown);
-  TempDir dir;
-  KernelCache cache(CacheOptions{dir.path()});
-  const CompileOutcome outcome = cache.compile(v);
-  INFO(outcome.error);
-  CHECK_FALSE(outcome.ok);
-  CHECK(outcome.error.find(unknown) != std::string::npos);
-  CHECK(outcome.error.find("make a flashjit::UserFunctions") != std::string::npos);
-  detail::KernelStore store(CacheOptions{dir.path()});
-  try {
-    store.get(v, detail::kernel_spec(v));
-    FAIL_CHECK("compiled");
-  } catch (const Error& e) {
-    CHECK(e.code() == ErrorCode::compile_failed);
-  }
+  check_compile_fails(v, unknown);
+  check_compile_fails(v, "make a flashjit::UserFunctions");
 }

@@ -16,6 +16,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <random>
 #include <string>
@@ -281,68 +282,44 @@ void check_block_mask(const Variant& variant, const UserSetup& setup, const Mask
   }
 }
 
-// A dense problem with user functions, its inputs and float64 reference made once, run on each
-// of `kernels` (nullopt: the dispatcher's) without and with a block mask.
-class DenseRun {
+// One problem with user functions, its inputs and float64 reference made once, run on a kernel
+// family (nullopt: the dispatcher's) without and then with a block mask. The subclasses are the
+// forward's three forms: dense, varlen, KV cache.
+class UserRun {
  public:
-  DenseRun(const ForwardCase& c, UserSetup setup, unsigned seed)
-      : case_(c), setup_(std::move(setup)), problem_(random_problem(engine(), c, seed)) {
-    if (!c.alibi_slopes.empty()) slopes_.emplace(device_copy(engine(), c.alibi_slopes));
-    const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
-    reference_ = reference_attention(problem_.host_q(), problem_.host_k(), problem_.host_v(), scale,
-                                     c.causal, setup_.mods(score_mods(c)));
-  }
+  virtual ~UserRun() = default;
 
+  // The options of a run on `kernel`: the case's, the user functions and their args.
   ForwardOptions options(const std::optional<std::string>& kernel) {
-    ForwardOptions o;
-    o.causal = case_.causal;
+    ForwardOptions o = case_options();
     o.family = kernel;
-    o.lse = problem_.lse();
-    o.softcap = case_.softcap;
-    if (slopes_) o.alibi_slopes = static_cast<const float*>(slopes_->data());
     setup_.apply(o);
     return o;
   }
-  Variant variant(const std::optional<std::string>& kernel) {
-    return engine().select_variant(problem_.q(), problem_.k(), problem_.v(), problem_.out(),
-                                   options(kernel));
-  }
-  // Poisons the output and LSE, runs, checks against the reference; returns the empty rows.
-  int forward(const ForwardOptions& o, CUstream_st* stream = nullptr) {
-    problem_.poison();
-    engine().forward(problem_.q(), problem_.k(), problem_.v(), problem_.out(), o, stream);
-    synchronize(engine());
-    return check_against(problem_.output(), problem_.lse_values(), reference_, case_.dtype);
-  }
+  Variant variant(const std::optional<std::string>& kernel) { return select(options(kernel)); }
+  // Poisons the output and LSE, runs, checks against the reference (check_against); returns how
+  // many rows see no key.
+  virtual int forward(const ForwardOptions& o, CUstream_st* stream = nullptr) = 0;
 
   void check(const std::optional<std::string>& kernel) {
-    const std::string what = fmt::format("{} | {} | family {}", case_.describe(), setup_.what,
+    const std::string what = fmt::format("{} | {} | family {}", describe(), setup_.what,
                                          kernel.value_or("(dispatcher)"));
     CAPTURE(what);
     try {
       const ForwardOptions o = options(kernel);
-      const Variant v = variant(kernel);
+      const Variant v = select(o);
       CAPTURE(v.name());
       CHECK(v.user_functions == setup_.functions->hash());
       if (kernel) CHECK(v.family == *kernel);
       const int empty = forward(o);
       MESSAGE(fmt::format("{:<60} {} ({} rows without keys)", v.name(), what, empty));
-      MaskGeometry geometry;
-      geometry.sequences.assign(static_cast<std::size_t>(case_.batch),
-                                {case_.seqlen_q, case_.seqlen_k});
-      geometry.longest = {case_.seqlen_q, case_.seqlen_k};
-      geometry.heads_q = case_.heads_q;
       check_block_mask(
-          v, setup_, geometry,
-          [&](const BlockMaskOptions& mask_options) {
-            return engine().create_block_mask(problem_.q(), problem_.k(), problem_.v(),
-                                              problem_.out(), o, mask_options);
-          },
+          v, setup_, geometry_,
+          [&](const BlockMaskOptions& mask_options) { return build(o, mask_options); },
           [&](const BlockMask& mask) {
             ForwardOptions masked = o;
             masked.block_mask = &mask;
-            CHECK(engine().select_variant(problem_.q(), problem_.k(), problem_.v(), problem_.out(),
-                                          masked) == v);
+            CHECK(select(masked) == v);
             CHECK(forward(masked) == empty);
           });
     } catch (const Error& e) {
@@ -350,29 +327,173 @@ class DenseRun {
     }
   }
 
+ protected:
+  explicit UserRun(UserSetup setup) : setup_(std::move(setup)) {}
+  virtual std::string describe() const = 0;
+  virtual ForwardOptions case_options() const = 0;  // causal, lse, ...
+  virtual Variant select(const ForwardOptions& o) = 0;
+  virtual BlockMask build(const ForwardOptions& o, const BlockMaskOptions& mask_options) = 0;
+
+  UserSetup setup_;
+  MaskGeometry geometry_;
+};
+
+// Compiles every run's variant on each of `kernels` ahead (precompile), then checks each.
+template <typename Run>
+void run_all(std::vector<std::unique_ptr<Run>>& runs,
+             const std::vector<std::optional<std::string>>& kernels) {
+  std::vector<Variant> variants;
+  for (auto& run : runs)
+    for (const auto& kernel : kernels) variants.push_back(run->variant(kernel));
+  precompile(variants);
+  for (auto& run : runs)
+    for (const auto& kernel : kernels) run->check(kernel);
+}
+
+// Dense q, k, v (ForwardCase's shape, softcap and ALiBi).
+class DenseRun : public UserRun {
+ public:
+  DenseRun(const ForwardCase& c, UserSetup setup, unsigned seed)
+      : UserRun(std::move(setup)), case_(c), problem_(random_problem(engine(), c, seed)) {
+    if (!c.alibi_slopes.empty()) slopes_.emplace(device_copy(engine(), c.alibi_slopes));
+    const double scale = 1.0 / std::sqrt(static_cast<double>(c.head_dim));
+    reference_ = reference_attention(problem_.host_q(), problem_.host_k(), problem_.host_v(), scale,
+                                     c.causal, setup_.mods(score_mods(c)));
+    geometry_.sequences.assign(static_cast<std::size_t>(c.batch), {c.seqlen_q, c.seqlen_k});
+    geometry_.longest = {c.seqlen_q, c.seqlen_k};
+    geometry_.heads_q = c.heads_q;
+  }
+
+  int forward(const ForwardOptions& o, CUstream_st* stream = nullptr) override {
+    problem_.poison();
+    engine().forward(problem_.q(), problem_.k(), problem_.v(), problem_.out(), o, stream);
+    synchronize(engine());
+    return check_against(problem_.output(), problem_.lse_values(), reference_, case_.dtype);
+  }
   DeviceProblem& problem() { return problem_; }
   const Reference& reference() const { return reference_; }
   const ForwardCase& shape() const { return case_; }
 
  private:
+  std::string describe() const override { return case_.describe(); }
+  ForwardOptions case_options() const override {
+    ForwardOptions o;
+    o.causal = case_.causal;
+    o.lse = problem_.lse();
+    o.softcap = case_.softcap;
+    if (slopes_) o.alibi_slopes = static_cast<const float*>(slopes_->data());
+    return o;
+  }
+  Variant select(const ForwardOptions& o) override {
+    return engine().select_variant(problem_.q(), problem_.k(), problem_.v(), problem_.out(), o);
+  }
+  BlockMask build(const ForwardOptions& o, const BlockMaskOptions& mask_options) override {
+    return engine().create_block_mask(problem_.q(), problem_.k(), problem_.v(), problem_.out(), o,
+                                      mask_options);
+  }
+
   ForwardCase case_;
-  UserSetup setup_;
   DeviceProblem problem_;
   std::optional<DeviceBuffer> slopes_;
   Reference reference_;
 };
 
+// A variable-length batch (VarlenBatch) over a dense packed cache, tight max_seqlen hints.
+class VarlenRun : public UserRun {
+ public:
+  VarlenRun(const VarlenCase& c, const std::function<UserSetup(std::mt19937&)>& make_setup,
+            unsigned seed)
+      : VarlenRun(c, std::mt19937(seed), make_setup) {}
+
+  int forward(const ForwardOptions& o, CUstream_st* stream = nullptr) override {
+    problem_.poison();
+    engine().forward(problem_.q(), problem_.kv(), problem_.out(), problem_.varlen(), o, stream);
+    synchronize(engine());
+    const std::vector<int> empty =
+        check_varlen_against(host_, refs_, problem_.output(), problem_.lse_values());
+    return std::accumulate(empty.begin(), empty.end(), 0);
+  }
+
+ private:
+  VarlenRun(const VarlenCase& c, std::mt19937 rng,
+            const std::function<UserSetup(std::mt19937&)>& make_setup)
+      : UserRun(make_setup(rng)),
+        host_(HostVarlen::random(c, rng)),
+        refs_(host_.reference({}, setup_.mods())),
+        problem_(engine(), host_) {
+    for (int b = 0; b < c.batch(); ++b)
+      geometry_.sequences.push_back({c.seqlens_q[static_cast<std::size_t>(b)], c.length(b)});
+    geometry_.longest = {problem_.varlen().max_seqlen_q, problem_.varlen().max_seqlen_k};
+    geometry_.heads_q = c.heads_q;
+    geometry_.per_sequence_lengths = true;
+  }
+  std::string describe() const override { return host_.shape.describe(); }
+  ForwardOptions case_options() const override {
+    ForwardOptions o;
+    o.causal = host_.shape.causal;
+    o.lse = problem_.lse();
+    return o;
+  }
+  Variant select(const ForwardOptions& o) override {
+    return engine().select_variant(problem_.q(), problem_.kv(), problem_.out(), problem_.varlen(),
+                                   o);
+  }
+  BlockMask build(const ForwardOptions& o, const BlockMaskOptions& mask_options) override {
+    return engine().create_block_mask(problem_.q(), problem_.kv(), problem_.out(),
+                                      problem_.varlen(), o, mask_options);
+  }
+
+  HostVarlen host_;
+  std::vector<Reference> refs_;
+  VarlenDeviceProblem problem_;
+};
+
+// Queries against a KV cache (KvCase: dense or paged, seqused_k).
+class KvRun : public UserRun {
+ public:
+  KvRun(const KvCase& c, const std::function<UserSetup(std::mt19937&)>& make_setup, unsigned seed)
+      : KvRun(c, std::mt19937(seed), make_setup) {}
+
+  int forward(const ForwardOptions& o, CUstream_st* stream = nullptr) override {
+    problem_.poison();
+    engine().forward(problem_.q(), problem_.kv(), problem_.out(), o, stream);
+    synchronize(engine());
+    return check_against(problem_.output(), problem_.lse_values(), ref_, host_.shape.dtype);
+  }
+
+ private:
+  KvRun(const KvCase& c, std::mt19937 rng,
+        const std::function<UserSetup(std::mt19937&)>& make_setup)
+      : UserRun(make_setup(rng)),
+        host_(HostKv::random(c, rng)),
+        ref_(host_.reference({}, setup_.mods())),
+        problem_(engine(), host_) {
+    for (int b = 0; b < c.batch; ++b) geometry_.sequences.push_back({c.seqlen_q, host_.length(b)});
+    geometry_.longest = {c.seqlen_q, c.capacity};
+    geometry_.heads_q = c.heads_q;
+    geometry_.per_sequence_lengths = !c.seqused.empty();
+  }
+  std::string describe() const override { return host_.shape.describe(); }
+  ForwardOptions case_options() const override {
+    ForwardOptions o;
+    o.causal = host_.shape.causal;
+    o.lse = problem_.lse();
+    return o;
+  }
+  Variant select(const ForwardOptions& o) override {
+    return engine().select_variant(problem_.q(), problem_.kv(), problem_.out(), o);
+  }
+  BlockMask build(const ForwardOptions& o, const BlockMaskOptions& mask_options) override {
+    return engine().create_block_mask(problem_.q(), problem_.kv(), problem_.out(), o, mask_options);
+  }
+
+  HostKv host_;
+  Reference ref_;
+  KvDeviceProblem problem_;
+};
+
 // The prefill kernels every dense case runs on: the dispatcher's (wgmma on Hopper) and mma.
 const std::vector<std::optional<std::string>> kPrefillKernels = {std::nullopt, "mma"};
-
-void run_dense(std::vector<std::unique_ptr<DenseRun>>& runs) {
-  std::vector<Variant> variants;
-  for (auto& run : runs)
-    for (const auto& kernel : kPrefillKernels) variants.push_back(run->variant(kernel));
-  precompile(variants);
-  for (auto& run : runs)
-    for (const auto& kernel : kPrefillKernels) run->check(kernel);
-}
 
 }  // namespace
 
@@ -395,7 +516,7 @@ TEST_CASE(
   for (int d : {64, 128})  // its own causal part: causal = false
     runs.push_back(std::make_unique<DenseRun>(ForwardCase{3, 4, 1, 500, 500, d, false},
                                               prefix_setup({137, 0, 500}), seed++));
-  run_dense(runs);
+  run_all(runs, kPrefillKernels);
 }
 
 TEST_CASE("user functions: rows a mask_mod hides wholly give output 0 and LSE -inf, never NaN") {
@@ -406,7 +527,7 @@ TEST_CASE("user functions: rows a mask_mod hides wholly give output 0 and LSE -i
                                             scaling_setup(true), 14100));
   runs.push_back(std::make_unique<DenseRun>(ForwardCase{1, 2, 2, 257, 64, 64, false},
                                             scaling_setup(true), 14101));  // every row empty
-  run_dense(runs);
+  run_all(runs, kPrefillKernels);
   for (auto& run : runs) {
     int empty_in_reference = 0;
     for (double lse : run->reference().lse) empty_in_reference += std::isinf(lse);
@@ -435,7 +556,7 @@ TEST_CASE("user functions: score_mod takes the score after softcap and ALiBi (th
   runs.push_back(std::make_unique<DenseRun>(biased, scaling_setup(false), 14202));
   runs.push_back(std::make_unique<DenseRun>(both, scaling_setup(false), 14203));
   runs.push_back(std::make_unique<DenseRun>(capped, bias_setup(4, rng), 14204));
-  run_dense(runs);
+  run_all(runs, kPrefillKernels);
 
   // The other order (score_mod first, then the cap and the bias) is far from what ran: the check
   // above can tell them apart.
@@ -487,74 +608,10 @@ TEST_CASE(
          return prefix_setup({50, 1, 7, 600, 0, 129});
        }},
   };
-  struct Prepared {
-    HostVarlen host;
-    UserSetup setup;
-    std::vector<Reference> refs;
-    std::unique_ptr<VarlenDeviceProblem> p;
-  };
-  std::vector<Prepared> prepared;
-  std::vector<Variant> variants;
+  std::vector<std::unique_ptr<VarlenRun>> runs;
   unsigned seed = 14300;
-  for (const Case& c : cases) {
-    std::mt19937 rng(seed++);
-    Prepared one{HostVarlen::random(c.shape, rng), c.setup(rng), {}, nullptr};
-    one.refs = one.host.reference({}, one.setup.mods());
-    one.p = std::make_unique<VarlenDeviceProblem>(engine(), one.host);
-    for (const auto& kernel : decode_kernels()) {
-      ForwardOptions o;
-      o.causal = c.shape.causal, o.family = kernel;
-      one.setup.apply(o);
-      variants.push_back(
-          engine().select_variant(one.p->q(), one.p->kv(), one.p->out(), one.p->varlen(), o));
-    }
-    prepared.push_back(std::move(one));
-  }
-  precompile(variants);
-  for (Prepared& one : prepared) {
-    const VarlenCase& c = one.host.shape;
-    VarlenDeviceProblem& p = *one.p;
-    for (const auto& kernel : decode_kernels()) {
-      const std::string what = fmt::format("{} | {} | family {}", c.describe(), one.setup.what,
-                                           kernel.value_or("(dispatcher)"));
-      CAPTURE(what);
-      ForwardOptions o;
-      o.causal = c.causal, o.family = kernel, o.lse = p.lse();
-      one.setup.apply(o);
-      auto forward = [&](const ForwardOptions& with) {
-        p.poison();
-        engine().forward(p.q(), p.kv(), p.out(), p.varlen(), with);
-        synchronize(engine());
-        return check_varlen_against(one.host, one.refs, p.output(), p.lse_values());
-      };
-      try {
-        const Variant v = engine().select_variant(p.q(), p.kv(), p.out(), p.varlen(), o);
-        CAPTURE(v.name());
-        CHECK(v.user_functions == one.setup.functions->hash());
-        const std::vector<int> empty = forward(o);
-        MESSAGE(fmt::format("{:<60} {}", v.name(), what));
-        MaskGeometry geometry;
-        for (int b = 0; b < c.batch(); ++b)
-          geometry.sequences.push_back({c.seqlens_q[static_cast<std::size_t>(b)], c.length(b)});
-        geometry.longest = {p.varlen().max_seqlen_q, p.varlen().max_seqlen_k};
-        geometry.heads_q = c.heads_q;
-        geometry.per_sequence_lengths = true;
-        check_block_mask(
-            v, one.setup, geometry,
-            [&](const BlockMaskOptions& mask_options) {
-              return engine().create_block_mask(p.q(), p.kv(), p.out(), p.varlen(), o,
-                                                mask_options);
-            },
-            [&](const BlockMask& mask) {
-              ForwardOptions masked = o;
-              masked.block_mask = &mask;
-              CHECK(forward(masked) == empty);
-            });
-      } catch (const Error& e) {
-        FAIL_CHECK(fmt::format("{}: {}", what, e.what()));
-      }
-    }
-  }
+  for (const Case& c : cases) runs.push_back(std::make_unique<VarlenRun>(c.shape, c.setup, seed++));
+  run_all(runs, decode_kernels());
 }
 
 TEST_CASE(
@@ -581,78 +638,18 @@ TEST_CASE(
        }},
       {4, false, [](std::mt19937&) { return scaling_setup(true); }},  // every row empty
   };
-  struct Prepared {
-    HostKv host;
-    UserSetup setup;
-    Reference ref;
-    std::unique_ptr<KvDeviceProblem> p;
-  };
-  std::vector<Prepared> prepared;
-  std::vector<Variant> variants;
+  std::vector<std::unique_ptr<KvRun>> runs;
   unsigned seed = 14400;
   for (const Case& c : cases) {
     KvCase kv;
-    kv.batch = 3, kv.heads_q = 16, kv.heads_kv = 2, kv.seqlen_q = c.seqlen_q,
-    kv.capacity = kCapacity;
-    kv.head_dim = 128, kv.causal = c.causal, kv.page_size = 64, kv.spare_pages = 2;
-    kv.seqused = {kCapacity, 300, 77};
-    std::mt19937 rng(seed++);
-    Prepared one{HostKv::random(kv, rng), c.setup(rng), {}, nullptr};
-    one.ref = one.host.reference({}, one.setup.mods());
-    one.p = std::make_unique<KvDeviceProblem>(engine(), one.host);
-    for (const auto& kernel : decode_kernels()) {
-      ForwardOptions o;
-      o.causal = c.causal, o.family = kernel;
-      one.setup.apply(o);
-      variants.push_back(engine().select_variant(one.p->q(), one.p->kv(), one.p->out(), o));
-    }
-    prepared.push_back(std::move(one));
+    kv.batch = 3, kv.heads_q = 16, kv.heads_kv = 2, kv.seqlen_q = c.seqlen_q;
+    kv.capacity = kCapacity, kv.head_dim = 128, kv.causal = c.causal;
+    kv.page_size = 64, kv.spare_pages = 2, kv.seqused = {kCapacity, 300, 77};
+    runs.push_back(std::make_unique<KvRun>(kv, c.setup, seed++));
+    for (const auto& kernel : decode_kernels())
+      CHECK(runs.back()->variant(kernel).family.starts_with("decode"));
   }
-  precompile(variants);
-  for (Prepared& one : prepared) {
-    const KvCase& c = one.host.shape;
-    KvDeviceProblem& p = *one.p;
-    for (const auto& kernel : decode_kernels()) {
-      const std::string what = fmt::format("{} | {} | family {}", c.describe(), one.setup.what,
-                                           kernel.value_or("(dispatcher)"));
-      CAPTURE(what);
-      ForwardOptions o;
-      o.causal = c.causal, o.family = kernel, o.lse = p.lse();
-      one.setup.apply(o);
-      auto forward = [&](const ForwardOptions& with) {
-        p.poison();
-        engine().forward(p.q(), p.kv(), p.out(), with);
-        synchronize(engine());
-        return check_against(p.output(), p.lse_values(), one.ref, c.dtype);
-      };
-      try {
-        const Variant v = engine().select_variant(p.q(), p.kv(), p.out(), o);
-        CAPTURE(v.name());
-        CHECK(v.family.starts_with("decode"));
-        CHECK(v.user_functions == one.setup.functions->hash());
-        const int empty = forward(o);
-        MESSAGE(fmt::format("{:<60} {} ({} rows without keys)", v.name(), what, empty));
-        MaskGeometry geometry;
-        for (int b = 0; b < c.batch; ++b)
-          geometry.sequences.push_back({c.seqlen_q, one.host.length(b)});
-        geometry.longest = {c.seqlen_q, c.capacity};
-        geometry.heads_q = c.heads_q;
-        geometry.per_sequence_lengths = true;
-        check_block_mask(
-            v, one.setup, geometry,
-            [&](const BlockMaskOptions& mask_options) {
-              return engine().create_block_mask(p.q(), p.kv(), p.out(), o, mask_options);
-            },
-            [&](const BlockMask& mask) {
-              ForwardOptions masked = o;
-              masked.block_mask = &mask;
-              CHECK(forward(masked) == empty);
-            });
-      } catch (const Error& e) {
-        FAIL_CHECK(fmt::format("{}: {}", what, e.what()));
-      }
-    }
-  }
+  run_all(runs, decode_kernels());
 }
 
 TEST_CASE("user functions: a forward refuses a block mask built for other arguments") {
