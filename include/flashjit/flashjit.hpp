@@ -417,6 +417,10 @@ struct BlockMaskOptions {
   bool same_for_all_batches = false;
 };
 
+namespace detail {
+struct BlockMaskAccess;  // the library's own way in (src/api/block_mask.hpp)
+}
+
 class FLASHJIT_API BlockMask {
  public:
   BlockMask(BlockMask&&) noexcept;
@@ -437,7 +441,7 @@ class FLASHJIT_API BlockMask {
   Counts counts() const;
 
  private:
-  friend class Engine;
+  friend struct detail::BlockMaskAccess;
   struct Impl;
   explicit BlockMask(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -112,6 +112,46 @@ __device__ __forceinline__ TileOrder<Window> tile_order(const Lengths& len, cons
   return {range.sink_end, range.first, u0, u1, range.end};
 }
 
+// The key tiles a query tile visits, in order: its TileOrder, or with a block mask (Listed: the
+// kernel has a mask_mod; FmhaParams::block_tiles set) the mask's list, the tiles no mask touches
+// first (the block mask kernel writes those at the front of a row of block_tiles, the partly
+// masked at its back, from the last slot down). With a mask_mod every visit is masked but those
+// a block mask lists as untouched.
+template <bool Window, bool Listed>
+struct TileVisits {
+  TileOrder<Window> order;
+  const int* listed;  // the block mask's tiles; nullptr: none
+  int listed_unmasked, listed_count;
+
+  __device__ __forceinline__ int count() const {
+    return Listed && listed != nullptr ? listed_count : order.count();
+  }
+  __device__ __forceinline__ int unmasked() const {
+    return Listed ? (listed != nullptr ? listed_unmasked : 0) : order.unmasked();
+  }
+  __device__ __forceinline__ int tile(int i) const {
+    if (!Listed || listed == nullptr) return order.tile(i);
+    // Untouched tiles from the front of the list, partly masked ones from its back.
+    return __ldg(listed + (i < listed_unmasked ? i : last_slot - (i - listed_unmasked)));
+  }
+  int last_slot;  // block_key_tiles - 1
+};
+template <bool Causal, bool Window, bool Listed, int TileM, int TileN, typename Lengths>
+__device__ __forceinline__ TileVisits<Window, Listed> tile_visits(const Lengths& len,
+                                                                  const FmhaParams& p, int batch,
+                                                                  int head, int m_block) {
+  TileVisits<Window, Listed> v{tile_order<Causal, Window, TileM, TileN>(len, p, m_block * TileM),
+                               nullptr, 0, 0, 0};
+  if (Listed && p.block_tiles != nullptr) {
+    const long long entry = batch * p.block_stride_b + head * p.block_stride_h + m_block;
+    v.listed = p.block_tiles + entry * p.block_key_tiles;
+    v.listed_unmasked = __ldg(p.block_counts + 2 * entry);
+    v.listed_count = v.listed_unmasked + __ldg(p.block_counts + 2 * entry + 1);
+    v.last_slot = p.block_key_tiles - 1;
+  }
+  return v;
+}
+
 // Key tiles [0, n_tiles) hold every key some row of [row0, row0 + TileM) may see; tiles above the
 // diagonal are never visited.
 template <bool Causal, int TileM, int TileN, typename Lengths>

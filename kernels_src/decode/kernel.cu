@@ -22,6 +22,7 @@
 #include "common/params.cuh"
 #include "common/sequence.cuh"
 #include "common/softcap.cuh"
+#include "common/user_scores.cuh"
 #include "common/sm90_tma.cuh"
 #include "common/types.cuh"
 #include "decode/shape.cuh"
@@ -315,11 +316,22 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage * kStageBytes);
     }
     soft_cap<Softcap>(s, p);
+    scale_for_score_mod<Softcap>(s, p);
     const int lane_key = tile * TileN + warp * kWarpKeys + (lane % 4) * 2;
     if constexpr (Alibi)
       add_alibi<MT, NT>(
           s, [&](int mt, int h) { return alibi_slope[mt][h]; },
           [&](int mt, int h) { return alibi_diagonal[mt][h]; }, lane_key);
+    // Packed rows: row r is query r / group of head kv_head * group + r % group (rows past the
+    // CTA's last take row 0's, as ALiBi's do).
+    user_scores_m16n8<true, MT, NT>(
+        s, p, batch,
+        [&](int mt, int h) {
+          int row = row0 + mt * 16 + h * 8 + lane / 4;
+          if (row >= rows) row = row0;
+          return UserRow{row / group, kv_head * group + row % group};
+        },
+        seqlen, lane_key);
     // A lane's first row sees the fewest keys on the right (limits grow with the row); on the
     // left the CTA's last row cuts deepest.
     if (tile * TileN + TileN > lane_key_end[0][0] || (Window && tile * TileN < band_start)) {

@@ -17,6 +17,7 @@
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
 #include "common/softcap.cuh"
+#include "common/user_scores.cuh"
 #include "common/quad_reduce.cuh"
 #include "common/tile_copy_async.cuh"
 #include "common/types.cuh"
@@ -134,11 +135,20 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
     float s[MT][NT][4];
     gemm_qk<T, HeadDim, MT, NT, kPitch>(s, q_addr, k_addr + stage_offset);
     soft_cap<Softcap>(s, p);
+    scale_for_score_mod<Softcap>(s, p);
     const int key0 = tile * TileN;
     if constexpr (Alibi)
       add_alibi<MT, NT>(
           s, [&](int, int) { return alibi_slope; },
           [&](int mt, int h) { return alibi_diagonal + mt * 16 + h * 8; }, key0 + (lane % 4) * 2);
+    // With a mask_mod every tile is masked: no block mask tells the untouched ones here.
+    user_scores_m16n8<true, MT, NT>(
+        s, p, batch,
+        [&](int mt, int h) {
+          return UserRow{min(row0 + warp_row0 + lane / 4 + mt * 16 + h * 8, p.seqlen_q - 1),
+                         head};
+        },
+        p.seqlen_k, key0 + (lane % 4) * 2);
     if (tile_needs_band_mask<Causal, Window, kWarpRows, TileN>(p, p, row0 + warp_row0, key0))
       mask_scores<Causal, Window, MT, NT>(s, p, row0 + warp_row0 + lane / 4,
                                           key0 + (lane % 4) * 2);

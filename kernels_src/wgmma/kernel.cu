@@ -26,6 +26,7 @@
 #include "common/sm90_wgmma.cuh"
 #include "common/softcap.cuh"
 #include "common/types.cuh"
+#include "common/user_scores.cuh"
 #include "wgmma/schedule.cuh"
 #include "wgmma/shape.cuh"
 
@@ -67,7 +68,9 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
     for (int which = 0; which < u.tiles(); ++which) {
       const int row0 = u.m_block(which) * TileM;
       if (Varlen && row0 >= seq.seqlen_q) continue;  // past a shorter sequence (unsorted varlen)
-      const TileOrder<Window> order = tile_order<Causal, Window, TileM, TileN>(seq, p, row0);
+      const TileVisits<Window, user::kMaskMod> order =
+          tile_visits<Causal, Window, user::kMaskMod, TileM, TileN>(seq, p, u.batch, u.head,
+                                                                    u.m_block(which));
       if (order.count() <= 0) continue;  // the consumers write zeros, pipeline untouched
       // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
       if (q_loads > 0) mbarrier_wait(&bars->q_empty, (q_loads - 1) & 1);
@@ -457,10 +460,13 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       // The producer's order of key tiles (TileOrder); the i-th visited sits in ring slot
       // pipe + i. Without a window the order is the natural one, and the warpgroup's own rows
       // decide where its masked tiles start (one tile later for the second at most).
-      TileOrder<Window> order = tile_order<Causal, Window, TileM, TileN>(seq, p, c.m_block * TileM);
+      TileVisits<Window, user::kMaskMod> order =
+          tile_visits<Causal, Window, user::kMaskMod, TileM, TileN>(seq, p, c.batch, c.head,
+                                                                    c.m_block);
       const int row0 = c.m_block * TileM + consumer * 64;
       if (!Window)
-        order.u1 = min(max(key_end<Causal, Window>(seq, p, row0), 0) / TileN, order.end);
+        order.order.u1 =
+            min(max(key_end<Causal, Window>(seq, p, row0), 0) / TileN, order.order.end);
       const int n_tiles = order.count();
       float o[HeadDim / 2];
 #pragma unroll
@@ -469,19 +475,36 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       float s[TileN / 2], correction[2];
       unsigned pf[TileN / 16][4];
       const float alibi_slope = Alibi ? alibi_raw_slope(p, c.head) : 0.f;
-      auto softmax_step = [&](int j, auto masked) {  // S(j) -> P(j) in place, and O's correction
+      // A score_mod needs each score whole: ALiBi's row part cannot wait for the softmax then.
+      constexpr bool kRowBias = Alibi && Causal && !user::kScoreMod;
+      // mask_mod's verdicts on the tile a masked step visits, taken before its S exists.
+      auto user_mask = [&](int i, auto masked) {
+        MaskBits<TileN / 2> bits{};
+        if constexpr (decltype(masked)::value)
+          bits = mask_mod_wgmma<TileN / 2>(p, c.batch, c.head, seq.seqlen_q, seq.seqlen_k,
+                                           row0 + at.row, order.tile(i) * TileN + at.col);
+        return bits;
+      };
+      // S(j) -> P(j) in place, and O's correction.
+      auto softmax_step = [&](int j, auto masked, const MaskBits<TileN / 2>& hidden) {
         soft_cap<Softcap>(s, p);
+        scale_for_score_mod<Softcap>(s, p);
         float row_bias[2] = {0.f, 0.f};
         if constexpr (Alibi)
-          alibi_scores<Causal, TileN>(
+          alibi_scores<kRowBias, TileN>(
               s, alibi_slope, row0 + at.row + seq.seqlen_k - seq.seqlen_q - (j * TileN + at.col),
               row_bias);
-        if constexpr (decltype(masked)::value)
+        score_mod_wgmma(s, p, c.batch, c.head, seq.seqlen_q, seq.seqlen_k, row0 + at.row,
+                        j * TileN + at.col);
+        if constexpr (decltype(masked)::value) {
+          apply_mask_bits(s, hidden);
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
-        softmax.update<Alibi && Causal>(s, p.scale_log2, correction, row_bias);
+        }
+        softmax.update<kRowBias>(s, p.scale_log2, correction, row_bias);
       };
       // Steps take the visit index i (the tile is order.tile(i), its ring slot pipe + i).
       auto scores_alone = [&](int i, auto masked) {  // S(i), waited on, then softmax(i)
+        const MaskBits<TileN / 2> hidden = user_mask(i, masked);
         wait_full(bars->k_full, pipe + i);
         turns.begin();
         issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(pipe + i));
@@ -491,7 +514,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         // The tile's last Q·Kᵀ is done: the producer may load the next Q under softmax and P·V.
         if (i == n_tiles - 1) release(&bars->q_empty);
         release(&bars->k_empty[(pipe + i) % Stages]);
-        softmax_step(order.tile(i), masked);
+        softmax_step(order.tile(i), masked, hidden);
         if (!Shape::kRescaleUnderQk) rescale_rows(o, correction);  // else before P·V(i)
         probabilities_to_fragments<T, TileN>(s, pf);
       };
@@ -517,6 +540,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       // together and softmax(i) runs while P·V is still on the tensor cores.
       auto overlapped_step = [&](int i, auto masked) {
         const int k_slot = pipe + i, v_slot = pipe + i - 1;
+        const MaskBits<TileN / 2> hidden = user_mask(i, masked);
         wait_full(bars->k_full, k_slot);
         if (!Shape::kKeysAhead) wait_full(bars->v_full, v_slot);
         turns.begin();
@@ -530,7 +554,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         wgmma_fence_operands(s);
         if (i == n_tiles - 1) release(&bars->q_empty);  // the tile's last Q·Kᵀ is done
         release(&bars->k_empty[k_slot % Stages]);
-        softmax_step(order.tile(i), masked);
+        softmax_step(order.tile(i), masked, hidden);
         wgmma_wait<0>();
         wgmma_fence_operands(o);
         wgmma_fence_operands(pf);  // P's registers stay reserved until P·V is done with them

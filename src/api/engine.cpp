@@ -12,6 +12,7 @@
 #include <string_view>
 #include <vector>
 
+#include "api/block_mask.hpp"
 #include "api/dispatch.hpp"
 #include "api/kernel_cache_impl.hpp"
 #include "api/launch_plans.hpp"
@@ -24,6 +25,7 @@
 #include "cuda/device.hpp"
 #include "cuda/driver.hpp"
 #include "cuda/modules.hpp"
+#include "families/block_mask/block_mask.hpp"
 #include "families/merge/merge.hpp"
 #include "families/registry.hpp"
 
@@ -54,6 +56,11 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
   // The splits (and workspace) forward would use; one split for an empty problem.
   detail::SplitPlan split_plan(const detail::ForwardProblem& problem,
                                const ForwardOptions& options) const;
+
+  // Builds the block mask of options' mask_mod for the problem (Engine::create_block_mask).
+  BlockMask block_mask(const Engine& engine, const detail::ForwardProblem& problem,
+                       const ForwardOptions& options, const BlockMaskOptions& mask_options,
+                       CUstream_st* stream);
 
   // Throws Error(invalid_argument) unless the current context is on the engine's device.
   void check_context_device() const;
@@ -308,8 +315,64 @@ void Engine::forward(const TensorView& q, const KVCache& kv, const TensorView& o
 
 Variant Engine::Impl::selected(const detail::ForwardProblem& problem,
                                const ForwardOptions& options) const {
+  if (options.block_mask != nullptr) {  // its variant, or an error
+    const detail::BlockMaskData& mask = detail::BlockMaskAccess::data(*options.block_mask);
+    detail::check_block_mask(mask, problem, options.family);
+    return mask.variant;
+  }
   return detail::select_variant(problem, device, detail::forced_family(options.family),
                                 options.tiles);
+}
+
+BlockMask Engine::Impl::block_mask(const Engine& engine, const detail::ForwardProblem& problem,
+                                   const ForwardOptions& options,
+                                   const BlockMaskOptions& mask_options, CUstream_st* stream) {
+  if (!problem.mask_mod)
+    throw Error(ErrorCode::invalid_argument,
+                "create_block_mask: options.user_functions has no mask_mod: expected user "
+                "functions with the mask_mod to build the block mask of");
+  ForwardOptions unmasked = options;
+  unmasked.block_mask = nullptr;
+  const Variant attention = selected(problem, unmasked);
+  const detail::KernelFamily& family = detail::family_named(attention.family, "family");
+  if (!(family.features & detail::kFeatureBlockMask))
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("create_block_mask: this problem runs on family {}, which takes no "
+                            "block mask: expected a problem the wgmma family runs (sm_90a)",
+                            attention.family));
+  detail::BlockMaskData mask = detail::plan_block_mask(engine, attention, problem, mask_options);
+  if (mask.memory) {
+    const detail::LaunchContext context(stream, primary.get());
+    check_context_device();
+    auto kernel = cache->impl_->get(detail::block_mask_variant(attention));
+    const CUfunction function =
+        modules.get(context.get(), {kernel->key, kernel->cubin, kernel->lowered_name, 0}).function;
+    FmhaParams params = problem.params;
+    detail::use_block_mask(params, mask);
+    detail::launch(function, detail::block_mask_plan(mask.query_tiles, mask.heads, mask.batches),
+                   params, stream);
+  }
+  return detail::BlockMaskAccess::make(std::move(mask));
+}
+
+BlockMask Engine::create_block_mask(const TensorView& q, const TensorView& k, const TensorView& v,
+                                    const TensorView& out, const ForwardOptions& options,
+                                    const BlockMaskOptions& mask_options, CUstream_st* stream) {
+  return create_block_mask(q, KVCache::dense(k, v), out, options, mask_options, stream);
+}
+
+BlockMask Engine::create_block_mask(const TensorView& q, const KVCache& kv, const TensorView& out,
+                                    const ForwardOptions& options,
+                                    const BlockMaskOptions& mask_options, CUstream_st* stream) {
+  return impl_->block_mask(*this, detail::validate_forward(q, kv, out, nullptr, options), options,
+                           mask_options, stream);
+}
+
+BlockMask Engine::create_block_mask(const TensorView& q, const KVCache& kv, const TensorView& out,
+                                    const VarlenBatch& varlen, const ForwardOptions& options,
+                                    const BlockMaskOptions& mask_options, CUstream_st* stream) {
+  return impl_->block_mask(*this, detail::validate_forward(q, kv, out, &varlen, options), options,
+                           mask_options, stream);
 }
 
 detail::SplitPlan Engine::Impl::split_plan(const detail::ForwardProblem& problem,
@@ -324,13 +387,28 @@ void Engine::Impl::run(const detail::ForwardProblem& problem, const ForwardOptio
                        CUstream_st* stream) {
   if (problem.empty()) return;  // nothing to compute: documented no-op
   const detail::KernelFamily* forced = detail::forced_family(options.family);
+  std::optional<TileConfig> tiles = options.tiles;
+  const detail::BlockMaskData* mask =
+      options.block_mask ? &detail::BlockMaskAccess::data(*options.block_mask) : nullptr;
+  if (mask) {  // runs exactly the variant the mask lists tiles for
+    detail::check_block_mask(*mask, problem, options.family);
+    forced = &detail::family_named(mask->variant.family, "family");
+    tiles = TileConfig{mask->variant.tile_m, mask->variant.tile_n, mask->variant.stages};
+  }
   const detail::LaunchContext context(stream, primary.get());
-  const auto key = detail::PlanKey::of(context.get(), problem, forced, options.tiles);
+  const auto key = detail::PlanKey::of(context.get(), problem, forced, tiles);
   auto ready = plans.find(key);
   // A stand-in is replanned once the kernel it stands in for is done compiling.
   if (!ready || (ready->stand_in_for && ready->stand_in_for->done.load(std::memory_order_acquire)))
-    ready = prepare(key, problem, options.tiles);
+    ready = prepare(key, problem, tiles);
   FmhaParams params = problem.params;
+  if (mask) {
+    if (!(ready->variant == mask->variant))
+      throw Error(ErrorCode::invalid_argument,
+                  fmt::format("options.block_mask was built for {}: this forward runs {}",
+                              mask->variant.name(), ready->variant.name()));
+    detail::use_block_mask(params, *mask);
+  }
   params.num_splits = ready->num_splits;
   params.split_tiles = ready->split_tiles;
   if (!ready->merge) {

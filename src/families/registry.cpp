@@ -11,7 +11,8 @@
 // The one list of families, fastest first. Adding a family: its folder under src/families/, its
 // kernel under kernels_src/<family>/, and its entry here.
 #define FLASHJIT_FAMILIES(X) \
-  X(kDecodeTmaFamily) X(kWgmmaFamily) X(kDecodeFamily) X(kMmaFamily) X(kSimtFamily) X(kMergeFamily)
+  X(kDecodeTmaFamily) X(kWgmmaFamily) X(kDecodeFamily) X(kMmaFamily) X(kSimtFamily) X(kMergeFamily) \
+  X(kBlockMaskFamily)
 
 namespace flashjit::detail {
 

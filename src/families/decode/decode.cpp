@@ -183,7 +183,7 @@ constexpr KernelFamily decode_family(std::string_view name, std::string_view sum
                                      std::string (*unsupported)(const ForwardProblem&)) {
   return {
       .role = FamilyRole::attention,
-      .features = kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv | kFeatureVarlen |
+      .features = kFeatureUserFunctions | kFeaturePagedKv | kFeatureSeqUsedK | kFeatureSplitKv | kFeatureVarlen |
                   kFeatureSoftcap | kFeatureWindow | kFeatureSink | kFeatureAlibi,
       .name = name,
       .summary = summary,

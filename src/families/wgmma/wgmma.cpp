@@ -143,7 +143,7 @@ constexpr int kWgmmaHeadDims[] = {64, 128, 256};
 }  // namespace
 
 constinit extern const KernelFamily kWgmmaFamily = {
-    .features = kFeatureSeqUsedK | kFeatureVarlen | kFeatureSoftcap | kFeatureWindow |
+    .features = kFeatureUserFunctions | kFeatureBlockMask | kFeatureSeqUsedK | kFeatureVarlen | kFeatureSoftcap | kFeatureWindow |
                 kFeatureSink | kFeatureAlibi,
     .name = "wgmma",
     .summary = "TMA + wgmma, warp-specialized and persistent, FlashAttention-3 class",

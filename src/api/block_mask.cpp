@@ -1,0 +1,142 @@
+#include "api/block_mask.hpp"
+
+#include <fmt/format.h>
+
+#include <climits>
+
+namespace flashjit {
+
+struct BlockMask::Impl : detail::BlockMaskData {};
+
+BlockMask::BlockMask(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BlockMask::BlockMask(BlockMask&&) noexcept = default;
+BlockMask& BlockMask::operator=(BlockMask&&) noexcept = default;
+BlockMask::~BlockMask() = default;
+
+const Variant& BlockMask::variant() const { return impl_->variant; }
+int BlockMask::query_tiles() const { return impl_->query_tiles; }
+int BlockMask::key_tiles() const { return impl_->key_tiles; }
+std::size_t BlockMask::device_bytes() const {
+  return impl_->memory ? impl_->memory->size() : 0;
+}
+
+BlockMask::Counts BlockMask::counts() const {
+  Counts counts;
+  const long long entries = impl_->entries();
+  if (entries == 0 || !impl_->memory) return counts;
+  std::vector<int> host(static_cast<std::size_t>(2 * entries));
+  impl_->memory->download(host.data(), host.size() * sizeof(int));  // synchronous
+  for (long long e = 0; e < entries; ++e) {
+    counts.full += host[2 * e];
+    counts.partial += host[2 * e + 1];
+  }
+  return counts;
+}
+
+}  // namespace flashjit
+
+namespace flashjit::detail {
+namespace {
+
+constexpr const char* kShapeFields[MaskedShape::kFields] = {
+    "batch",        "heads_q",       "seqlen_q (max_seqlen_q)", "seqlen_k (max_seqlen_k)",
+    "total_q",      "total_k",       "varlen",                  "paged",
+    "causal",       "window",        "window_left",             "window_right",
+    "sink_tokens",  "page_size"};
+constexpr std::size_t kAlignment = 256;
+
+}  // namespace
+
+MaskedShape MaskedShape::of(const ForwardProblem& problem) {
+  const FmhaParams& p = problem.params;
+  MaskedShape shape;
+  shape.values = {problem.batch,    problem.heads_q,  problem.seqlen_q, problem.seqlen_k,
+                  problem.total_q,  problem.total_k,  problem.varlen,   problem.paged,
+                  problem.causal,   problem.window,   p.window_left,    p.window_right,
+                  p.sink_tokens,    problem.page_size};
+  shape.lengths = {p.cu_seqlens_q, p.cu_seqlens_k, p.seqused_k};
+  shape.user_functions = std::string(problem.user_functions);
+  return shape;
+}
+
+std::string MaskedShape::difference(const MaskedShape& forward) const {
+  for (int i = 0; i < kFields; ++i)
+    if (values[i] != forward.values[i])
+      return fmt::format("{} is {}: the block mask was built for {}", kShapeFields[i],
+                         forward.values[i], values[i]);
+  constexpr const char* kLengths[] = {"cu_seqlens_q", "cu_seqlens_k", "seqused_k"};
+  for (int i = 0; i < 3; ++i)
+    if (lengths[i] != forward.lengths[i])
+      return fmt::format("{} is {}: the block mask was built for {}", kLengths[i],
+                         forward.lengths[i], lengths[i]);
+  if (user_functions != forward.user_functions)
+    return fmt::format("user_functions has hash {}: the block mask was built for {}",
+                       forward.user_functions, user_functions);
+  return {};
+}
+
+const int* BlockMaskData::counts() const {
+  return memory ? static_cast<const int*>(memory->data()) : nullptr;
+}
+const int* BlockMaskData::tiles() const {
+  return memory ? reinterpret_cast<const int*>(static_cast<const std::byte*>(memory->data()) +
+                                               tiles_offset)
+                : nullptr;
+}
+
+const BlockMaskData& BlockMaskAccess::data(const BlockMask& mask) { return *mask.impl_; }
+
+BlockMask BlockMaskAccess::make(BlockMaskData data) {
+  auto impl = std::make_unique<BlockMask::Impl>();
+  static_cast<BlockMaskData&>(*impl) = std::move(data);
+  return BlockMask(std::move(impl));
+}
+
+BlockMaskData plan_block_mask(const Engine& engine, const Variant& attention,
+                              const ForwardProblem& problem, const BlockMaskOptions& options) {
+  if (options.same_for_all_batches && problem.per_sequence_lengths())
+    throw Error(ErrorCode::invalid_argument,
+                "create_block_mask: same_for_all_batches with per-sequence lengths (a varlen "
+                "batch or seqused_k): expected false, sequences of different lengths have maps "
+                "of their own");
+  BlockMaskData mask;
+  mask.variant = attention;
+  mask.shape = MaskedShape::of(problem);
+  mask.query_tiles = (problem.seqlen_q + attention.tile_m - 1) / attention.tile_m;
+  mask.key_tiles = (problem.seqlen_k + attention.tile_n - 1) / attention.tile_n;
+  mask.heads = options.same_for_all_heads ? 1 : problem.heads_q;
+  mask.batches = options.same_for_all_batches ? 1 : problem.batch;
+  if (mask.heads > 65535 || mask.batches > 65535)
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("create_block_mask: {} heads and {} batches in the map: expected at "
+                            "most 65535 each (set same_for_all_heads / same_for_all_batches)",
+                            mask.heads, mask.batches));
+  const long long entries = mask.entries();
+  if (entries == 0 || mask.key_tiles == 0) return mask;
+  const std::size_t counts_bytes = static_cast<std::size_t>(entries) * 2 * sizeof(int);
+  mask.tiles_offset = (counts_bytes + kAlignment - 1) / kAlignment * kAlignment;
+  mask.memory.emplace(engine, mask.tiles_offset + static_cast<std::size_t>(entries) *
+                                                      mask.key_tiles * sizeof(int));
+  return mask;
+}
+
+void use_block_mask(FmhaParams& p, const BlockMaskData& mask) {
+  p.block_counts = mask.counts();
+  p.block_tiles = mask.tiles();
+  p.block_stride_b = mask.batches == 1 ? 0 : static_cast<long long>(mask.heads) * mask.query_tiles;
+  p.block_stride_h = mask.heads == 1 ? 0 : mask.query_tiles;
+  p.block_key_tiles = mask.key_tiles;
+}
+
+void check_block_mask(const BlockMaskData& mask, const ForwardProblem& problem,
+                      const std::optional<std::string>& family) {
+  if (std::string why = mask.shape.difference(MaskedShape::of(problem)); !why.empty())
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("options.block_mask does not fit this forward: {}", why));
+  if (family && *family != mask.variant.family)
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("options.family is {}: the block mask was built for family {}",
+                            *family, mask.variant.family));
+}
+
+}  // namespace flashjit::detail

@@ -1,0 +1,72 @@
+#include "families/block_mask/block_mask.hpp"
+
+#include <fmt/format.h>
+
+#include "block_mask/shape.cuh"
+#include "families/query_tile.hpp"
+#include "families/registry.hpp"
+
+namespace flashjit::detail {
+namespace {
+
+constexpr DType kMaskDType = DType::bf16;
+constexpr int kMaskHeadDims[] = {64};
+
+std::string block_mask_check(const Variant& v) {
+  if (v.dtype != kMaskDType) return "block-mask variants are bf16 (a mask has no data type)";
+  if (v.stages != 1) return "block-mask variants have stages 1 (they load no tiles)";
+  if (v.tile_m < 1 || v.tile_n < 1 || v.tile_m > 1024 || v.tile_n > 1024)
+    return fmt::format("tile_m {} and tile_n {} must be in [1, 1024]", v.tile_m, v.tile_n);
+  if (v.paged || v.softcap || v.sink || v.alibi)
+    return "block-mask variants have none of .paged, .softcap, .sink, .alibi (they change no "
+           "mask)";
+  return {};
+}
+
+int block_mask_shared_bytes(const Variant&) { return 0; }
+
+TileTable block_mask_tiles(std::string_view, int, bool, bool) {
+  return TileTable::single({64, 64, 1});  // never picked: the attention variant's tiles are
+}
+
+std::string block_mask_arguments(const Variant& v) {
+  return fmt::format("{}, {}, {}, {}, {}", v.tile_m, v.tile_n, v.causal, v.window, v.varlen);
+}
+
+}  // namespace
+
+constinit extern const KernelFamily kBlockMaskFamily = {
+    .role = FamilyRole::block_mask,
+    .features = kFeatureUserFunctions | kFeatureWindow | kFeatureVarlen,
+    .name = "blockmask",
+    .summary = "lists the key tiles a user mask_mod leaves to each query tile (create_block_mask)",
+    .source_file = "block_mask/kernel.cu",
+    .kernel_template = "flashjit::build_block_mask_kernel",
+    .head_dims = kMaskHeadDims,
+    .runs_on = runs_on_sm80_or_later,
+    .check_tiles = block_mask_check,
+    .shared_bytes = block_mask_shared_bytes,
+    .tile_table = block_mask_tiles,
+    .unsupported_reason = nullptr,
+    .plan = nullptr,
+    .template_arguments = block_mask_arguments,
+    .varlen_variants = true,
+};
+
+Variant block_mask_variant(const Variant& attention) {
+  Variant v = variant_of(kBlockMaskFamily, attention.arch, kMaskDType, kMaskHeadDims[0],
+                         attention.causal, {attention.tile_m, attention.tile_n, 1}, false,
+                         attention.varlen, false, attention.window, false, false,
+                         attention.user_functions);
+  return v;
+}
+
+LaunchPlan block_mask_plan(int query_tiles, int heads, int batches) {
+  LaunchPlan plan;
+  plan.grid = {static_cast<unsigned>(query_tiles), static_cast<unsigned>(heads),
+               static_cast<unsigned>(batches)};
+  plan.block = {BlockMaskShape::kThreads, 1, 1};
+  return plan;
+}
+
+}  // namespace flashjit::detail
