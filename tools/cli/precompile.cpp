@@ -64,10 +64,11 @@ const FamilyInfo* family_info(const std::string& family) {
   return nullptr;
 }
 
+// The attention families that compile user functions (the block-mask builder is no choice here).
 std::string user_function_families() {
   std::vector<std::string> names;
   for (const FamilyInfo& info : families())
-    if (info.user_functions) names.push_back(info.name);
+    if (info.attention && info.user_functions) names.push_back(info.name);
   return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
 }
 
@@ -93,8 +94,8 @@ Variant with_user_functions(Variant variant, const UserFunctions* functions,
                               where, variant.user_functions));
     if (variant.user_functions != functions->hash())
       throw Error(ErrorCode::invalid_argument,
-                  fmt::format("{} has user functions of hash {}, but {} have hash {}: expected "
-                              "the sources that variant was built from",
+                  fmt::format("{} has user functions of hash {}, but the sources given ({}) have "
+                              "hash {}: expected the sources that variant was built from",
                               where, variant.user_functions, user_function_files(options),
                               functions->hash()));
     return variant;
@@ -231,9 +232,12 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options,
             }
     }
   if (!skipped.empty())
-    notes.push_back(fmt::format("families {} compile no user functions: left out of this run "
-                                "(run precompile without {} for their plain variants)",
-                                fmt::join(skipped, ", "), user_function_files(options)));
+    notes.push_back(fmt::format("{} {} no user functions: left out of this run (run "
+                                "precompile without {} for their plain variants)",
+                                skipped.size() == 1 ? "family" : "families",
+                                fmt::join(skipped, ", "),
+                                skipped.size() == 1 ? "compiles" : "compile",
+                                user_function_files(options)));
   if (chosen.empty())
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("no default variant for {} matches --head-dim, --dtype, --causal, "
