@@ -300,8 +300,8 @@ def user_arg_pointers(user_args):
                                  "contiguous tensor (user functions index its memory directly)")
             pointers.append(arg.data_ptr())
         else:
-            raise TypeError(f"user_args[{i}] is a {type(arg).__name__}: expected a torch tensor "
-                            "on the device, an int (a device pointer) or None")
+            raise TypeError(f"user_args[{i}] has type {type(arg).__name__}: expected a torch "
+                            "tensor on the device, an int (a device pointer) or None")
     return pointers + [0] * (MAX_USER_ARGS - len(pointers))
 
 

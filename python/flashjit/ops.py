@@ -114,10 +114,10 @@ def _user_inputs(where, user_functions, user_args, block_mask):
     or None), user_args (up to MAX_USER_ARGS tensors on the device, ints as raw device pointers,
     or None) and block_mask (a BlockMask or None)."""
     if user_functions is not None and not isinstance(user_functions, UserFunctions):
-        raise TypeError(f"{where}: user_functions is a {type(user_functions).__name__}: "
+        raise TypeError(f"{where}: user_functions has type {type(user_functions).__name__}: "
                         "expected a flashjit.UserFunctions or None")
     if block_mask is not None and not isinstance(block_mask, BlockMask):
-        raise TypeError(f"{where}: block_mask is a {type(block_mask).__name__}: expected a "
+        raise TypeError(f"{where}: block_mask has type {type(block_mask).__name__}: expected a "
                         "flashjit.BlockMask (flashjit.create_block_mask) or None")
     if block_mask is not None and user_functions is None:
         raise ValueError(f"{where}: block_mask without user_functions: expected the user "
@@ -130,7 +130,7 @@ def _user_inputs(where, user_functions, user_args, block_mask):
     pointers = []
     for i, a in enumerate(args):
         if not (a is None or isinstance(a, (Tensor, int))):
-            raise TypeError(f"{where}: user_args[{i}] is a {type(a).__name__}: expected a "
+            raise TypeError(f"{where}: user_args[{i}] has type {type(a).__name__}: expected a "
                             "torch.Tensor on the device, an int (a device pointer) or None")
         pointers.append(int(a) if isinstance(a, int) else 0)
     return (user_functions.hash if user_functions is not None else None, tensors, pointers,
