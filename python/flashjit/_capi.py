@@ -305,25 +305,18 @@ def user_arg_pointers(user_args):
     return pointers + [0] * (MAX_USER_ARGS - len(pointers))
 
 
-class UserFunctions:
-    """A flashjit_user_functions handle (flashjit::UserFunctions): score_mod / mask_mod CUDA C
-    sources compiled into the kernels of a forward that names it (Engine.options
-    user_functions=). Made by Flashjit.user_functions or user_functions_from_files; `hash` is
-    the 32 hex digits that variant names carry as ".user<hash>"."""
+class _Handle:
+    """A C API object that Python owns: `_destroy` (its C function) frees it on close() or when
+    the object is dropped."""
+
+    _destroy = None
 
     def __init__(self, owner, pointer):
         self.owner, self.pointer = owner, pointer
-        hash_of = owner.optional_function("flashjit_user_functions_hash", [ctypes.c_void_p],
-                                          ctypes.c_char_p)
-        self.hash = hash_of(pointer).decode()
-
-    def __repr__(self):
-        return f"{type(self).__name__}(hash={self.hash!r})"
 
     def close(self):
         if self.pointer:
-            self.owner.optional_function("flashjit_user_functions_destroy", [ctypes.c_void_p],
-                                         None)(self.pointer)
+            self.owner.optional_function(self._destroy, [ctypes.c_void_p], None)(self.pointer)
             self.pointer = None
 
     def __del__(self):
@@ -333,13 +326,30 @@ class UserFunctions:
             pass
 
 
-class BlockMask:
+class UserFunctions(_Handle):
+    """A flashjit_user_functions handle (flashjit::UserFunctions): score_mod / mask_mod CUDA C
+    sources compiled into the kernels of a forward that names it (Engine.options
+    user_functions=). Made by Flashjit.user_functions or user_functions_from_files; `hash` is
+    the 32 hex digits that variant names carry as ".user<hash>"."""
+
+    _destroy = "flashjit_user_functions_destroy"
+
+    def __init__(self, owner, pointer):
+        super().__init__(owner, pointer)
+        hash_of = owner.optional_function("flashjit_user_functions_hash", [ctypes.c_void_p],
+                                          ctypes.c_char_p)
+        self.hash = hash_of(pointer).decode()
+
+    def __repr__(self):
+        return f"{type(self).__name__}(hash={self.hash!r})"
+
+
+class BlockMask(_Handle):
     """A flashjit_block_mask handle (flashjit::BlockMask): the key tiles one forward's mask_mod
     lets through, made by Engine.create_block_mask*; Engine.options(block_mask=) passes it to
     the forward with the same arguments. Close it (or drop it) before its engine."""
 
-    def __init__(self, owner, pointer):
-        self.owner, self.pointer = owner, pointer
+    _destroy = "flashjit_block_mask_destroy"
 
     def counts(self):
         """(partial, full, total): key tiles visited partly masked, not masked, and those the
@@ -358,18 +368,6 @@ class BlockMask:
             "flashjit_block_mask_variant", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32])
         self.owner.check("flashjit_block_mask_variant", function(self.pointer, buf, len(buf)))
         return buf.value.decode()
-
-    def close(self):
-        if self.pointer:
-            self.owner.optional_function("flashjit_block_mask_destroy", [ctypes.c_void_p],
-                                         None)(self.pointer)
-            self.pointer = None
-
-    def __del__(self):
-        try:
-            self.close()
-        except Exception:
-            pass
 
 
 class Flashjit:
