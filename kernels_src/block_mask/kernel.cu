@@ -21,13 +21,14 @@ __global__ void __launch_bounds__(BlockMaskShape::kThreads)
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const long long entry = batch * p.block_stride_b + head * p.block_stride_h + m_block;
   // The map is this kernel's output; forward reads it through the same (const) fields.
-  int* counts = const_cast<int*>(p.block_counts) + 2 * entry;
+  int* counts = const_cast<int*>(p.block_counts) + kBlockCounts * entry;
   int* tiles = const_cast<int*>(p.block_tiles) + entry * p.block_key_tiles;
   const SequenceLengths seq = sequence_span<Varlen>(p, batch).lengths();
   const int row0 = m_block * TileM;
-  int full = 0, partial = 0;  // thread 0's
+  int full = 0, partial = 0, visitable = 0;  // thread 0's
   if (row0 < seq.seqlen_q) {
     const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(seq, p, row0);
+    visitable = max(range.count(), 0);
     const int rows = min(TileM, seq.seqlen_q - row0);
     for (int v = 0; v < range.count(); ++v) {
       const int j = range.tile(v);
@@ -54,6 +55,7 @@ __global__ void __launch_bounds__(BlockMaskShape::kThreads)
   if (threadIdx.x == 0) {
     counts[0] = full;
     counts[1] = partial;
+    counts[2] = visitable;
   }
 }
 

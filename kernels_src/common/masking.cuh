@@ -145,8 +145,8 @@ __device__ __forceinline__ TileVisits<Window, Listed> tile_visits(const Lengths&
   if (Listed && p.block_tiles != nullptr) {
     const long long entry = batch * p.block_stride_b + head * p.block_stride_h + m_block;
     v.listed = p.block_tiles + entry * p.block_key_tiles;
-    v.listed_unmasked = __ldg(p.block_counts + 2 * entry);
-    v.listed_count = v.listed_unmasked + __ldg(p.block_counts + 2 * entry + 1);
+    v.listed_unmasked = __ldg(p.block_counts + kBlockCounts * entry);
+    v.listed_count = v.listed_unmasked + __ldg(p.block_counts + kBlockCounts * entry + 1);
     v.last_slot = p.block_key_tiles - 1;
   }
   return v;

@@ -18,6 +18,8 @@ struct UserArgs {
   const void* ptr[kUserArgCount];
 };
 
+constexpr int kBlockCounts = 3;  // numbers per block-mask entry: full, partial, visitable
+
 struct FmhaParams {
   const void* q;  // [batch, seqlen_q, heads_q, head_dim], strides below, unit stride in head_dim
   const void* k;  // [batch, seqlen_k, heads_kv, head_dim]; paged: pages, see page_table
@@ -56,9 +58,11 @@ struct FmhaParams {
   float user_score_scale;
   // A block mask (ForwardOptions::block_mask; user-function variants with a mask_mod): query tile
   // t of sequence b and head h has entry r = b * block_stride_b + h * block_stride_h + t (a stride
-  // is 0 for a map shared by every batch or head); block_counts[2 r] key tiles that no mask
-  // touches and then block_counts[2 r + 1] partly masked ones are listed, ascending each, at
-  // block_tiles[r * block_key_tiles]. nullptr: none.
+  // is 0 for a map shared by every batch or head); block_counts[kBlockCounts r] key tiles that no
+  // mask touches and block_counts[kBlockCounts r + 1] partly masked ones are listed at
+  // block_tiles[r * block_key_tiles] (common/masking.cuh, TileVisits); block_counts[kBlockCounts r
+  // + 2] is how many the causal / window masks alone would visit (for BlockMask::counts). nullptr:
+  // none.
   const int* block_counts;
   const int* block_tiles;
   long long block_stride_b, block_stride_h;

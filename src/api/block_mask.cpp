@@ -24,11 +24,12 @@ BlockMask::Counts BlockMask::counts() const {
   Counts counts;
   const long long entries = impl_->entries();
   if (entries == 0 || !impl_->memory) return counts;
-  std::vector<int> host(static_cast<std::size_t>(2 * entries));
+  std::vector<int> host(static_cast<std::size_t>(kBlockCounts * entries));
   impl_->memory->download(host.data(), host.size() * sizeof(int));  // synchronous
   for (long long e = 0; e < entries; ++e) {
-    counts.full += host[2 * e];
-    counts.partial += host[2 * e + 1];
+    counts.full += host[kBlockCounts * e];
+    counts.partial += host[kBlockCounts * e + 1];
+    counts.total += host[kBlockCounts * e + 2];
   }
   return counts;
 }
@@ -113,7 +114,7 @@ BlockMaskData plan_block_mask(const Engine& engine, const Variant& attention,
                             mask.heads, mask.batches));
   const long long entries = mask.entries();
   if (entries == 0 || mask.key_tiles == 0) return mask;
-  const std::size_t counts_bytes = static_cast<std::size_t>(entries) * 2 * sizeof(int);
+  const std::size_t counts_bytes = static_cast<std::size_t>(entries) * kBlockCounts * sizeof(int);
   mask.tiles_offset = (counts_bytes + kAlignment - 1) / kAlignment * kAlignment;
   mask.memory.emplace(engine, mask.tiles_offset + static_cast<std::size_t>(entries) *
                                                       mask.key_tiles * sizeof(int));

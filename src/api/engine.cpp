@@ -344,7 +344,9 @@ BlockMask Engine::Impl::block_mask(const Engine& engine, const detail::ForwardPr
   if (mask.memory) {
     const detail::LaunchContext context(stream, primary.get());
     check_context_device();
-    auto kernel = cache->impl_->get(detail::block_mask_variant(attention));
+    const Variant builder = detail::block_mask_variant(attention);
+    auto kernel = cache->impl_->get(builder);
+    record(builder);  // a fleet's manifest warms the builder too
     const CUfunction function =
         modules.get(context.get(), {kernel->key, kernel->cubin, kernel->lowered_name, 0}).function;
     FmhaParams params = problem.params;
