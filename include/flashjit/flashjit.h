@@ -34,6 +34,18 @@ typedef struct flashjit_tensor {
   int64_t stride[4];
 } flashjit_tensor;
 
+/* User functions (flashjit::UserFunctions, docs/variants.md "User functions"): CUDA C source of
+ * score_mod and / or mask_mod that NVRTC compiles into the attention kernel. Made by
+ * flashjit_user_functions_create or _from_files; a forward takes it in
+ * flashjit_forward_options.user_functions, and the pointers the functions read in user_args. */
+typedef struct flashjit_user_functions flashjit_user_functions;
+/* Key tiles to skip (flashjit::BlockMask): made by flashjit_block_mask_create* for the arguments of
+ * one forward, passed to it in flashjit_forward_options.block_mask. */
+typedef struct flashjit_block_mask flashjit_block_mask;
+
+/* The pointers user functions see as args.ptr[0 .. FLASHJIT_MAX_USER_ARGS) (flashjit::kMaxUserArgs). */
+#define FLASHJIT_MAX_USER_ARGS 8
+
 typedef struct flashjit_forward_options {
   float softmax_scale; /* <= 0: 1/sqrt(head_dim) */
   int32_t causal;      /* bottom-right aligned when seqlen_q != seqlen_k */
@@ -63,9 +75,16 @@ typedef struct flashjit_forward_options {
   const float* alibi_slopes;
   /* StreamingLLM sink tokens (ForwardOptions::sink_tokens): the first sink_tokens keys stay
    * visible beside the window band; needs sliding_window with window_left >= 0. 0: none. On
-   * 64-bit targets 4 bytes of tail padding follow (the struct is pointer-aligned): the place of
+   * 64-bit targets 4 bytes of padding follow (user_functions is pointer-aligned): the place of
    * a next int32 field. */
   int32_t sink_tokens;
+  /* User functions (ForwardOptions::user_functions) compiled into the kernel; the handle must
+   * live through the call. NULL: none. */
+  const flashjit_user_functions* user_functions;
+  /* Read-only device pointers the user functions see as args.ptr[i]; all NULL without them. */
+  const void* user_args[FLASHJIT_MAX_USER_ARGS];
+  /* A block mask made for this forward's arguments (ForwardOptions::block_mask); NULL: none. */
+  const flashjit_block_mask* block_mask;
 } flashjit_forward_options;
 
 /* The keys and values of a forward (Engine::forward's KVCache): dense k/v [batch, seqlen_k,
@@ -174,7 +193,59 @@ flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q, const
                         const flashjit_tensor* v, const flashjit_tensor* out,
                         const flashjit_forward_options* options, char* buf, int32_t buf_size);
 
-/* Compiles the named variants into the cache; no GPU needed. */
+/* User functions from source text: score_mod and mask_mod, each NULL or "" when absent (not both).
+ * No GPU needed and nothing compiled here: a source NVRTC rejects fails the first forward (or
+ * precompile) of a variant that uses it with FLASHJIT_COMPILE_FAILED, its log naming the lines as
+ * "score_mod(LINE)" / "mask_mod(LINE)". *out is the new handle (NULL on failure). */
+FLASHJIT_API flashjit_status flashjit_user_functions_create(const char* score_mod,
+                                                            const char* mask_mod,
+                                                            flashjit_user_functions** out);
+/* The same with each source read from a file (NULL or "": absent); a file that cannot be read is
+ * FLASHJIT_INVALID_ARGUMENT naming it. */
+FLASHJIT_API flashjit_status flashjit_user_functions_from_files(const char* score_mod_file,
+                                                                const char* mask_mod_file,
+                                                                flashjit_user_functions** out);
+/* The 32 hex digits that name them in variant names (".user<hash>"), valid while the handle is;
+ * NULL for a NULL handle. */
+FLASHJIT_API const char* flashjit_user_functions_hash(const flashjit_user_functions* functions);
+FLASHJIT_API void flashjit_user_functions_destroy(flashjit_user_functions* functions);
+
+/* Engine::create_block_mask: the block mask of options->user_functions' mask_mod for a forward
+ * with these arguments (the same q, k, v, out and options otherwise; options->block_mask is
+ * ignored), built on `stream` asynchronously; it allocates device memory, so make it before a
+ * CUDA graph capture. same_for_all_heads / same_for_all_batches nonzero: the mask_mod depends on
+ * neither, one map serves every head / sequence. Destroy it before its engine. */
+FLASHJIT_API flashjit_status flashjit_block_mask_create(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_tensor* out, const flashjit_forward_options* options,
+    int32_t same_for_all_heads, int32_t same_for_all_batches, void* stream,
+    flashjit_block_mask** mask);
+/* The same for flashjit_forward_kv. */
+FLASHJIT_API flashjit_status flashjit_block_mask_create_kv(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_kv_cache* kv,
+    const flashjit_tensor* out, const flashjit_forward_options* options,
+    int32_t same_for_all_heads, int32_t same_for_all_batches, void* stream,
+    flashjit_block_mask** mask);
+/* The same for flashjit_forward_varlen. */
+FLASHJIT_API flashjit_status flashjit_block_mask_create_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_kv_cache* kv,
+    const flashjit_tensor* out, const flashjit_varlen* varlen,
+    const flashjit_forward_options* options, int32_t same_for_all_heads,
+    int32_t same_for_all_batches, void* stream, flashjit_block_mask** mask);
+FLASHJIT_API void flashjit_block_mask_destroy(flashjit_block_mask* mask);
+/* BlockMask::counts: key tiles visited, partly masked (partial) and not masked (full), and those
+ * the causal / window masks leave (total), summed over the map; waits for the map to be built.
+ * Any output pointer may be NULL. */
+FLASHJIT_API flashjit_status flashjit_block_mask_counts(const flashjit_block_mask* mask,
+                                                        int64_t* partial, int64_t* full,
+                                                        int64_t* total);
+/* The canonical name of the attention variant the mask was built for (what the forward given it
+ * runs) into buf (NUL-terminated). */
+FLASHJIT_API flashjit_status flashjit_block_mask_variant(const flashjit_block_mask* mask,
+                                                         char* buf, int32_t buf_size);
+
+/* Compiles the named variants into the cache; no GPU needed. A name with ".user<hash>" needs
+ * user functions of that hash made in this process (flashjit_user_functions_create). */
 FLASHJIT_API flashjit_status flashjit_precompile(const char* cache_dir,
                                                  const char* const* variant_names, int32_t count);
 

@@ -4,9 +4,11 @@ No compiled extension: the C API is called through ctypes with data pointers and
 install works with every torch >= 2.4 (and without torch for what needs none).
 
 Without torch: `library()` (the ctypes binding of flashjit.h), `info()`, `flashjit.cache`
-(list, precompile, clear) and the exception classes. With torch >= 2.4: `attention`,
-`attention_varlen`, `attention_with_kvcache` and `merge_attention_states` on CUDA tensors,
-registered as torch.library custom ops (torch.compile, CUDA graphs); they load on first use.
+(list, precompile, clear), `UserFunctions` (score_mod / mask_mod in CUDA C) and the exception
+classes. With torch >= 2.4: `attention`, `attention_varlen`, `attention_with_kvcache` and
+`merge_attention_states` on CUDA tensors, registered as torch.library custom ops (torch.compile,
+CUDA graphs), and `create_block_mask` (`_varlen`, `_with_kvcache`) with its `BlockMask`; they load
+on first use.
 """
 
 import threading
@@ -16,11 +18,14 @@ from ._capi import (CacheError, CompileError, CudaError, FlashjitError, Flashjit
                     InternalError, InvalidArgumentError, NoDeviceError, NoDriverError,
                     UnsupportedError)
 from .info import info  # noqa: F401
+from .user_functions import UserFunctions  # noqa: F401  (stdlib only)
 
 __version__ = "0.1.0"
 
 __all__ = ["library", "info", "cache", "attention", "attention_varlen", "attention_with_kvcache",
-           "merge_attention_states", "FlashjitError", "InvalidArgumentError", "NoDriverError",
+           "merge_attention_states", "UserFunctions", "create_block_mask",
+           "create_block_mask_varlen", "create_block_mask_with_kvcache", "BlockMask",
+           "FlashjitError", "InvalidArgumentError", "NoDriverError",
            "NoDeviceError", "CompileError", "CudaError", "CacheError", "UnsupportedError",
            "InternalError", "FlashjitLoadError", "TorchUnavailableError"]
 
@@ -46,7 +51,8 @@ class TorchUnavailableError(ImportError):
 
 
 _TORCH_ENTRY_POINTS = ("attention", "attention_varlen", "attention_with_kvcache",
-                       "merge_attention_states")
+                       "merge_attention_states", "create_block_mask", "create_block_mask_varlen",
+                       "create_block_mask_with_kvcache", "BlockMask")
 
 
 def __getattr__(name):

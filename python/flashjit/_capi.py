@@ -12,6 +12,13 @@ one from a torch tensor viewed as [batch, seqlen, heads, head_dim].
         engine.forward_kv(q, k_pages, v_pages, out, page_table=table, seqused_k=lens)
         # a packed variable-length batch (flashjit_forward_varlen)
         engine.forward_varlen(q, k, v, out, cu_seqlens, max_len, cu_seqlens, max_len)
+        # user functions (score_mod / mask_mod CUDA C) and a block mask of the same arguments
+        doc = lib.user_functions(mask_mod=MASK_MOD_SOURCE)
+        views = [tensor_from_torch(t) for t in (q, k, v, out)]
+        options = engine.options(True, user_functions=doc, user_args=[doc_ids])
+        mask = engine.create_block_mask_raw(*views, options)  # keep it while options use it
+        options.block_mask = mask.pointer
+        engine.forward_raw(*views, options)
 """
 
 import ctypes
@@ -46,6 +53,7 @@ INTERNAL_ERROR = 8
 BF16 = 0
 FP16 = 1
 DTYPES = {"bf16": BF16, "fp16": FP16}
+MAX_USER_ARGS = 8  # FLASHJIT_MAX_USER_ARGS: the pointers user functions see as args.ptr[i]
 
 
 class FlashjitTensor(ctypes.Structure):
@@ -90,6 +98,11 @@ class FlashjitForwardOptions(ctypes.Structure):
         ("alibi_slopes", ctypes.c_void_p),
         # Absent before sink tokens: older builds ignore it (ctypes pads the struct as C does).
         ("sink_tokens", ctypes.c_int32),
+        # Absent before user functions: older builds ignore them, but they also lack the
+        # functions that make the handles, so none can be set there.
+        ("user_functions", ctypes.c_void_p),
+        ("user_args", ctypes.c_void_p * MAX_USER_ARGS),
+        ("block_mask", ctypes.c_void_p),
     ]
 
 
@@ -269,6 +282,94 @@ def _encode(text):
     return None if text is None else str(text).encode()
 
 
+def user_arg_pointers(user_args):
+    """The MAX_USER_ARGS pointers of flashjit_forward_options.user_args from a sequence of at
+    most that many entries, each None (null), an int (a device pointer) or a torch tensor (its
+    data pointer; it must be contiguous, as the user functions index raw memory)."""
+    user_args = list(user_args or ())
+    if len(user_args) > MAX_USER_ARGS:
+        raise ValueError(f"user_args has {len(user_args)} entries: expected at most "
+                         f"{MAX_USER_ARGS} (FLASHJIT_MAX_USER_ARGS)")
+    pointers = []
+    for i, arg in enumerate(user_args):
+        if arg is None or isinstance(arg, int):
+            pointers.append(int(arg or 0))
+        elif hasattr(arg, "data_ptr"):
+            if not arg.is_contiguous():
+                raise ValueError(f"user_args[{i}] has strides {tuple(arg.stride())}: expected a "
+                                 "contiguous tensor (user functions index its memory directly)")
+            pointers.append(arg.data_ptr())
+        else:
+            raise TypeError(f"user_args[{i}] has type {type(arg).__name__}: expected a torch "
+                            "tensor on the device, an int (a device pointer) or None")
+    return pointers + [0] * (MAX_USER_ARGS - len(pointers))
+
+
+class _Handle:
+    """A C API object that Python owns: `_destroy` (its C function) frees it on close() or when
+    the object is dropped."""
+
+    _destroy = None
+
+    def __init__(self, owner, pointer):
+        self.owner, self.pointer = owner, pointer
+
+    def close(self):
+        if self.pointer:
+            self.owner.optional_function(self._destroy, [ctypes.c_void_p], None)(self.pointer)
+            self.pointer = None
+
+    def __del__(self):
+        try:
+            self.close()
+        except Exception:
+            pass
+
+
+class UserFunctions(_Handle):
+    """A flashjit_user_functions handle (flashjit::UserFunctions): score_mod / mask_mod CUDA C
+    sources compiled into the kernels of a forward that names it (Engine.options
+    user_functions=). Made by Flashjit.user_functions or user_functions_from_files; `hash` is
+    the 32 hex digits that variant names carry as ".user<hash>"."""
+
+    _destroy = "flashjit_user_functions_destroy"
+
+    def __init__(self, owner, pointer):
+        super().__init__(owner, pointer)
+        hash_of = owner.optional_function("flashjit_user_functions_hash", [ctypes.c_void_p],
+                                          ctypes.c_char_p)
+        self.hash = hash_of(pointer).decode()
+
+    def __repr__(self):
+        return f"{type(self).__name__}(hash={self.hash!r})"
+
+
+class BlockMask(_Handle):
+    """A flashjit_block_mask handle (flashjit::BlockMask): the key tiles one forward's mask_mod
+    lets through, made by Engine.create_block_mask*; Engine.options(block_mask=) passes it to
+    the forward with the same arguments. Close it (or drop it) before its engine."""
+
+    _destroy = "flashjit_block_mask_destroy"
+
+    def counts(self):
+        """(partial, full, total): key tiles visited partly masked, not masked, and those the
+        causal / window masks leave, summed over the map (waits for it to be built)."""
+        values = [ctypes.c_int64() for _ in range(3)]
+        function = self.owner.optional_function(
+            "flashjit_block_mask_counts", [ctypes.c_void_p] + [ctypes.POINTER(ctypes.c_int64)] * 3)
+        self.owner.check("flashjit_block_mask_counts",
+                         function(self.pointer, *(ctypes.byref(v) for v in values)))
+        return tuple(v.value for v in values)
+
+    def variant(self):
+        """The attention variant it was built for: what the forward given it runs."""
+        buf = ctypes.create_string_buffer(256)
+        function = self.owner.optional_function(
+            "flashjit_block_mask_variant", [ctypes.c_void_p, ctypes.c_char_p, ctypes.c_int32])
+        self.owner.check("flashjit_block_mask_variant", function(self.pointer, buf, len(buf)))
+        return buf.value.decode()
+
+
 class Flashjit:
     """The loaded shared library, with prototypes declared for every C API function."""
 
@@ -387,6 +488,26 @@ class Flashjit:
             raise ValueError(f"family {family!r}: {self.path} has {', '.join(self.families())} "
                              "(or None for the dispatcher's choice)")
 
+    def user_functions_pointer(self, score_mod=None, mask_mod=None, files=False):
+        """A new flashjit_user_functions from sources (or, files=True, the files holding them),
+        None or "" for an absent one: the pointer, for UserFunctions (which owns it)."""
+        name = "flashjit_user_functions_from_files" if files else "flashjit_user_functions_create"
+        function = self.optional_function(name, [ctypes.c_char_p, ctypes.c_char_p,
+                                                 ctypes.POINTER(ctypes.c_void_p)])
+        pointer = ctypes.c_void_p()
+        self.check(name, function(_encode(score_mod), _encode(mask_mod), ctypes.byref(pointer)))
+        return pointer.value
+
+    def user_functions(self, score_mod=None, mask_mod=None):
+        """UserFunctions from CUDA C source text (see flashjit.h); nothing is compiled yet."""
+        return UserFunctions(self, self.user_functions_pointer(score_mod, mask_mod))
+
+    def user_functions_from_files(self, score_mod_file=None, mask_mod_file=None):
+        """UserFunctions from source files; a file that cannot be read: InvalidArgumentError."""
+        return UserFunctions(self, self.user_functions_pointer(
+            None if score_mod_file is None else os.fspath(score_mod_file),
+            None if mask_mod_file is None else os.fspath(mask_mod_file), files=True))
+
     def create_engine(self, device=0, cache_dir=None):
         handle = ctypes.c_void_p()
         self.check("flashjit_engine_create",
@@ -429,7 +550,8 @@ class Engine:
 
     def options(self, causal=False, softmax_scale=0.0, lse=None, family=None, tiles=None,
                 num_splits=0, workspace=None, workspace_bytes=0, softcap=0.0, window=(-1, -1),
-                sink=None, alibi=None, sink_tokens=0):
+                sink=None, alibi=None, sink_tokens=0, user_functions=None, user_args=(),
+                block_mask=None):
         """A FlashjitForwardOptions. lse: a device pointer (int) or None; family: None/'' for
         the dispatcher's choice, else one of the library's families() (checked here); tiles:
         None for the family's table, else (tile_m, tile_n, stages); num_splits: 0 for the
@@ -441,7 +563,11 @@ class Engine:
         device pointer (int) or a torch float32 tensor, None for none; alibi: ALiBi slopes,
         fp32 [heads_q] (the score of row i and key j gets -slope * |i + seqlen_k - seqlen_q - j|),
         a device pointer (int) or a torch float32 tensor, None for none; sink_tokens: the first
-        keys every row sees besides its window band (StreamingLLM; needs window left >= 0)."""
+        keys every row sees besides its window band (StreamingLLM; needs window left >= 0);
+        user_functions: a UserFunctions of this library, or None; user_args: up to
+        MAX_USER_ARGS device pointers (ints) or contiguous torch tensors, args.ptr[i] of the
+        user functions (user_arg_pointers); block_mask: a BlockMask made for these arguments,
+        or None. The struct keeps only pointers: the objects must outlive its use."""
         if family:
             self.owner.check_family(family)
         o = FlashjitForwardOptions()
@@ -464,7 +590,48 @@ class Engine:
         o.sink_logits = _address(sink, "sink", "torch.float32", 1) or None
         o.alibi_slopes = _address(alibi, "alibi", "torch.float32", 1) or None
         o.sink_tokens = int(sink_tokens)
+        o.user_functions = user_functions.pointer if user_functions is not None else None
+        o.user_args = tuple(user_arg_pointers(user_args))
+        o.block_mask = block_mask.pointer if block_mask is not None else None
         return o
+
+    def create_block_mask_raw(self, q, k, v, out, options, same_for_all_heads=False,
+                              same_for_all_batches=False, stream=None):
+        """Engine::create_block_mask for flashjit_forward's structs (options with the
+        user_functions, user_args and masks of that forward): a BlockMask, built on `stream`."""
+        T = ctypes.POINTER(FlashjitTensor)
+        return self._block_mask("flashjit_block_mask_create", [T] * 4, (q, k, v, out), options,
+                                same_for_all_heads, same_for_all_batches, stream)
+
+    def create_block_mask_kv_raw(self, q, kv, out, options, same_for_all_heads=False,
+                                 same_for_all_batches=False, stream=None):
+        """The same for forward_kv_raw's structs."""
+        T = ctypes.POINTER(FlashjitTensor)
+        return self._block_mask("flashjit_block_mask_create_kv", [T, ctypes.POINTER(
+            FlashjitKvCache), T], (q, kv, out), options, same_for_all_heads,
+            same_for_all_batches, stream)
+
+    def create_block_mask_varlen_raw(self, q, kv, out, varlen, options, same_for_all_heads=False,
+                                     same_for_all_batches=False, stream=None):
+        """The same for forward_varlen_raw's structs."""
+        T = ctypes.POINTER(FlashjitTensor)
+        return self._block_mask("flashjit_block_mask_create_varlen", [
+            T, ctypes.POINTER(FlashjitKvCache), T, ctypes.POINTER(FlashjitVarlen)],
+            (q, kv, out, varlen), options, same_for_all_heads, same_for_all_batches, stream)
+
+    def _block_mask(self, name, struct_types, structs, options, same_for_all_heads,
+                    same_for_all_batches, stream):
+        P = ctypes.POINTER
+        function = self.owner.optional_function(
+            name, [ctypes.c_void_p] + struct_types + [P(FlashjitForwardOptions), ctypes.c_int32,
+                                                      ctypes.c_int32, ctypes.c_void_p,
+                                                      P(ctypes.c_void_p)])
+        pointer = ctypes.c_void_p()
+        self.owner.check(name, function(self.handle, *(ctypes.byref(s) for s in structs),
+                                        ctypes.byref(options), 1 if same_for_all_heads else 0,
+                                        1 if same_for_all_batches else 0, stream or None,
+                                        ctypes.byref(pointer)))
+        return BlockMask(self.owner, pointer.value)
 
     # --- KV cache (flashjit_forward_kv and friends; FlashjitLoadError on older builds) -------
 
@@ -593,10 +760,12 @@ class Engine:
 
     def forward(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None, family=None,
                 stream=None, tiles=None, softcap=0.0, window=(-1, -1), sink=None, alibi=None,
-                sink_tokens=0):
+                sink_tokens=0, user_functions=None, user_args=(), block_mask=None):
         self.forward_raw(q, k, v, out, self.options(causal, softmax_scale, lse, family, tiles,
                                                     softcap=softcap, window=window, sink=sink,
-                                                    alibi=alibi, sink_tokens=sink_tokens),
+                                                    alibi=alibi, sink_tokens=sink_tokens,
+                                                    user_functions=user_functions,
+                                                    user_args=user_args, block_mask=block_mask),
                          stream)
 
     def select_variant(self, q, k, v, out, causal=False, softmax_scale=0.0, lse=None,

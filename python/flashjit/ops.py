@@ -12,18 +12,26 @@ traces that backward when an input requires grad, so the error comes at compile 
 
 Bad input raises flashjit.InvalidArgumentError (a ValueError) with the library's message;
 CPU tensors raise ValueError before anything reaches the library.
+
+User functions travel through the ops' schema as their hash (the UserFunctions is found in
+flashjit.user_functions' registry), user_args as a Tensor?[] list beside an int[] list of raw
+pointers (one entry per slot), and a BlockMask as its id in a registry of live masks: an int, so a
+new mask in a compiled function is one recompile, then a dynamic int (never a graph break).
 """
 
 import ctypes
+import itertools
 import math
 import struct
 import threading
-from typing import Optional, Tuple
+import weakref
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
 
 from . import _capi, library
+from .user_functions import UserFunctions, registered
 
 _DTYPES = (torch.bfloat16, torch.float16)
 _NAMESPACE = "flashjit"
@@ -79,11 +87,107 @@ def _check_same_device(where, first, *others):
             raise ValueError(f"{where}: {name} is on {t.device}, q on {first.device}")
 
 
-def _check_common(where, sink_logits, alibi_slopes):
+def _check_common(where, q, sink_logits, alibi_slopes, user_functions, user_args):
     if sink_logits is not None:
         _check_tensor("sink_logits", sink_logits, (1,), where, (torch.float32,))
     if alibi_slopes is not None:
         _check_tensor("alibi_slopes", alibi_slopes, (1,), where, (torch.float32,))
+    if user_functions is not None:
+        registered(user_functions)
+    elif any(t is not None for t in user_args):
+        raise ValueError(f"{where}: user_args without user_functions: expected user functions "
+                         "that read them, or no user_args")
+    for i, t in enumerate(user_args):
+        if t is None:
+            continue
+        name = f"user_args[{i}]"
+        _check_same_device(where, q, (name, t))
+        if not t.is_contiguous():
+            raise ValueError(f"{where}: {name} has strides {tuple(t.stride())}: expected a "
+                             "contiguous tensor (user functions index its memory directly)")
+
+
+# --- user functions and block masks -------------------------------------------------------------
+
+def _user_inputs(where, user_functions, user_args, block_mask):
+    """(hash, tensors, pointers, mask id): the ops' encoding of user_functions (a UserFunctions
+    or None), user_args (up to MAX_USER_ARGS tensors on the device, ints as raw device pointers,
+    or None) and block_mask (a BlockMask or None)."""
+    if user_functions is not None and not isinstance(user_functions, UserFunctions):
+        raise TypeError(f"{where}: user_functions has type {type(user_functions).__name__}: "
+                        "expected a flashjit.UserFunctions or None")
+    if block_mask is not None and not isinstance(block_mask, BlockMask):
+        raise TypeError(f"{where}: block_mask has type {type(block_mask).__name__}: expected a "
+                        "flashjit.BlockMask (flashjit.create_block_mask) or None")
+    if block_mask is not None and user_functions is None:
+        raise ValueError(f"{where}: block_mask without user_functions: expected the user "
+                         "functions the mask was built from")
+    args = list(user_args or ())
+    if len(args) > _capi.MAX_USER_ARGS:
+        raise ValueError(f"{where}: user_args has {len(args)} entries: expected at most "
+                         f"{_capi.MAX_USER_ARGS}")
+    tensors = [a if isinstance(a, Tensor) else None for a in args]
+    pointers = []
+    for i, a in enumerate(args):
+        if not (a is None or isinstance(a, (Tensor, int))):
+            raise TypeError(f"{where}: user_args[{i}] has type {type(a).__name__}: expected a "
+                            "torch.Tensor on the device, an int (a device pointer) or None")
+        pointers.append(int(a) if isinstance(a, int) else 0)
+    return (user_functions.hash if user_functions is not None else None, tensors, pointers,
+            block_mask._id if block_mask is not None else 0)
+
+
+def _set_user(options, user_functions, user_args, user_pointers, block_mask):
+    """Puts the ops' user-function arguments into a FlashjitForwardOptions (pointers only: the
+    UserFunctions stays in its registry, the tensors and the mask with the caller)."""
+    if user_functions is None:
+        return
+    options.user_functions = registered(user_functions).pointer
+    options.user_args = tuple(t.data_ptr() if t is not None else int(p)
+                              for t, p in zip(user_args, user_pointers)) + \
+        (0,) * (_capi.MAX_USER_ARGS - len(user_args))
+    if block_mask:
+        options.block_mask = _block_mask_of(block_mask)._handle.pointer
+
+
+class BlockMask:
+    """The key tiles one attention problem's mask_mod lets through (flashjit::BlockMask), made by
+    flashjit.create_block_mask* for the arguments of the forward that takes it (block_mask=):
+    tiles the mask hides wholly are skipped, tiles it hides nowhere skip the per-score test. It
+    holds device memory of the GPU it was made on and the user_args tensors its build reads.
+    Rebuild it when the contents of user_args change: the forward cannot check those."""
+
+    _ids = itertools.count(1)
+
+    def __init__(self, handle, user_args):
+        self._handle = handle  # _capi.BlockMask
+        self._user_args = [t for t in user_args if t is not None]  # read while it builds
+        self._id = next(self._ids)
+        _block_masks[self._id] = self
+
+    def counts(self):
+        """{'partial', 'full', 'total'}: key tiles visited partly masked and not masked, and the
+        tiles the causal / window masks leave, summed over the map (waits for its build)."""
+        return dict(zip(("partial", "full", "total"), self._handle.counts()))
+
+    @property
+    def variant(self):
+        """The attention variant it was built for: what the forward given it runs."""
+        return self._handle.variant()
+
+    def __repr__(self):
+        return f"flashjit.BlockMask({self.variant})"
+
+
+_block_masks = weakref.WeakValueDictionary()
+
+
+def _block_mask_of(mask_id):
+    mask = _block_masks.get(int(mask_id))
+    if mask is None:
+        raise ValueError(f"block_mask: flashjit.BlockMask #{mask_id} no longer exists: keep the "
+                         "mask alive while calls (and captured CUDA graphs) use it")
+    return mask
 
 
 def _scale(softmax_scale):
@@ -167,7 +271,8 @@ _templates = {}
 def _dense_options(engine, causal, softmax_scale, lse, window_left, window_right, softcap,
                    sink_logits, alibi_slopes, sink_tokens, family):
     """engine.options() for these arguments, built once per distinct set and copied per call
-    (a copy is one memcpy; building costs microseconds); only the LSE pointer differs."""
+    (a copy is one memcpy; building costs microseconds); only the LSE pointer differs (and the
+    user functions' fields, which _set_user fills in)."""
     key = (causal, softmax_scale, window_left, window_right, softcap, family,
            sink_logits.data_ptr() if sink_logits is not None else 0,
            alibi_slopes.data_ptr() if alibi_slopes is not None else 0, sink_tokens)
@@ -188,25 +293,25 @@ def _dense_options(engine, causal, softmax_scale, lse, window_left, window_right
 # --- flashjit::attention: dense [batch, seqlen, heads, head_dim] --------------------------------
 
 def _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left, window_right,
-                   softcap, sink_logits, alibi_slopes, sink_tokens, family):
+                   softcap, sink_logits, alibi_slopes, sink_tokens, family, user_functions,
+                   user_args, user_pointers, block_mask):
     """(out, lse or None): the forward itself."""
     # The common case checked in one expression; anything else gets _check_attention's message.
     device = q.device
     if not (q.is_cuda and k.device == device and v.device == device and q.dim() == 4
             and k.dim() == 4 and v.dim() == 4 and q.dtype in _CODES and k.dtype in _CODES
             and v.dtype in _CODES and sink_logits is None
-            and alibi_slopes is None):
-        _check_attention(q, k, v, sink_logits, alibi_slopes)
+            and alibi_slopes is None and user_functions is None):
+        _check_attention(q, k, v, sink_logits, alibi_slopes, user_functions, user_args)
     engine, index = _engine(device)
     # empty_like is twice as fast as new_empty(shape); out has q's shape (one head_dim).
     out = torch.empty_like(q, memory_format=torch.contiguous_format)
     lse = torch.empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32, device=device) \
         if return_lse else None
-    engine.forward_raw(_view(q), _view(k), _view(v), _view(out),
-                       _dense_options(engine, causal, softmax_scale, lse, window_left,
-                                      window_right, softcap, sink_logits, alibi_slopes,
-                                      sink_tokens, family),
-                       _stream(index))
+    options = _dense_options(engine, causal, softmax_scale, lse, window_left, window_right,
+                             softcap, sink_logits, alibi_slopes, sink_tokens, family)
+    _set_user(options, user_functions, user_args, user_pointers, block_mask)
+    engine.forward_raw(_view(q), _view(k), _view(v), _view(out), options, _stream(index))
     return out, lse
 
 
@@ -214,34 +319,38 @@ def _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left, wind
 def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: float,
                return_lse: bool, window_left: int, window_right: int, softcap: float,
                sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor], sink_tokens: int,
-               family: Optional[str]) -> Tuple[Tensor, Tensor]:
+               family: Optional[str], user_functions: Optional[str],
+               user_args: List[Optional[Tensor]], user_pointers: List[int],
+               block_mask: int) -> Tuple[Tensor, Tensor]:
     out, lse = _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left,
-                              window_right, softcap, sink_logits, alibi_slopes, sink_tokens, family)
+                              window_right, softcap, sink_logits, alibi_slopes, sink_tokens, family,
+                              user_functions, user_args, user_pointers, block_mask)
     return out, lse if lse is not None else _no_lse(q)
 
 
 @_attention.register_fake
 def _(q, k, v, causal, softmax_scale, return_lse, window_left, window_right, softcap,
-      sink_logits, alibi_slopes, sink_tokens, family):
-    _check_attention(q, k, v, sink_logits, alibi_slopes)
+      sink_logits, alibi_slopes, sink_tokens, family, user_functions, user_args, user_pointers,
+      block_mask):
+    _check_attention(q, k, v, sink_logits, alibi_slopes, user_functions, user_args)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32) \
         if return_lse else _no_lse(q)
     return out, lse
 
 
-def _check_attention(q, k, v, sink_logits, alibi_slopes):
-    where = "flashjit.attention"
+def _check_attention(q, k, v, sink_logits, alibi_slopes, user_functions, user_args,
+                     where="flashjit.attention"):
     for name, t in (("q", q), ("k", k), ("v", v)):
         _check_tensor(name, t, (4,), where)
     _check_same_device(where, q, ("k", k), ("v", v), ("sink_logits", sink_logits),
                        ("alibi_slopes", alibi_slopes))
-    _check_common(where, sink_logits, alibi_slopes)
+    _check_common(where, q, sink_logits, alibi_slopes, user_functions, user_args)
 
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, window_left=-1,
               window_right=-1, softcap=0.0, sink_logits=None, alibi_slopes=None, sink_tokens=0,
-              family=None):
+              family=None, user_functions=None, user_args=(), block_mask=None):
     """Attention forward on [batch, seqlen, heads, head_dim] CUDA tensors (bf16 or fp16; any
     strides with a unit head_dim stride, e.g. BSHD or a BHSD transpose), GQA/MQA when heads_q is
     a multiple of heads_kv. Returns out [batch, seqlen_q, heads_q, head_dim] (contiguous), and
@@ -255,12 +364,50 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, wi
     alibi_slopes: fp32 [heads_q] ALiBi slopes: scores get -slope * |i + seqlen_k - seqlen_q - j|.
     sink_tokens: with a window (window_left >= 0), the first sink_tokens keys stay visible too
     (StreamingLLM).
-    family: force a kernel family (e.g. 'mma'); None for the dispatcher's choice."""
+    family: force a kernel family (e.g. 'mma'); None for the dispatcher's choice.
+    user_functions: a flashjit.UserFunctions (score_mod / mask_mod in CUDA C) compiled into the
+    kernel; user_args: what they see as args.ptr[i], up to 8 entries, each a contiguous torch
+    tensor on q's device (read-only), an int (a raw device pointer) or None.
+    block_mask: a flashjit.BlockMask made by create_block_mask for these same arguments: key
+    tiles its mask_mod hides wholly are skipped."""
+    user = _user_inputs("flashjit.attention", user_functions, user_args, block_mask)
     args = (q, k, v, bool(causal), _scale(softmax_scale), bool(return_lse), int(window_left),
-            int(window_right), float(softcap), sink_logits, alibi_slopes, sink_tokens, family)
-    out, lse = _run_attention(*args) if _eager(q, k, v, sink_logits, alibi_slopes) else \
-        torch.ops.flashjit.attention(*args)
+            int(window_right), float(softcap), sink_logits, alibi_slopes, sink_tokens, family,
+            *user)
+    out, lse = _run_attention(*args) if _eager(q, k, v, sink_logits, alibi_slopes, *user[1]) \
+        else torch.ops.flashjit.attention(*args)
     return (out, lse) if return_lse else out
+
+
+def create_block_mask(q, k, v, *, user_functions, user_args=(), causal=False, softmax_scale=None,
+                      window_left=-1, window_right=-1, softcap=0.0, sink_logits=None,
+                      alibi_slopes=None, sink_tokens=0, family=None, same_for_all_heads=False,
+                      same_for_all_batches=False):
+    """The BlockMask of user_functions' mask_mod for attention(q, k, v, ...) with these same
+    arguments (block_mask= aside), built on the current stream from q's, k's and v's shapes and
+    user_args (their contents, not q/k/v's). same_for_all_heads / same_for_all_batches: the
+    mask_mod reads neither head nor batch, so one map serves all (smaller, built faster). Call it
+    outside compiled code and before a CUDA graph capture (it allocates device memory)."""
+    where = "flashjit.create_block_mask"
+    hash_, tensors, pointers = _mask_user_inputs(where, user_functions, user_args)
+    _check_attention(q, k, v, sink_logits, alibi_slopes, hash_, tensors, where)
+    engine, index = _engine(q.device)
+    options = _dense_options(engine, bool(causal), _scale(softmax_scale), None, int(window_left),
+                             int(window_right), float(softcap), sink_logits, alibi_slopes,
+                             int(sink_tokens), family)
+    _set_user(options, hash_, tensors, pointers, 0)
+    # The mask reads no output: q's view stands in for out (they have one shape).
+    return BlockMask(engine.create_block_mask_raw(
+        _view(q), _view(k), _view(v), _view(q), options, same_for_all_heads,
+        same_for_all_batches, _stream(index)), tensors)
+
+
+def _mask_user_inputs(where, user_functions, user_args):
+    """_user_inputs' (hash, tensors, pointers) for a create_block_mask*, which needs them."""
+    if user_functions is None:
+        raise ValueError(f"{where}: user_functions is None: expected the flashjit.UserFunctions "
+                         "whose mask_mod the mask lists")
+    return _user_inputs(where, user_functions, user_args, None)[:3]
 
 
 # --- flashjit::attention_kvcache: dense or paged KV cache (decode, chunked prefill) -------------
@@ -270,21 +417,35 @@ def _attention_kvcache(q: Tensor, k_cache: Tensor, v_cache: Tensor, page_table: 
                        seqused_k: Optional[Tensor], causal: bool, softmax_scale: float,
                        return_lse: bool, window_left: int, window_right: int, softcap: float,
                        sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor],
-                       sink_tokens: int, num_splits: int,
-                       family: Optional[str]) -> Tuple[Tensor, Tensor]:
-    _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes)
+                       sink_tokens: int, num_splits: int, family: Optional[str],
+                       user_functions: Optional[str], user_args: List[Optional[Tensor]],
+                       user_pointers: List[int], block_mask: int) -> Tuple[Tensor, Tensor]:
+    _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes,
+                   user_functions, user_args)
     engine, index = _engine(q.device)
     out = q.new_empty(q.shape[:-1] + v_cache.shape[-1:])
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32) \
         if return_lse else None
-    q_view, kv, out_view, options = engine.kv_args(
-        q, k_cache, v_cache, out, page_table, seqused_k, causal, softmax_scale, _lse_pointer(lse),
-        family, num_splits=num_splits, **_variants(window_left, window_right, softcap,
-                                                   sink_logits, alibi_slopes, sink_tokens))
+    q_view, kv, out_view, options = _kv_structs(
+        engine, q, k_cache, v_cache, out, page_table, seqused_k, causal, softmax_scale, lse,
+        window_left, window_right, softcap, sink_logits, alibi_slopes, sink_tokens, num_splits,
+        family, user_functions, user_args, user_pointers, block_mask)
     workspace = _workspace(q, engine.workspace_bytes_raw(q_view, kv, out_view, options)[0])
     _set_workspace(options, workspace)
     engine.forward_kv_raw(q_view, kv, out_view, options, _stream(index))
     return out, lse if lse is not None else _no_lse(q)
+
+
+def _kv_structs(engine, q, k_cache, v_cache, out, page_table, seqused_k, causal, softmax_scale,
+                lse, window_left, window_right, softcap, sink_logits, alibi_slopes, sink_tokens,
+                num_splits, family, user_functions, user_args, user_pointers, block_mask):
+    """(q, kv, out, options) structs of a forward_kv (and of its block mask)."""
+    structs = engine.kv_args(
+        q, k_cache, v_cache, out, page_table, seqused_k, causal, softmax_scale, _lse_pointer(lse),
+        family, num_splits=num_splits, **_variants(window_left, window_right, softcap,
+                                                   sink_logits, alibi_slopes, sink_tokens))
+    _set_user(structs[-1], user_functions, user_args, user_pointers, block_mask)
+    return structs
 
 
 def _workspace(q, size):
@@ -294,16 +455,18 @@ def _workspace(q, size):
 
 @_attention_kvcache.register_fake
 def _(q, k_cache, v_cache, page_table, seqused_k, causal, softmax_scale, return_lse, window_left,
-      window_right, softcap, sink_logits, alibi_slopes, sink_tokens, num_splits, family):
-    _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes)
+      window_right, softcap, sink_logits, alibi_slopes, sink_tokens, num_splits, family,
+      user_functions, user_args, user_pointers, block_mask):
+    _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes,
+                   user_functions, user_args)
     out = q.new_empty(q.shape[:-1] + v_cache.shape[-1:])
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32) \
         if return_lse else _no_lse(q)
     return out, lse
 
 
-def _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes):
-    where = "flashjit.attention_with_kvcache"
+def _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes,
+                   user_functions, user_args, where="flashjit.attention_with_kvcache"):
     for name, t in (("q", q), ("k_cache", k_cache), ("v_cache", v_cache)):
         _check_tensor(name, t, (4,), where)
     if page_table is not None:
@@ -313,13 +476,14 @@ def _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alib
     _check_same_device(where, q, ("k_cache", k_cache), ("v_cache", v_cache),
                        ("page_table", page_table), ("seqused_k", seqused_k),
                        ("sink_logits", sink_logits), ("alibi_slopes", alibi_slopes))
-    _check_common(where, sink_logits, alibi_slopes)
+    _check_common(where, q, sink_logits, alibi_slopes, user_functions, user_args)
 
 
 def attention_with_kvcache(q, k_cache, v_cache, *, page_table=None, seqused_k=None, causal=False,
                            softmax_scale=None, return_lse=False, window_left=-1, window_right=-1,
                            softcap=0.0, sink_logits=None, alibi_slopes=None, sink_tokens=0,
-                           num_splits=0, family=None):
+                           num_splits=0, family=None, user_functions=None, user_args=(),
+                           block_mask=None):
     """Attention over a KV cache (decode steps, speculative decode, chunked prefill).
 
     q: [batch, seqlen_q, heads_q, head_dim]. Dense cache: k_cache/v_cache [batch, seqlen_k,
@@ -331,9 +495,31 @@ def attention_with_kvcache(q, k_cache, v_cache, *, page_table=None, seqused_k=No
     out, lse = torch.ops.flashjit.attention_kvcache(
         q, k_cache, v_cache, page_table, seqused_k, bool(causal), _scale(softmax_scale),
         bool(return_lse), int(window_left), int(window_right), float(softcap), sink_logits,
-        alibi_slopes, sink_tokens,
-        int(num_splits), family)
+        alibi_slopes, sink_tokens, int(num_splits), family,
+        *_user_inputs("flashjit.attention_with_kvcache", user_functions, user_args, block_mask))
     return (out, lse) if return_lse else out
+
+
+def create_block_mask_with_kvcache(q, k_cache, v_cache, *, user_functions, user_args=(),
+                                   page_table=None, seqused_k=None, causal=False,
+                                   softmax_scale=None, window_left=-1, window_right=-1,
+                                   softcap=0.0, sink_logits=None, alibi_slopes=None,
+                                   sink_tokens=0, family=None, same_for_all_heads=False,
+                                   same_for_all_batches=False):
+    """create_block_mask for attention_with_kvcache with these arguments (the same page_table
+    and seqused_k tensors: the mask is tied to their memory)."""
+    where = "flashjit.create_block_mask_with_kvcache"
+    hash_, tensors, pointers = _mask_user_inputs(where, user_functions, user_args)
+    _check_kvcache(q, k_cache, v_cache, page_table, seqused_k, sink_logits, alibi_slopes, hash_,
+                   tensors, where)
+    engine, index = _engine(q.device)
+    q_view, kv, out_view, options = _kv_structs(
+        engine, q, k_cache, v_cache, q, page_table, seqused_k, bool(causal),
+        _scale(softmax_scale), None, int(window_left), int(window_right), float(softcap),
+        sink_logits, alibi_slopes, int(sink_tokens), 0, family, hash_, tensors, pointers, 0)
+    return BlockMask(engine.create_block_mask_kv_raw(
+        q_view, kv, out_view, options, same_for_all_heads, same_for_all_batches,
+        _stream(index)), tensors)
 
 
 # --- flashjit::attention_varlen: packed variable-length batches --------------------------------
@@ -345,22 +531,38 @@ def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                       softmax_scale: float, return_lse: bool, window_left: int,
                       window_right: int, softcap: float, sink_logits: Optional[Tensor],
                       alibi_slopes: Optional[Tensor], sink_tokens: int,
-                      num_splits: int, family: Optional[str]) -> Tuple[Tensor, Tensor]:
+                      num_splits: int, family: Optional[str], user_functions: Optional[str],
+                      user_args: List[Optional[Tensor]], user_pointers: List[int],
+                      block_mask: int) -> Tuple[Tensor, Tensor]:
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits,
-                  alibi_slopes)
+                  alibi_slopes, user_functions, user_args)
     engine, index = _engine(q.device)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if return_lse else None
-    k_view, v_view = (_packed(k), _packed(v)) if page_table is None else (k, v)
-    q_view, kv, out_view, varlen, options = engine.varlen_args(
-        _packed(q), k_view, v_view, _packed(out), cu_seqlens_q, max_seqlen_q, cu_seqlens_k,
-        max_seqlen_k, page_table, seqused_k, causal, softmax_scale, _lse_pointer(lse), family,
-        num_splits, **_variants(window_left, window_right, softcap, sink_logits, alibi_slopes,
-                                sink_tokens))
+    q_view, kv, out_view, varlen, options = _varlen_structs(
+        engine, q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, page_table,
+        seqused_k, causal, softmax_scale, lse, window_left, window_right, softcap, sink_logits,
+        alibi_slopes, sink_tokens, num_splits, family, user_functions, user_args, user_pointers,
+        block_mask)
     _set_workspace(options, _workspace(q, engine.workspace_bytes_varlen_raw(
         q_view, kv, out_view, varlen, options)))
     engine.forward_varlen_raw(q_view, kv, out_view, varlen, options, _stream(index))
     return out, lse if lse is not None else _no_lse(q)
+
+
+def _varlen_structs(engine, q, k, v, out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                    page_table, seqused_k, causal, softmax_scale, lse, window_left, window_right,
+                    softcap, sink_logits, alibi_slopes, sink_tokens, num_splits, family,
+                    user_functions, user_args, user_pointers, block_mask):
+    """(q, kv, out, varlen, options) structs of a forward_varlen (and of its block mask)."""
+    k_view, v_view = (_packed(k), _packed(v)) if page_table is None else (k, v)
+    structs = engine.varlen_args(
+        _packed(q), k_view, v_view, _packed(out), cu_seqlens_q, max_seqlen_q, cu_seqlens_k,
+        max_seqlen_k, page_table, seqused_k, causal, softmax_scale, _lse_pointer(lse), family,
+        num_splits, **_variants(window_left, window_right, softcap, sink_logits, alibi_slopes,
+                                sink_tokens))
+    _set_user(structs[-1], user_functions, user_args, user_pointers, block_mask)
+    return structs
 
 
 def _packed(t):
@@ -371,10 +573,10 @@ def _packed(t):
 @_attention_varlen.register_fake
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, page_table, seqused_k,
       causal, softmax_scale, return_lse, window_left, window_right, softcap, sink_logits,
-      alibi_slopes, sink_tokens,
-      num_splits, family):
+      alibi_slopes, sink_tokens, num_splits, family, user_functions, user_args, user_pointers,
+      block_mask):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits,
-                  alibi_slopes)
+                  alibi_slopes, user_functions, user_args)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32) if return_lse \
         else _no_lse(q)
@@ -382,8 +584,7 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, page_tabl
 
 
 def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits,
-                  alibi_slopes):
-    where = "flashjit.attention_varlen"
+                  alibi_slopes, user_functions, user_args, where="flashjit.attention_varlen"):
     kv_dims = (3,) if page_table is None else (4,)
     _check_tensor("q", q, (3,), where)
     _check_tensor("k", k, kv_dims, where)
@@ -402,26 +603,51 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, si
                        ("cu_seqlens_k", cu_seqlens_k), ("page_table", page_table),
                        ("seqused_k", seqused_k), ("sink_logits", sink_logits),
                        ("alibi_slopes", alibi_slopes))
-    _check_common(where, sink_logits, alibi_slopes)
+    _check_common(where, q, sink_logits, alibi_slopes, user_functions, user_args)
 
 
 def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
                      page_table=None, seqused_k=None, causal=False, softmax_scale=None,
                      return_lse=False, window_left=-1, window_right=-1, softcap=0.0,
-                     sink_logits=None, alibi_slopes=None, sink_tokens=0, num_splits=0, family=None):
+                     sink_logits=None, alibi_slopes=None, sink_tokens=0, num_splits=0, family=None,
+                     user_functions=None, user_args=(), block_mask=None):
     """Attention over a packed variable-length batch (flash_attn_varlen_func's layout).
 
     q: [total_q, heads_q, head_dim]; k/v: [total_k, heads_kv, head_dim] with cu_seqlens_k, or
     pages [num_pages, page_size, heads_kv, head_dim] with page_table (cu_seqlens_k None);
     cu_seqlens_*: int32 [batch + 1] offsets on the device; max_seqlen_*: Python ints bounding
     every length. Returns out [total_q, heads_q, head_dim] (and the LSE [heads_q, total_q]
-    with return_lse=True). Other arguments as attention()."""
+    with return_lse=True). Other arguments as attention(); user functions see q_idx and kv_idx
+    as positions within each sequence, batch as the sequence."""
     out, lse = torch.ops.flashjit.attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), page_table,
         seqused_k, bool(causal), _scale(softmax_scale), bool(return_lse), int(window_left),
         int(window_right), float(softcap), sink_logits, alibi_slopes, sink_tokens,
-        int(num_splits), family)
+        int(num_splits), family,
+        *_user_inputs("flashjit.attention_varlen", user_functions, user_args, block_mask))
     return (out, lse) if return_lse else out
+
+
+def create_block_mask_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, *,
+                             user_functions, user_args=(), page_table=None, seqused_k=None,
+                             causal=False, softmax_scale=None, window_left=-1, window_right=-1,
+                             softcap=0.0, sink_logits=None, alibi_slopes=None, sink_tokens=0,
+                             family=None, same_for_all_heads=False):
+    """create_block_mask for attention_varlen with these arguments (the same cu_seqlens_*,
+    page_table and seqused_k tensors: the mask is tied to their memory). Sequences of different
+    lengths have maps of their own: there is no same_for_all_batches here."""
+    where = "flashjit.create_block_mask_varlen"
+    hash_, tensors, pointers = _mask_user_inputs(where, user_functions, user_args)
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits,
+                  alibi_slopes, hash_, tensors, where)
+    engine, index = _engine(q.device)
+    structs = _varlen_structs(
+        engine, q, k, v, q, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k),
+        page_table, seqused_k, bool(causal), _scale(softmax_scale), None, int(window_left),
+        int(window_right), float(softcap), sink_logits, alibi_slopes, int(sink_tokens), 0,
+        family, hash_, tensors, pointers, 0)
+    return BlockMask(engine.create_block_mask_varlen_raw(
+        *structs, same_for_all_heads, False, _stream(index)), tensors)
 
 
 # --- flashjit::merge_attention_states ----------------------------------------------------------

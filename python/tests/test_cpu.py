@@ -29,6 +29,17 @@ def has_driver():
     return flashjit.library().driver_version() is not None
 
 
+DOC_MASK = """__device__ bool mask_mod(int b, int h, int q, int k, const flashjit::UserArgs& a) {
+  const int* doc = static_cast<const int*>(a.ptr[0]);
+  return doc[q] == doc[k];
+}
+"""
+BIAS = """__device__ float score_mod(float s, int b, int h, int q, int k, const flashjit::UserArgs& a) {
+  return s + static_cast<const float*>(a.ptr[1])[h];
+}
+"""
+
+
 def a_variant(arch="sm_80"):
     """A small real variant name, from the CLI's own default set (simt compiles fastest)."""
     out = cache.run_cli(["precompile", "--arch", arch, "--family", "simt", "--head-dim", "32",
@@ -163,6 +174,65 @@ class FindingLibraries(unittest.TestCase):
         self.assertIn("nvidia-cuda-nvrtc", str(caught.exception))
 
 
+class UserFunctionsWithoutGpu(unittest.TestCase):
+    def test_hash_is_the_librarys(self):
+        functions = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        self.assertRegex(functions.hash, r"^[0-9a-f]{32}$")
+        self.assertEqual(flashjit.UserFunctions(score_mod="", mask_mod=DOC_MASK).hash,
+                         functions.hash)
+        self.assertEqual(flashjit.library().user_functions(mask_mod=DOC_MASK).hash,
+                         functions.hash)
+        self.assertNotEqual(flashjit.UserFunctions(score_mod=DOC_MASK).hash, functions.hash)
+        both = flashjit.UserFunctions(BIAS, DOC_MASK)
+        self.assertNotIn(both.hash, (functions.hash, flashjit.UserFunctions(BIAS).hash))
+        self.assertIn(functions.hash, repr(functions))
+        # What the CLI computes from the same source in a file.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "doc_mask.cu"
+            path.write_text(DOC_MASK)
+            self.assertEqual(flashjit.UserFunctions.from_files(mask_mod_file=path).hash,
+                             functions.hash)
+            out = cache.run_cli(["precompile", "--variant", "mma.sm80.bf16.d64.m64n64s1",
+                                 "--mask-mod", str(path), "--dry-run"]).stdout
+        self.assertEqual(out.strip(), f"mma.sm80.bf16.d64.m64n64s1.user{functions.hash}")
+
+    def test_errors_name_the_argument(self):
+        with self.assertRaises(flashjit.InvalidArgumentError) as caught:
+            flashjit.UserFunctions()
+        self.assertIn("both empty", caught.exception.message)
+        with tempfile.TemporaryDirectory() as tmp:
+            missing = str(Path(tmp) / "missing.cu")
+            with self.assertRaises(flashjit.InvalidArgumentError) as caught:
+                flashjit.UserFunctions.from_files(score_mod_file=missing)
+        self.assertIn(f"score_mod file {missing}", caught.exception.message)
+
+    def test_precompile_needs_the_functions_in_this_process(self):
+        functions = flashjit.UserFunctions(score_mod=BIAS)
+        with tempfile.TemporaryDirectory() as tmp:
+            name = f"mma.sm80.bf16.d64.m64n64s1.user{functions.hash}"
+            cache.precompile([name], cache_dir=tmp)  # the C API: this process knows the hash
+            entries = cache.list(cache_dir=tmp)
+            self.assertEqual([(e["name"], e["user_functions"]) for e in entries],
+                             [(name, functions.hash)])
+            with self.assertRaises(flashjit.CompileError) as caught:
+                cache.precompile(["mma.sm80.bf16.d64.m64n64s1.user" + "0" * 32], cache_dir=tmp)
+        self.assertIn("this process does not know", caught.exception.message)
+
+    def test_options_struct_and_user_args(self):
+        options = _capi.FlashjitForwardOptions
+        if ctypes.sizeof(ctypes.c_void_p) == 8:  # the C test pins the same size
+            self.assertEqual(ctypes.sizeof(options), 176)
+        self.assertEqual(options.user_args.offset,
+                         options.user_functions.offset + ctypes.sizeof(ctypes.c_void_p))
+        self.assertEqual(options.block_mask.offset, options.user_args.offset +
+                         _capi.MAX_USER_ARGS * ctypes.sizeof(ctypes.c_void_p))
+        self.assertEqual(_capi.user_arg_pointers([0x1000, None]), [0x1000] + [0] * 7)
+        with self.assertRaisesRegex(ValueError, "user_args has 9 entries: expected at most 8"):
+            _capi.user_arg_pointers([0] * 9)
+        with self.assertRaisesRegex(TypeError, r"user_args\[1\] has type str"):
+            _capi.user_arg_pointers([0, "x"])
+
+
 class Cache(unittest.TestCase):
     def test_precompile_list_clear(self):
         name = a_variant()
@@ -286,6 +356,70 @@ class TorchWithoutGpu(unittest.TestCase):
         compiled = torch.compile(block, fullgraph=True, backend="aot_eager")
         q = self.meta(2, 8, 4, 64)
         self.assertEqual(compiled(q, q, q).shape, (2, 8, 4))
+
+    def test_user_function_argument_checks(self):
+        torch = self.torch
+        from flashjit import ops
+        q = self.meta(1, 8, 2, 64)
+        doc = torch.zeros(8, dtype=torch.int32, device="meta")
+        functions = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        with self.assertRaisesRegex(ValueError, "user_args without user_functions"):
+            flashjit.attention(q, q, q, user_args=[doc])
+        with self.assertRaisesRegex(TypeError, "user_functions has type str"):
+            flashjit.attention(q, q, q, user_functions=functions.hash)
+        with self.assertRaisesRegex(ValueError, "user_args has 9 entries"):
+            flashjit.attention(q, q, q, user_functions=functions, user_args=[doc] * 9)
+        with self.assertRaisesRegex(TypeError, r"user_args\[0\] has type float"):
+            flashjit.attention(q, q, q, user_functions=functions, user_args=[1.5])
+        with self.assertRaisesRegex(ValueError, r"user_args\[1\] has strides"):
+            flashjit.attention(q, q, q, user_functions=functions,
+                               user_args=[None, self.meta(4, 4).t()])
+        with self.assertRaisesRegex(ValueError, r"user_args\[0\] is on cpu"):
+            flashjit.attention_with_kvcache(q, q, q, user_functions=functions,
+                                            user_args=[torch.zeros(8, dtype=torch.int32)])
+        with self.assertRaisesRegex(TypeError, "block_mask has type object"):
+            flashjit.attention(q, q, q, user_functions=functions, block_mask=object())
+        mask = ops.BlockMask(None, [])  # no GPU: a mask without a library handle
+        with self.assertRaisesRegex(ValueError, "block_mask without user_functions"):
+            flashjit.attention(q, q, q, block_mask=mask)
+        with self.assertRaisesRegex(ValueError, "user_functions is None"):
+            flashjit.create_block_mask(q, q, q, user_functions=None)
+        gone = ops.BlockMask(None, [])._id  # dropped at once: its id no longer resolves
+        with self.assertRaisesRegex(ValueError, f"BlockMask #{gone} no longer exists"):
+            ops._block_mask_of(gone)
+        self.assertIs(ops._block_mask_of(mask._id), mask)
+
+    def test_fake_shapes_with_user_functions(self):
+        torch = self.torch
+        functions = flashjit.UserFunctions(BIAS, DOC_MASK)
+        q, k = self.meta(2, 8, 4, 64), self.meta(2, 16, 2, 64)
+        args = dict(user_functions=functions,
+                    user_args=[torch.zeros(16, dtype=torch.int32, device="meta"), 0x7f0000000000])
+        out, lse = flashjit.attention(q, k, k, return_lse=True, **args)
+        self.assertEqual((out.shape, lse.shape), ((2, 8, 4, 64), (2, 4, 8)))
+        cu = torch.zeros(3, dtype=torch.int32, device="meta")
+        self.assertEqual(flashjit.attention_varlen(q[0], k[0], k[0], cu, cu, 8, 16, **args).shape,
+                         (8, 4, 64))
+        self.assertEqual(flashjit.attention_with_kvcache(q, k, k, **args).shape, (2, 8, 4, 64))
+
+    def test_compile_fullgraph_with_user_functions_and_masks(self):
+        torch = self.torch
+        import torch._dynamo.testing
+        from flashjit import ops
+        functions = flashjit.UserFunctions(mask_mod=DOC_MASK)
+
+        def block(q, doc, mask):
+            return flashjit.attention(q, q, q, causal=True, user_functions=functions,
+                                      user_args=[doc, 0x7f0000000000], block_mask=mask).sum(-1)
+
+        counter = torch._dynamo.testing.CompileCounterWithBackend("aot_eager")
+        compiled = torch.compile(block, fullgraph=True, backend=counter)
+        q, doc = self.meta(2, 8, 4, 64), torch.zeros(8, dtype=torch.int32, device="meta")
+        masks = [ops.BlockMask(None, []) for _ in range(4)]
+        for mask in masks:  # a new mask each step, as a training loop makes them
+            self.assertEqual(compiled(q, doc, mask).shape, (2, 8, 4))
+        # One recompile for the second mask's id, then the id is a dynamic int.
+        self.assertLessEqual(counter.frame_count, 2)
 
     def test_backward_says_it_does_not_exist(self):
         q = self.meta(1, 8, 2, 64).requires_grad_()

@@ -1,7 +1,8 @@
 """GPU tests of the torch entry points: numerics against float32 references (SDPA with explicit
 masks), torch.compile(fullgraph=True), CUDA-graph capture, GQA, causal, windows, softcap, sinks,
-varlen, decode over dense and paged caches, merge_attention_states, errors. Without torch or a
-GPU every test skips, saying why.
+varlen, decode over dense and paged caches, merge_attention_states, user functions (a document
+mask, a relative-position bias: against float64 references) and block masks, errors. Without
+torch or a GPU every test skips, saying why.
 
 On a GPU machine with torch (no install needed):
     PYTHONPATH=python FLASHJIT_LIBRARY=/path/libflashjit.so.0 \
@@ -147,7 +148,8 @@ class Dense(unittest.TestCase):
     def test_opcheck(self):
         q, k, v = rand(1, 64, 2, 64), rand(1, 64, 2, 64), rand(1, 64, 2, 64)
         torch.library.opcheck(torch.ops.flashjit.attention.default,
-                              (q, k, v, True, 0.0, True, -1, -1, 0.0, None, None, 0, None))
+                              (q, k, v, True, 0.0, True, -1, -1, 0.0, None, None, 0, None, None,
+                               [], [], 0))
 
     def test_errors_carry_the_library_message(self):
         q = rand(1, 64, 3, 64)
@@ -232,6 +234,209 @@ class Serving(unittest.TestCase):
         ref, ref_lse = reference(q, k, v)
         self.assertLess((merged.float() - ref).abs().max().item(), 2e-2)
         self.assertLess((lse - ref_lse).abs().max().item(), 1e-3)
+
+
+def reference64(q, k, v, visible=None, bias=None, causal=False, softcap=0.0):
+    """float64 attention on [b, s, h, d] tensors (GQA by repetition): scores scaled by
+    1/sqrt(d), capped, plus `bias` ([b|1, h|1, sq, sk]), hidden where `visible` ([b|1, h|1, sq,
+    sk] bool) is False or past the bottom-right causal diagonal; and the LSE [b, h, sq]."""
+    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
+    groups = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    if bias is not None:
+        scores = scores + bias.double()
+    sq, sk = q.shape[2], k.shape[2]
+    keep = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    if causal:
+        keep = torch.arange(sk, device=q.device)[None, :] <= \
+            torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    if visible is not None:
+        keep = keep & visible
+    scores = scores.masked_fill(~keep, float("-inf"))
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)
+    return (probs @ v).transpose(1, 2), lse
+
+
+# A document mask over a batch of sequences of SEQLEN tokens: doc ids int32 [batch, SEQLEN].
+SEQLEN = 2048
+DOC_MASK = f"""
+__device__ bool mask_mod(int b, int h, int q, int k, const flashjit::UserArgs& a) {{
+  const int* doc = static_cast<const int*>(a.ptr[0]) + b * {SEQLEN};
+  return doc[q] == doc[k];
+}}"""
+# T5-style relative-position bias from a table fp32 [heads, 2 * MAX_DISTANCE + 1].
+MAX_DISTANCE = 64
+RELATIVE_BIAS = f"""
+__device__ float score_mod(float score, int b, int h, int q, int k,
+                           const flashjit::UserArgs& a) {{
+  const float* table = static_cast<const float*>(a.ptr[0]);
+  const int d = min(max(q - k, -{MAX_DISTANCE}), {MAX_DISTANCE});
+  return score + table[h * {2 * MAX_DISTANCE + 1} + d + {MAX_DISTANCE}];
+}}"""
+
+
+def documents(batch, seqlen, count, seed):
+    """int32 [batch, seqlen] document ids on the GPU: `count` documents of random lengths."""
+    generator = torch.Generator().manual_seed(seed)
+    ids = []
+    for _ in range(batch):
+        cuts = torch.randperm(seqlen - 1, generator=generator)[:count - 1].sort().values + 1
+        lengths = torch.diff(torch.cat([torch.tensor([0]), cuts, torch.tensor([seqlen])]))
+        ids.append(torch.repeat_interleave(torch.arange(count), lengths))
+    return torch.stack(ids).to(torch.int32).cuda()
+
+
+def relative_bias(table, sq, sk):
+    """The RELATIVE_BIAS score_mod's bias as [1, h, sq, sk] for the reference."""
+    distance = (torch.arange(sq)[:, None] - torch.arange(sk)[None, :]).clamp(
+        -MAX_DISTANCE, MAX_DISTANCE).cuda() + MAX_DISTANCE
+    return table[:, distance][None]
+
+
+@unittest.skipUnless(HAVE_GPU, WHY)
+class UserFunctions(unittest.TestCase):
+    def check(self, out, ref, tol=2e-2):
+        self.assertFalse(out.isnan().any().item())
+        err = (out.double() - ref).abs().max().item()
+        self.assertLess(err, tol, f"max abs error {err}")
+
+    def test_document_mask_against_float64(self):
+        torch.manual_seed(20)
+        mask = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        for d in (64, 128):
+            doc = documents(2, SEQLEN, 7, seed=d)
+            visible = (doc[:, :, None] == doc[:, None, :])[:, None]
+            q, k, v = rand(2, SEQLEN, 4, d), rand(2, SEQLEN, 2, d), rand(2, SEQLEN, 2, d)
+            for causal in (True, False):
+                with self.subTest(d=d, causal=causal):
+                    out, lse = flashjit.attention(q, k, v, causal=causal, return_lse=True,
+                                                  user_functions=mask, user_args=[doc])
+                    ref, ref_lse = reference64(q, k, v, visible=visible, causal=causal)
+                    self.check(out, ref)
+                    self.assertLess((lse.double() - ref_lse).abs().max().item(), 1e-3)
+
+    def test_block_mask_on_and_off_are_equal(self):
+        torch.manual_seed(21)
+        mask_mod = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        doc = documents(2, SEQLEN, 32, seed=3)
+        q, k, v = rand(2, SEQLEN, 4, 128), rand(2, SEQLEN, 4, 128), rand(2, SEQLEN, 4, 128)
+        args = dict(causal=True, user_functions=mask_mod, user_args=[doc])
+        try:
+            blocks = flashjit.create_block_mask(q, k, v, same_for_all_heads=True, **args)
+        except flashjit.InvalidArgumentError as e:
+            self.skipTest(f"no block masks for this problem here: {e.message}")
+        counts = blocks.counts()
+        self.assertGreater(counts["partial"], 0)
+        # 32 documents of 64 tokens on average: most causal tiles (70-85 % for tiles of 64 to
+        # 176 keys) lie wholly in other documents and are skipped.
+        self.assertLess(counts["partial"] + counts["full"], counts["total"] / 2)
+        self.assertIn(mask_mod.hash, blocks.variant)
+        plain, plain_lse = flashjit.attention(q, k, v, return_lse=True, **args)
+        masked, masked_lse = flashjit.attention(q, k, v, return_lse=True, block_mask=blocks,
+                                                **args)
+        # The tiles skipped are the ones whose every score the mask hides: the same sums.
+        self.assertTrue(torch.equal(plain, masked), (plain.float() - masked.float()).abs().max())
+        self.assertTrue(torch.equal(plain_lse, masked_lse))
+        visible = (doc[:, :, None] == doc[:, None, :])[:, None]
+        self.check(masked, reference64(q, k, v, visible=visible, causal=True)[0])
+        # A mask for other arguments is refused, naming what differs.
+        with self.assertRaises(flashjit.InvalidArgumentError) as caught:
+            flashjit.attention(q, k, v, causal=False, user_functions=mask_mod, user_args=[doc],
+                               block_mask=blocks)
+        self.assertIn("block_mask", caught.exception.message)
+
+    def test_relative_position_bias_against_float64(self):
+        torch.manual_seed(22)
+        bias = flashjit.UserFunctions(score_mod=RELATIVE_BIAS)
+        heads = 8
+        table = torch.randn(heads, 2 * MAX_DISTANCE + 1, device="cuda")
+        for sq, sk, softcap in ((300, 300, 0.0), (200, 333, 0.0), (256, 256, 20.0)):
+            with self.subTest(sq=sq, sk=sk, softcap=softcap):
+                q, k, v = rand(1, sq, heads, 128), rand(1, sk, 2, 128), rand(1, sk, 2, 128)
+                out, lse = flashjit.attention(q, k, v, causal=True, softcap=softcap,
+                                              return_lse=True, user_functions=bias,
+                                              user_args=[table])
+                # q_idx and kv_idx are positions in the sequence; the score comes capped.
+                ref, ref_lse = reference64(q, k, v, bias=relative_bias(table, sq, sk),
+                                           causal=True, softcap=softcap)
+                self.check(out, ref)
+                finite = ref_lse.isfinite()
+                self.assertLess((lse.double() - ref_lse)[finite].abs().max().item(), 1e-3)
+
+    def test_varlen_and_kvcache(self):
+        torch.manual_seed(23)
+        bias = flashjit.UserFunctions(score_mod=RELATIVE_BIAS)
+        table = torch.randn(8, 2 * MAX_DISTANCE + 1, device="cuda")
+        lengths = [37, 300, 129]
+        cu = torch.tensor([0] + list(torch.tensor(lengths).cumsum(0)), dtype=torch.int32,
+                          device="cuda")
+        total = sum(lengths)
+        q, k, v = rand(total, 8, 128), rand(total, 2, 128), rand(total, 2, 128)
+        out = flashjit.attention_varlen(q, k, v, cu, cu, max(lengths), max(lengths), causal=True,
+                                        user_functions=bias, user_args=[table])
+        for i, n in enumerate(lengths):
+            s = slice(int(cu[i]), int(cu[i]) + n)
+            ref = reference64(q[None, s], k[None, s], v[None, s],
+                              bias=relative_bias(table, n, n), causal=True)[0]
+            self.check(out[None, s], ref)
+        # A decode step over a dense cache with per-sequence lengths.
+        used = torch.tensor([700, 64, 1000], dtype=torch.int32, device="cuda")
+        q1, k_cache, v_cache = rand(3, 1, 8, 128), rand(3, 1024, 2, 128), rand(3, 1024, 2, 128)
+        step = flashjit.attention_with_kvcache(q1, k_cache, v_cache, seqused_k=used, causal=True,
+                                               user_functions=bias, user_args=[table])
+        for b in range(3):
+            n = int(used[b])
+            # The query is position 0 of its sequence of one row.
+            ref = reference64(q1[b:b + 1], k_cache[b:b + 1, :n], v_cache[b:b + 1, :n],
+                              bias=relative_bias(table, 1, n), causal=True)[0]
+            self.check(step[b:b + 1], ref)
+
+    def test_compile_fullgraph_and_cuda_graph(self):
+        mask = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        doc = documents(1, SEQLEN, 5, seed=9)
+        q, k, v = rand(1, SEQLEN, 4, 64), rand(1, SEQLEN, 4, 64), rand(1, SEQLEN, 4, 64)
+
+        def block(q, k, v, doc):
+            return flashjit.attention(q * 2, k, v, causal=True, user_functions=mask,
+                                      user_args=[doc]).float().sum(-1)
+
+        compiled = torch.compile(block, fullgraph=True)
+        torch.testing.assert_close(compiled(q, k, v, doc), block(q, k, v, doc), atol=1e-3,
+                                   rtol=1e-3)
+        flashjit.attention(q, k, v, causal=True, user_functions=mask, user_args=[doc])  # warm
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = flashjit.attention(q, k, v, causal=True, user_functions=mask, user_args=[doc])
+        doc.copy_(documents(1, SEQLEN, 3, seed=10))  # the graph reads the ids as they are now
+        graph.replay()
+        torch.cuda.synchronize()
+        self.assertTrue(torch.equal(out, flashjit.attention(q, k, v, causal=True,
+                                                            user_functions=mask,
+                                                            user_args=[doc])))
+
+    def test_opcheck_with_user_functions(self):
+        bias = flashjit.UserFunctions(score_mod=RELATIVE_BIAS)
+        table = torch.randn(2, 2 * MAX_DISTANCE + 1, device="cuda")
+        q, k, v = rand(1, 64, 2, 64), rand(1, 64, 2, 64), rand(1, 64, 2, 64)
+        torch.library.opcheck(torch.ops.flashjit.attention.default,
+                              (q, k, v, True, 0.0, True, -1, -1, 0.0, None, None, 0, None,
+                               bias.hash, [table], [0], 0))
+
+    def test_nvrtc_errors_name_the_users_line(self):
+        broken = flashjit.UserFunctions(score_mod=(
+            "__device__ float score_mod(float s, int b, int h, int q, int k,\n"
+            "                           const flashjit::UserArgs& a) {\n"
+            "  return s + not_declared;\n}\n"))
+        q = rand(1, 64, 2, 64)
+        with self.assertRaises(flashjit.CompileError) as caught:
+            flashjit.attention(q, q, q, user_functions=broken)
+        self.assertIn("score_mod(3): error", caught.exception.message)
+        self.assertIn("not_declared", caught.exception.message)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 // The C API: the C++ API behind status codes and a thread-local error message.
+#include <algorithm>
 #include <cstring>
+#include <iterator>
 #include <string>
 
 #include "flashjit/flashjit.h"
@@ -8,6 +10,17 @@
 struct flashjit_engine {
   std::unique_ptr<flashjit::Engine> engine;
 };
+
+struct flashjit_user_functions {
+  flashjit::UserFunctions functions;
+};
+
+struct flashjit_block_mask {
+  flashjit::BlockMask mask;
+};
+
+static_assert(FLASHJIT_MAX_USER_ARGS == flashjit::kMaxUserArgs,
+              "flashjit.h and flashjit.hpp disagree on the number of user_args");
 
 namespace {
 
@@ -91,6 +104,9 @@ flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
   options.sink_logits = o->sink_logits;
   options.alibi_slopes = o->alibi_slopes;
   options.sink_tokens = o->sink_tokens;
+  if (o->user_functions != nullptr) options.user_functions = &o->user_functions->functions;
+  std::copy(std::begin(o->user_args), std::end(o->user_args), options.user_args.begin());
+  if (o->block_mask != nullptr) options.block_mask = &o->block_mask->mask;
   return options;
 }
 
@@ -109,6 +125,38 @@ flashjit::KVCache kv_of(const flashjit_kv_cache* kv) {
 flashjit::VarlenBatch varlen_of(const flashjit_varlen* v) {
   require(v != nullptr, "varlen is null: expected a flashjit_varlen");
   return {v->cu_seqlens_q, v->cu_seqlens_k, v->batch, v->max_seqlen_q, v->max_seqlen_k};
+}
+
+// A C string argument that may be NULL for "absent".
+std::string text_or_empty(const char* text) { return text != nullptr ? text : ""; }
+
+// Fills *out with the user functions `make` returns (NULL first, so a failure leaves NULL).
+template <typename Make>
+flashjit_status make_user_functions(flashjit_user_functions** out, Make&& make) {
+  return guarded([&] {
+    require(out != nullptr, "out is null: expected a flashjit_user_functions** to fill");
+    *out = nullptr;
+    *out = new flashjit_user_functions{make()};
+  });
+}
+
+// The same for a block mask made by one of Engine::create_block_mask's overloads.
+template <typename Make>
+flashjit_status make_block_mask(flashjit_block_mask** mask, int32_t same_for_all_heads,
+                                int32_t same_for_all_batches, Make&& make) {
+  return guarded([&] {
+    require(mask != nullptr, "mask is null: expected a flashjit_block_mask** to fill");
+    *mask = nullptr;
+    flashjit::BlockMaskOptions mask_options;
+    mask_options.same_for_all_heads = same_for_all_heads != 0;
+    mask_options.same_for_all_batches = same_for_all_batches != 0;
+    *mask = new flashjit_block_mask{make(mask_options)};
+  });
+}
+
+const flashjit::BlockMask& mask_of(const flashjit_block_mask* mask) {
+  require(mask != nullptr, "mask is null: expected one from flashjit_block_mask_create");
+  return mask->mask;
 }
 
 // Copies a variant's name into a caller's buffer.
@@ -281,6 +329,85 @@ flashjit_status flashjit_select_variant_kv(flashjit_engine* engine, const flashj
                    .name(),
                buf, buf_size);
   });
+}
+
+flashjit_status flashjit_user_functions_create(const char* score_mod, const char* mask_mod,
+                                               flashjit_user_functions** out) {
+  return make_user_functions(out, [&] {
+    return flashjit::UserFunctions(text_or_empty(score_mod), text_or_empty(mask_mod));
+  });
+}
+
+flashjit_status flashjit_user_functions_from_files(const char* score_mod_file,
+                                                   const char* mask_mod_file,
+                                                   flashjit_user_functions** out) {
+  return make_user_functions(out, [&] {
+    return flashjit::UserFunctions::from_files(text_or_empty(score_mod_file),
+                                               text_or_empty(mask_mod_file));
+  });
+}
+
+const char* flashjit_user_functions_hash(const flashjit_user_functions* functions) {
+  return functions != nullptr ? functions->functions.hash().c_str() : nullptr;
+}
+
+void flashjit_user_functions_destroy(flashjit_user_functions* functions) { delete functions; }
+
+flashjit_status flashjit_block_mask_create(flashjit_engine* engine, const flashjit_tensor* q,
+                                           const flashjit_tensor* k, const flashjit_tensor* v,
+                                           const flashjit_tensor* out,
+                                           const flashjit_forward_options* options,
+                                           int32_t same_for_all_heads,
+                                           int32_t same_for_all_batches, void* stream,
+                                           flashjit_block_mask** mask) {
+  return make_block_mask(mask, same_for_all_heads, same_for_all_batches, [&](const auto& how) {
+    return engine_of(engine).create_block_mask(view_of(q, "q"), view_of(k, "k"), view_of(v, "v"),
+                                               view_of(out, "out"), options_of(options), how,
+                                               static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_block_mask_create_kv(flashjit_engine* engine, const flashjit_tensor* q,
+                                              const flashjit_kv_cache* kv,
+                                              const flashjit_tensor* out,
+                                              const flashjit_forward_options* options,
+                                              int32_t same_for_all_heads,
+                                              int32_t same_for_all_batches, void* stream,
+                                              flashjit_block_mask** mask) {
+  return make_block_mask(mask, same_for_all_heads, same_for_all_batches, [&](const auto& how) {
+    return engine_of(engine).create_block_mask(view_of(q, "q"), kv_of(kv), view_of(out, "out"),
+                                               options_of(options), how,
+                                               static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_block_mask_create_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_kv_cache* kv,
+    const flashjit_tensor* out, const flashjit_varlen* varlen,
+    const flashjit_forward_options* options, int32_t same_for_all_heads,
+    int32_t same_for_all_batches, void* stream, flashjit_block_mask** mask) {
+  return make_block_mask(mask, same_for_all_heads, same_for_all_batches, [&](const auto& how) {
+    return engine_of(engine).create_block_mask(view_of(q, "q"), kv_of(kv), view_of(out, "out"),
+                                               varlen_of(varlen), options_of(options), how,
+                                               static_cast<CUstream_st*>(stream));
+  });
+}
+
+void flashjit_block_mask_destroy(flashjit_block_mask* mask) { delete mask; }
+
+flashjit_status flashjit_block_mask_counts(const flashjit_block_mask* mask, int64_t* partial,
+                                           int64_t* full, int64_t* total) {
+  return guarded([&] {
+    const flashjit::BlockMask::Counts counts = mask_of(mask).counts();
+    if (partial != nullptr) *partial = counts.partial;
+    if (full != nullptr) *full = counts.full;
+    if (total != nullptr) *total = counts.total;
+  });
+}
+
+flashjit_status flashjit_block_mask_variant(const flashjit_block_mask* mask, char* buf,
+                                            int32_t buf_size) {
+  return guarded([&] { write_name(mask_of(mask).variant().name(), buf, buf_size); });
 }
 
 flashjit_status flashjit_precompile(const char* cache_dir, const char* const* variant_names,

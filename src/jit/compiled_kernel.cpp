@@ -52,6 +52,7 @@ std::string metadata_json(const CompiledKernel& k, std::string_view cubin) {
               {"window", v.window},
               {"sink", v.sink},
               {"alibi", v.alibi},
+              {"user_functions", v.user_functions},  // their hash ("" for none), as in the name
               {"key", k.key},
               {"lowered_name", k.lowered_name},
               {"registers", e.registers},

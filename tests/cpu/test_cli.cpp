@@ -185,6 +185,28 @@ TEST_CASE("the cache directory comes from FLASHJIT_CACHE_DIR when --cache-dir is
     CHECK(family.at("sink") == (family.at("name") != "simt" && family.at("attention")));
     CHECK(family.at("alibi") == family.at("sink"));
   }
+  // The user-function flags are the library's (FamilyInfo), and a block mask needs them.
+  REQUIRE(doc.at("families").size() == flashjit::families().size());
+  for (std::size_t i = 0; i < flashjit::families().size(); ++i) {
+    const flashjit::FamilyInfo& info = flashjit::families()[i];
+    const json& family = doc.at("families")[i];
+    INFO(info.name);
+    CHECK(family.at("name") == info.name);
+    CHECK(family.at("user_functions") == info.user_functions);
+    CHECK(family.at("block_mask") == info.block_mask);
+    if (info.block_mask) CHECK((info.user_functions && info.attention));
+  }
+  const Run text = run_cli(cache, "info", env);
+  REQUIRE(text.status == 0);
+  for (const flashjit::FamilyInfo& info : flashjit::families()) {
+    std::istringstream lines(text.out);
+    std::string line;
+    while (std::getline(lines, line) && !line.starts_with("family " + info.name + " ")) {
+    }
+    INFO(line);
+    CHECK(contains(line, "; user functions") == info.user_functions);
+    CHECK(contains(line, "; block mask") == info.block_mask);
+  }
 }
 
 TEST_CASE("an empty cache lists as empty, not as an error") {
@@ -487,6 +509,176 @@ TEST_CASE("precompile --alibi both builds the ALiBi twins; list and its JSON sho
   std::sort(names.begin(), names.end());
   std::sort(expected.begin(), expected.end());
   CHECK(names == expected);
+}
+
+// A mask_mod and a score_mod in files, as an operator passes them to precompile.
+struct UserSources {
+  fs::path mask_mod, score_mod, broken;
+  explicit UserSources(const fs::path& dir)
+      : mask_mod(dir / "doc_mask.cu"), score_mod(dir / "bias.cu"), broken(dir / "broken.cu") {
+    std::ofstream(mask_mod)
+        << "__device__ bool mask_mod(int b, int h, int q, int k, const flashjit::UserArgs& a) {\n"
+           "  const int* doc = static_cast<const int*>(a.ptr[0]);\n"
+           "  return doc[q] == doc[k];\n}\n";
+    std::ofstream(score_mod) << "__device__ float score_mod(float s, int b, int h, int q, int k,\n"
+                                "                           const flashjit::UserArgs& a) {\n"
+                                "  return s + static_cast<const float*>(a.ptr[1])[h];\n}\n";
+    std::ofstream(broken) << "// line 1\n__device__ float score_mod(float s, int b, int h, int q, "
+                             "int k, const flashjit::UserArgs& a) {\n"
+                             "  return s + no_such_name;\n}\n";
+  }
+};
+
+std::vector<std::string> lines_of(const std::string& text) {
+  std::vector<std::string> lines;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST_CASE("precompile --mask-mod / --score-mod: the default set of the families that compile "
+          "user functions, each with their hash; the others left out with a note") {
+  TempCache cache;
+  const UserSources sources(cache.dir);
+  const std::string hash = flashjit::UserFunctions::from_files("", sources.mask_mod).hash();
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  const Run run = run_cli(cache, dir + " precompile --arch sm_90a --head-dim 64 --dtype bf16 "
+                                       "--mask-mod " + sources.mask_mod.string() + " --dry-run");
+  INFO(run.out, run.err);
+  REQUIRE(run.status == 0);
+  std::vector<std::string> expected, left_out;
+  for (flashjit::Variant v : flashjit::default_variants("sm_90a")) {
+    if (v.head_dim != 64 || v.dtype != flashjit::DType::bf16) continue;
+    const auto info = std::find_if(flashjit::families().begin(), flashjit::families().end(),
+                                   [&](const auto& f) { return f.name == v.family; });
+    if (!info->user_functions) {
+      if (std::find(left_out.begin(), left_out.end(), v.family) == left_out.end())
+        left_out.push_back(v.family);
+      continue;
+    }
+    v.user_functions = hash;
+    expected.push_back(v.name());
+  }
+  REQUIRE(!expected.empty());
+  REQUIRE(!left_out.empty());  // simt and merge today
+  auto names = lines_of(run.out);
+  std::sort(names.begin(), names.end());
+  std::sort(expected.begin(), expected.end());
+  CHECK(names == expected);
+  // The hash and the note on stderr, beside a dry run's names.
+  CHECK(contains(run.err, "user functions " + hash + ": --mask-mod " + sources.mask_mod.string()));
+  for (const std::string& family : left_out) CHECK(contains(run.err, family));
+  CHECK(contains(run.err, "no user functions: left out of this run"));
+
+  // Both sources: one hash of the two.
+  const Run both = run_cli(cache, dir + " precompile --arch sm_80 --family mma --head-dim 64 "
+                                        "--dtype bf16 --causal yes --score-mod " +
+                                        sources.score_mod.string() + " --mask-mod " +
+                                        sources.mask_mod.string() + " --dry-run");
+  REQUIRE(both.status == 0);
+  const std::string both_hash =
+      flashjit::UserFunctions::from_files(sources.score_mod, sources.mask_mod).hash();
+  CHECK(both_hash != hash);
+  CHECK(both.out == "mma.sm80.bf16.d64.m128n128s1.causal.user" + both_hash + "\n");
+}
+
+TEST_CASE("precompile with user functions compiles them in; list, its JSON and the metadata "
+          "carry the hash; NVRTC errors name the file") {
+  TempCache cache;
+  const UserSources sources(cache.dir);
+  const std::string dir = "--cache-dir " + (cache.dir / "cache").string();
+  const std::string hash =
+      flashjit::UserFunctions::from_files(sources.score_mod, sources.mask_mod).hash();
+  const Run compiled = run_cli(cache, dir + " precompile --variant mma.sm80.bf16.d64.m64n64s1 "
+                                            "--score-mod " + sources.score_mod.string() +
+                                            " --mask-mod " + sources.mask_mod.string());
+  INFO(compiled.out, compiled.err);
+  REQUIRE(compiled.status == 0);
+  const std::string name = "mma.sm80.bf16.d64.m64n64s1.user" + hash;
+  CHECK(contains(compiled.out, "user functions " + hash));
+  CHECK(contains(compiled.out, "compiled " + name));
+  CHECK(contains(run_cli(cache, dir + " list").out, name));
+  const json listed = json::parse(run_cli(cache, dir + " list --json").out);
+  REQUIRE(listed.size() == 1);
+  CHECK(listed[0].at("name") == name);
+  CHECK(listed[0].at("user_functions") == hash);
+  fs::path metadata = listed[0].at("path").get<std::string>();
+  metadata.replace_extension(".json");
+  std::ifstream in(metadata);
+  CHECK(json::parse(in).at("user_functions") == hash);
+  // Warm: the same sources find the entry.
+  const Run again = run_cli(cache, dir + " precompile --variant " + name + " --score-mod " +
+                                       sources.score_mod.string() + " --mask-mod " +
+                                       sources.mask_mod.string());
+  CHECK(again.status == 0);
+  CHECK(contains(again.out, "cached   " + name));
+
+  // A source NVRTC rejects: its log names the user's line, and the CLI the file.
+  const Run broken = run_cli(cache, dir + " precompile --variant mma.sm80.bf16.d64.m64n64s1 "
+                                          "--score-mod " + sources.broken.string());
+  INFO(broken.err);
+  CHECK(broken.status == 1);
+  CHECK(contains(broken.err, "score_mod(3): error"));
+  CHECK(contains(broken.err, "no_such_name"));
+  CHECK(contains(broken.err, "score_mod = " + sources.broken.string()));
+  CHECK(!contains(broken.err, "mask_mod ="));
+}
+
+TEST_CASE("precompile's user functions must match the variants named: --variant, --manifest, "
+          "--family; errors name both hashes") {
+  TempCache cache;
+  const UserSources sources(cache.dir);
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  const std::string mask = " --mask-mod " + sources.mask_mod.string();
+  const std::string hash = flashjit::UserFunctions::from_files("", sources.mask_mod).hash();
+  const std::string other = flashjit::UserFunctions::from_files(sources.score_mod, "").hash();
+  auto fails = [&](const std::string& args) {
+    const Run run = run_cli(cache, dir + " precompile " + args + " --dry-run");
+    INFO(args, run.out);
+    CHECK(run.status == 2);
+    CHECK(run.out.empty());
+    return run.err;
+  };
+  // --variant: a plain name gets the hash; a name with a hash needs those sources.
+  const Run plain = run_cli(cache, dir + " precompile --variant mma.sm80.bf16.d64.m64n64s1 --dry-run" + mask);
+  CHECK(plain.out == "mma.sm80.bf16.d64.m64n64s1.user" + hash + "\n");
+  const std::string named = "mma.sm80.bf16.d64.m64n64s1.user" + hash;
+  CHECK(run_cli(cache, dir + " precompile --dry-run --variant " + named + mask).out ==
+        named + "\n");
+  std::string err = fails("--variant " + named);
+  CHECK(contains(err, "has user functions of hash " + hash));
+  CHECK(contains(err, "--score-mod FILE and/or --mask-mod FILE"));
+  err = fails("--variant " + named + " --score-mod " + sources.score_mod.string());
+  CHECK(contains(err, "hash " + hash + ", but the sources given (--score-mod " +
+                          sources.score_mod.string() + ") have hash " + other));
+  err = fails("--variant simt.sm80.bf16.d64.m64n64s1" + mask);
+  CHECK(contains(err, "family simt compiles no user functions"));
+  err = fails("--arch sm_80 --family simt,mma" + mask);
+  CHECK(contains(err, "--family simt: it compiles no user functions"));
+  err = fails("--arch sm_80 --mask-mod " + (cache.dir / "missing.cu").string());
+  CHECK(contains(err, "--mask-mod"));
+  CHECK(contains(err, "missing.cu"));
+
+  // --manifest: built as recorded; the sources make its hash buildable and must match it.
+  const fs::path manifest = cache.dir / "recorded.txt";
+  std::ofstream(manifest) << "mma.sm80.bf16.d64.m64n64s1\n" << named << "\n";
+  const Run exact =
+      run_cli(cache, dir + " precompile --dry-run --manifest " + manifest.string() + mask);
+  INFO(exact.err);
+  CHECK(exact.out == "mma.sm80.bf16.d64.m64n64s1\n" + named + "\n");
+  const Run retargeted = run_cli(cache, dir + " precompile --dry-run --arch sm_86 --manifest " +
+                                            manifest.string() + mask);
+  CHECK(retargeted.out ==
+        "mma.sm86.bf16.d64.m64n64s1\nmma.sm86.bf16.d64.m64n64s1.user" + hash + "\n");
+  err = fails("--manifest " + manifest.string());
+  CHECK(contains(err, manifest.string() + ": " + named + " has user functions of hash " + hash));
+  err = fails("--manifest " + manifest.string() + " --score-mod " + sources.score_mod.string());
+  CHECK(contains(err, "have hash " + other));
+  const fs::path plain_manifest = cache.dir / "plain.txt";
+  std::ofstream(plain_manifest) << "mma.sm80.bf16.d64.m64n64s1\n";
+  err = fails("--manifest " + plain_manifest.string() + mask);
+  CHECK(contains(err, "names no variant with user functions"));
+  CHECK(json::parse(run_cli(cache, dir + " list --json").out).empty());
 }
 
 TEST_CASE("--version, and -q keeps a successful precompile silent") {

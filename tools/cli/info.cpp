@@ -49,10 +49,12 @@ void print_text(const GpuSurvey& gpus, const KernelCache& cache,
   row("NVRTC archs", fmt::format("{}", fmt::join(nvrtc_archs(), " ")));
   for (const FamilyInfo& family : families())
     row(fmt::format("family {}", family.name),
-        fmt::format("{}; archs {}; head dims {}{}{}{}{}", family.summary,
+        fmt::format("{}; archs {}; head dims {}{}{}{}{}{}{}", family.summary,
                     fmt::join(family.archs, " "), fmt::join(family.head_dims, " "),
                     family.softcap ? "; softcap" : "", family.window ? "; window" : "",
-                    family.sink ? "; sink" : "", family.alibi ? "; alibi" : ""));
+                    family.sink ? "; sink" : "", family.alibi ? "; alibi" : "",
+                    family.user_functions ? "; user functions" : "",
+                    family.block_mask ? "; block mask" : ""));
   row("CUDA driver", gpus.driver_version ? driver_text(*gpus.driver_version) : "none");
   if (gpus.devices.empty()) row("GPU", fmt::format("no GPU: {}", gpus.why_none));
   for (const DeviceInfo& d : gpus.devices)
@@ -86,7 +88,9 @@ nlohmann::ordered_json to_json(const GpuSurvey& gpus, const KernelCache& cache, 
                            {"softcap", family.softcap},
                            {"window", family.window},
                            {"sink", family.sink},
-                           {"alibi", family.alibi}});
+                           {"alibi", family.alibi},
+                           {"user_functions", family.user_functions},
+                           {"block_mask", family.block_mask}});
   const auto dir = cache.directory();
   return {{"flashjit_version", version()},
           {"nvrtc_version", nvrtc_version()},

@@ -34,6 +34,7 @@ nlohmann::ordered_json entry_json(const CacheEntry& entry) {
           {"window", v.window},
           {"sink", v.sink},
           {"alibi", v.alibi},
+          {"user_functions", v.user_functions},  // the hash, "" for none
           {"tile_m", v.tile_m},
           {"tile_n", v.tile_n},
           {"stages", v.stages},
@@ -106,9 +107,9 @@ int run_list(const ListOptions& options, const GlobalOptions& globals) {
     const Variant& x = a.variant;
     const Variant& y = b.variant;
     return std::tuple(x.arch, family_rank(x.family), x.family, x.dtype, x.head_dim, x.causal,
-                      x.tile_m, x.tile_n, x.stages, a.key) <
+                      x.tile_m, x.tile_n, x.stages, x.user_functions, a.key) <
            std::tuple(y.arch, family_rank(y.family), y.family, y.dtype, y.head_dim, y.causal,
-                      y.tile_m, y.tile_n, y.stages, b.key);
+                      y.tile_m, y.tile_n, y.stages, y.user_functions, b.key);
   });
 
   if (options.json) {
@@ -147,8 +148,8 @@ void add_list_command(CLI::App& app, const GlobalOptions& globals, int& status) 
   add_family_option(*command, options->families, "Only these kernel families");
   command->add_flag("--json", options->json,
                     "Print a JSON array, one object per entry (name, family, arch, dtype, "
-                    "head_dim, causal, tiles, registers, spills, shared memory, sizes, times, "
-                    "state, layer, path)");
+                    "head_dim, causal and the other features, user_functions (hash), tiles, "
+                    "registers, spills, shared memory, sizes, times, state, layer, path)");
   command->callback([&globals, &status, options] { status = run_list(*options, globals); });
 }
 

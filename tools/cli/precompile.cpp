@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <optional>
 #include <thread>
 
 #include "cli.hpp"
@@ -26,6 +28,9 @@ struct PrecompileOptions {
   std::vector<std::string> dtypes;
   std::vector<std::string> families;
   std::vector<std::string> variant_names;
+  // User functions compiled into every chosen variant (UserFunctions::from_files; empty: none).
+  std::string score_mod_file;
+  std::string mask_mod_file;
   std::string manifest;  // a variant manifest to build exactly (retargeted to --arch if given)
   std::string out;       // a bundle directory to write (entries + its manifest)
   int jobs = 0;
@@ -53,6 +58,60 @@ CLI::Validator variant_name_validator() {
       "");
 }
 
+const FamilyInfo* family_info(const std::string& family) {
+  for (const FamilyInfo& info : families())
+    if (info.name == family) return &info;
+  return nullptr;
+}
+
+// The attention families that compile user functions (the block-mask builder is no choice here).
+std::string user_function_families() {
+  std::vector<std::string> names;
+  for (const FamilyInfo& info : families())
+    if (info.attention && info.user_functions) names.push_back(info.name);
+  return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
+}
+
+// Where the user functions of a run come from, for messages: "--score-mod a.cu --mask-mod b.cu".
+std::string user_function_files(const PrecompileOptions& options) {
+  std::string text;
+  if (!options.score_mod_file.empty()) text += "--score-mod " + options.score_mod_file;
+  if (!options.mask_mod_file.empty())
+    text += (text.empty() ? "" : " ") + ("--mask-mod " + options.mask_mod_file);
+  return text;
+}
+
+// A named variant (`where`: "--variant NAME" or "--manifest FILE: NAME") with the run's user
+// functions: a name with ".user<hash>" needs the sources of that hash; a name without one gets
+// them when `add` (the variant's family must compile user functions).
+Variant with_user_functions(Variant variant, const UserFunctions* functions,
+                            const PrecompileOptions& options, const std::string& where, bool add) {
+  if (!variant.user_functions.empty()) {
+    if (!functions)
+      throw Error(ErrorCode::invalid_argument,
+                  fmt::format("{} has user functions of hash {}: pass their source with "
+                              "--score-mod FILE and/or --mask-mod FILE",
+                              where, variant.user_functions));
+    if (variant.user_functions != functions->hash())
+      throw Error(ErrorCode::invalid_argument,
+                  fmt::format("{} has user functions of hash {}, but the sources given ({}) have "
+                              "hash {}: expected the sources that variant was built from",
+                              where, variant.user_functions, user_function_files(options),
+                              functions->hash()));
+    return variant;
+  }
+  if (!functions || !add) return variant;
+  const FamilyInfo* info = family_info(variant.family);
+  if (!(info && info->user_functions))
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("{}: family {} compiles no user functions ({}): expected a variant "
+                            "of {}",
+                            where, variant.family, user_function_files(options),
+                            user_function_families()));
+  variant.user_functions = functions->hash();
+  return variant;
+}
+
 std::vector<std::string> archs_of_local_gpus() {
   std::vector<DeviceInfo> found;
   try {
@@ -73,19 +132,31 @@ std::vector<std::string> archs_of_local_gpus() {
   return archs;
 }
 
-std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
+// The variants to build. With user functions (`functions`), `notes` gets the families the default
+// set leaves out for them.
+std::vector<Variant> chosen_variants(const PrecompileOptions& options,
+                                     const UserFunctions* functions,
+                                     std::vector<std::string>& notes) {
   std::vector<Variant> chosen;
   auto add = [&](Variant variant) {
     if (!contains(chosen, variant)) chosen.push_back(std::move(variant));
   };
   if (!options.variant_names.empty()) {
-    for (const std::string& name : options.variant_names) add(Variant::parse(name));
+    for (const std::string& name : options.variant_names)
+      add(with_user_functions(Variant::parse(name), functions, options, "--variant " + name,
+                              /*add=*/true));
     return chosen;
   }
   if (!options.manifest.empty()) {
     // A manifest recorded on one GPU can warm another arch: each variant retargeted, checked
-    // again for that arch.
-    for (const Variant& recorded : read_variant_manifest(options.manifest)) {
+    // again for that arch. Its names are built as recorded: user functions make the hashes they
+    // name buildable, and add none to the others (a recorded run holds both kinds).
+    bool names_them = false;
+    for (Variant recorded : read_variant_manifest(options.manifest)) {
+      const std::string where = fmt::format("--manifest {}: {}", options.manifest, recorded.name());
+      recorded = with_user_functions(std::move(recorded), functions, options, where,
+                                     /*add=*/false);
+      names_them = names_them || !recorded.user_functions.empty();
       if (options.archs.empty()) {
         add(recorded);
         continue;
@@ -105,6 +176,12 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
     if (chosen.empty())
       throw Error(ErrorCode::invalid_argument,
                   fmt::format("--manifest {} names no variant", options.manifest));
+    if (functions && !names_them)
+      throw Error(ErrorCode::invalid_argument,
+                  fmt::format("--manifest {} names no variant with user functions, so {} (hash "
+                              "{}) would be unused: expected a manifest with .user{} variants",
+                              options.manifest, user_function_files(options), functions->hash(),
+                              functions->hash()));
     return chosen;
   }
   const auto archs = options.archs.empty() ? archs_of_local_gpus() : options.archs;
@@ -115,11 +192,16 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
   const auto window = yes_no_values(options.window);
   const auto sink = yes_no_values(options.sink);
   const auto alibi = yes_no_values(options.alibi);
-  auto info_of = [](const std::string& family) -> const FamilyInfo* {
-    for (const FamilyInfo& info : families())
-      if (info.name == family) return &info;
-    return nullptr;
-  };
+  // Families the user named must compile user functions; of the default set, those that do not
+  // are left out (and named in a note).
+  if (functions)
+    for (const std::string& family : options.families)
+      if (const FamilyInfo* info = family_info(family); !(info && info->user_functions))
+        throw Error(ErrorCode::invalid_argument,
+                    fmt::format("--family {}: it compiles no user functions ({}): expected "
+                                "families among {}",
+                                family, user_function_files(options), user_function_families()));
+  std::vector<std::string> skipped;
   for (const std::string& arch : archs)
     for (const Variant& variant : default_variants(arch)) {
       if (!contains(head_dims, variant.head_dim) || !contains(dtypes, variant.dtype) ||
@@ -128,7 +210,11 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
       if (!options.families.empty() && !contains(options.families, variant.family)) continue;
       // Each default shape once per --softcap, --window, --sink and --alibi value, where the
       // family builds soft-capped, sliding-window, sink or ALiBi kernels.
-      const FamilyInfo* info = info_of(variant.family);
+      const FamilyInfo* info = family_info(variant.family);
+      if (functions && !(info && info->user_functions)) {
+        if (!contains(skipped, variant.family)) skipped.push_back(variant.family);
+        continue;
+      }
       for (bool capped : softcap)
         for (bool windowed : window)
           for (bool sunk : sink)
@@ -141,15 +227,27 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options) {
               chosen_variant.window = windowed;
               chosen_variant.sink = sunk;
               chosen_variant.alibi = biased;
+              if (functions) chosen_variant.user_functions = functions->hash();
               add(std::move(chosen_variant));
             }
     }
+  if (!skipped.empty())
+    notes.push_back(fmt::format("{} {} no user functions: left out of this run (run "
+                                "precompile without {} for their plain variants)",
+                                skipped.size() == 1 ? "family" : "families",
+                                fmt::join(skipped, ", "),
+                                skipped.size() == 1 ? "compiles" : "compile",
+                                user_function_files(options)));
   if (chosen.empty())
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("no default variant for {} matches --head-dim, --dtype, --causal, "
-                            "--softcap, --window, --sink, --alibi and --family; `flashjit "
+                            "--softcap, --window, --sink, --alibi{} and --family; `flashjit "
                             "precompile --arch {} --dry-run` lists them",
-                            fmt::join(archs, ", "), archs.front()));
+                            fmt::join(archs, ", "),
+                            functions ? fmt::format(", user functions (families {})",
+                                                    user_function_families())
+                                      : "",
+                            archs.front()));
   return chosen;
 }
 
@@ -181,7 +279,21 @@ std::string outcome_line(const CompileOutcome& outcome, std::size_t index, std::
 }
 
 int run_precompile(const PrecompileOptions& options, const GlobalOptions& globals) {
-  const std::vector<Variant> variants = chosen_variants(options);
+  // Made before the variants are chosen: a UserFunctions made in this process is what lets the
+  // cache compile a variant that names its hash.
+  std::optional<UserFunctions> functions;
+  if (!options.score_mod_file.empty() || !options.mask_mod_file.empty())
+    functions = UserFunctions::from_files(options.score_mod_file, options.mask_mod_file);
+  std::vector<std::string> notes;
+  const std::vector<Variant> variants =
+      chosen_variants(options, functions ? &*functions : nullptr, notes);
+  if (!globals.quiet) {
+    // On stdout with the rest of the report; beside a dry run's names, on stderr.
+    std::FILE* to = options.dry_run ? stderr : stdout;
+    if (functions)
+      fmt::print(to, "user functions {}: {}\n", functions->hash(), user_function_files(options));
+    for (const std::string& note : notes) fmt::print(to, "note: {}\n", note);
+  }
   if (options.dry_run) {
     for (const Variant& variant : variants) fmt::print("{}\n", variant.name());
     return 0;
@@ -255,8 +367,17 @@ int run_precompile(const PrecompileOptions& options, const GlobalOptions& global
   if (failed == 0) return 0;
   std::fflush(stdout);
   fmt::print(stderr, "flashjit: error: {} of {} variants failed:\n", failed, outcomes.size());
-  for (const CompileOutcome& outcome : outcomes)
-    if (!outcome.ok) fmt::print(stderr, "\n=== {}\n{}\n", outcome.variant.name(), outcome.error);
+  for (const CompileOutcome& outcome : outcomes) {
+    if (outcome.ok) continue;
+    fmt::print(stderr, "\n=== {}\n{}\n", outcome.variant.name(), outcome.error);
+    // NVRTC's log names the user's lines "score_mod(LINE)" / "mask_mod(LINE)": say which files.
+    if (!outcome.variant.user_functions.empty()) {
+      if (!options.score_mod_file.empty())
+        fmt::print(stderr, "score_mod = {}\n", options.score_mod_file);
+      if (!options.mask_mod_file.empty())
+        fmt::print(stderr, "mask_mod = {}\n", options.mask_mod_file);
+    }
+  }
   return 1;
 }
 
@@ -294,6 +415,17 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
       ->excludes(dtype)
       ->excludes(family)
       ->type_name("NAME");
+  command
+      ->add_option("--score-mod", options->score_mod_file,
+                   "CUDA C source of a score_mod (flashjit::UserFunctions) compiled into every "
+                   "variant; default variants of families without user functions are left out")
+      ->check(CLI::ExistingFile)
+      ->type_name("FILE");
+  command
+      ->add_option("--mask-mod", options->mask_mod_file,
+                   "CUDA C source of a mask_mod, as --score-mod (either or both)")
+      ->check(CLI::ExistingFile)
+      ->type_name("FILE");
   command
       ->add_option("--manifest", options->manifest,
                    "Compile exactly the variants of this manifest (FLASHJIT_RECORD writes one), "
