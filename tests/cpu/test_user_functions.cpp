@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "families/block_mask/block_mask.hpp"
 #include "families/registry.hpp"
 #include "flashjit/flashjit.hpp"
 #include "jit/kernel_store.hpp"
@@ -230,7 +231,9 @@ TEST_CASE("variant names: .user<hash> comes last and parses back; bad hashes are
             .find("family simt has no variants with user functions") != std::string::npos);
 }
 
-TEST_CASE("user variants compile with NVRTC for wgmma (sm_90a), mma (sm_80) and decode, once") {
+TEST_CASE(
+    "user variants compile with NVRTC for wgmma (sm_90a), mma (sm_80), decode and the "
+    "block-mask builder, once") {
   TempDir dir;
   KernelCache cache(CacheOptions{dir.path()});
   const UserFunctions documents = document_mask_functions(), prefix = prefix_lm_functions(),
@@ -242,6 +245,10 @@ TEST_CASE("user variants compile with NVRTC for wgmma (sm_90a), mma (sm_80) and 
   std::vector<Variant> variants;
   for (const auto& [family, arch] : targets)
     for (const UserFunctions* f : functions) variants.push_back(user_variant(family, arch, *f));
+  // After them, the builders of wgmma's block masks (Engine::create_block_mask) for each mask_mod.
+  for (const UserFunctions* f : functions)
+    if (f->has_mask_mod())
+      variants.push_back(detail::block_mask_variant(user_variant("wgmma", "sm_90a", *f)));
   const std::vector<CompileOutcome> outcomes = cache.precompile(variants);
   for (const CompileOutcome& outcome : outcomes) {
     INFO(outcome.variant.name(), ": ", outcome.error);

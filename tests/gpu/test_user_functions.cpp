@@ -291,7 +291,7 @@ class UserRun {
 
   // The options of a run on `kernel`: the case's, the user functions and their args.
   ForwardOptions options(const std::optional<std::string>& kernel) {
-    ForwardOptions o = case_options();
+    ForwardOptions o = case_options_;
     o.family = kernel;
     setup_.apply(o);
     return o;
@@ -302,8 +302,8 @@ class UserRun {
   virtual int forward(const ForwardOptions& o, CUstream_st* stream = nullptr) = 0;
 
   void check(const std::optional<std::string>& kernel) {
-    const std::string what = fmt::format("{} | {} | family {}", describe(), setup_.what,
-                                         kernel.value_or("(dispatcher)"));
+    const std::string what =
+        fmt::format("{} | {} | family {}", what_, setup_.what, kernel.value_or("(dispatcher)"));
     CAPTURE(what);
     try {
       const ForwardOptions o = options(kernel);
@@ -329,12 +329,13 @@ class UserRun {
 
  protected:
   explicit UserRun(UserSetup setup) : setup_(std::move(setup)) {}
-  virtual std::string describe() const = 0;
-  virtual ForwardOptions case_options() const = 0;  // causal, lse, ...
   virtual Variant select(const ForwardOptions& o) = 0;
   virtual BlockMask build(const ForwardOptions& o, const BlockMaskOptions& mask_options) = 0;
 
+  // Set by the subclass: the case's options (causal, lse, ...), description and geometry.
   UserSetup setup_;
+  ForwardOptions case_options_;
+  std::string what_;
   MaskGeometry geometry_;
 };
 
@@ -362,6 +363,11 @@ class DenseRun : public UserRun {
     geometry_.sequences.assign(static_cast<std::size_t>(c.batch), {c.seqlen_q, c.seqlen_k});
     geometry_.longest = {c.seqlen_q, c.seqlen_k};
     geometry_.heads_q = c.heads_q;
+    what_ = c.describe();
+    case_options_.causal = c.causal;
+    case_options_.lse = problem_.lse();
+    case_options_.softcap = c.softcap;
+    if (slopes_) case_options_.alibi_slopes = static_cast<const float*>(slopes_->data());
   }
 
   int forward(const ForwardOptions& o, CUstream_st* stream = nullptr) override {
@@ -375,15 +381,6 @@ class DenseRun : public UserRun {
   const ForwardCase& shape() const { return case_; }
 
  private:
-  std::string describe() const override { return case_.describe(); }
-  ForwardOptions case_options() const override {
-    ForwardOptions o;
-    o.causal = case_.causal;
-    o.lse = problem_.lse();
-    o.softcap = case_.softcap;
-    if (slopes_) o.alibi_slopes = static_cast<const float*>(slopes_->data());
-    return o;
-  }
   Variant select(const ForwardOptions& o) override {
     return engine().select_variant(problem_.q(), problem_.k(), problem_.v(), problem_.out(), o);
   }
@@ -426,13 +423,9 @@ class VarlenRun : public UserRun {
     geometry_.longest = {problem_.varlen().max_seqlen_q, problem_.varlen().max_seqlen_k};
     geometry_.heads_q = c.heads_q;
     geometry_.per_sequence_lengths = true;
-  }
-  std::string describe() const override { return host_.shape.describe(); }
-  ForwardOptions case_options() const override {
-    ForwardOptions o;
-    o.causal = host_.shape.causal;
-    o.lse = problem_.lse();
-    return o;
+    what_ = c.describe();
+    case_options_.causal = c.causal;
+    case_options_.lse = problem_.lse();
   }
   Variant select(const ForwardOptions& o) override {
     return engine().select_variant(problem_.q(), problem_.kv(), problem_.out(), problem_.varlen(),
@@ -472,13 +465,9 @@ class KvRun : public UserRun {
     geometry_.longest = {c.seqlen_q, c.capacity};
     geometry_.heads_q = c.heads_q;
     geometry_.per_sequence_lengths = !c.seqused.empty();
-  }
-  std::string describe() const override { return host_.shape.describe(); }
-  ForwardOptions case_options() const override {
-    ForwardOptions o;
-    o.causal = host_.shape.causal;
-    o.lse = problem_.lse();
-    return o;
+    what_ = c.describe();
+    case_options_.causal = c.causal;
+    case_options_.lse = problem_.lse();
   }
   Variant select(const ForwardOptions& o) override {
     return engine().select_variant(problem_.q(), problem_.kv(), problem_.out(), o);
