@@ -210,8 +210,14 @@ def flex_runner(q, k, v, scale, variant):
     def alibi(score, b, h, q_idx, kv_idx):
         return score - slopes[h] * (q_idx - kv_idx)
 
+    # The table by distance, gathered once for every q - kv in (-seqlen, seqlen): PyTorch 2.11's
+    # Inductor fails to lower a clamp inside score_mod ('ShapeAsConstantBuffer' has no dtype).
+    span = q.shape[1]
+    by_distance = None if table is None else table[:, (torch.arange(
+        -span, span, device=table.device).clamp(-m, m) + m)].contiguous()
+
     def relative(score, b, h, q_idx, kv_idx):
-        return score + table[h, (q_idx - kv_idx).clamp(-m, m) + m]
+        return score + by_distance[h, q_idx - kv_idx + span]
     score_mod = capped if cap else (alibi if slopes is not None else
                                     relative if table is not None else None)
     compiled = torch.compile(flex_attention, fullgraph=True)
