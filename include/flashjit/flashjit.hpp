@@ -106,6 +106,9 @@ class FLASHJIT_API UserFunctions {
 struct FamilyInfo {
   std::string name;                // the first field of its variant names, e.g. "wgmma"
   bool attention = true;           // false for merge: forward never runs it
+  // A kernel of Engine::backward (dK/dV, the deterministic dQ, or the small passes before and
+  // after them); forward never runs it.
+  bool backward = false;
   std::string summary;             // one line: what the kernel is
   std::vector<int> head_dims;      // head dims it has kernels for
   std::vector<std::string> archs;  // the known archs it runs on
@@ -405,6 +408,27 @@ struct ForwardOptions {
   const BlockMask* block_mask = nullptr;
 };
 
+// Engine::backward's options: those of the forward whose gradients it computes, and how.
+struct BackwardOptions {
+  std::optional<float> softmax_scale;  // the forward's; default 1/sqrt(head_dim)
+  bool causal = false;                 // the forward's causal mask (bottom-right aligned)
+  // Bitwise repeatable gradients: dQ comes from a kernel of its own that owns each query tile
+  // and sums its key tiles in a fixed order (about 1.4x the work), instead of the default's fp32
+  // atomic adds from every key tile, whose order varies from run to run. dK and dV never use
+  // atomics (each key tile, GQA group included, is summed by one CTA).
+  bool deterministic = false;
+  // Force the dK/dV family by name (tests, benchmarks), one of families() with backward set.
+  std::optional<std::string> family;
+  // Force its tile shape (tile_m query rows per step, tile_n keys per CTA, stages).
+  std::optional<TileConfig> tiles;
+  // Scratch (the dO·O row sums, the LSE in the kernels' units and, unless deterministic, the
+  // fp32 dQ accumulator): at least Engine::backward_workspace_bytes() bytes, 256-byte aligned,
+  // used in stream order. Null: the engine's own buffer for the stream, allocated on the first
+  // call that needs it (so run a shape once before capturing it in a CUDA graph, or pass one).
+  void* workspace = nullptr;
+  std::size_t workspace_bytes = 0;
+};
+
 // Which key tiles each query tile of a problem must visit, found once by evaluating a
 // UserFunctions' mask_mod (with the causal / window masks) over every score of the problem:
 // per (batch, head, query tile), the key tiles that no mask touches, then those partly masked
@@ -525,6 +549,27 @@ class FLASHJIT_API Engine {
   void merge_attention_states(const TensorView& out_a, const float* lse_a,
                               const TensorView& out_b, const float* lse_b, const TensorView& out,
                               float* lse_out = nullptr, CUstream_st* stream = nullptr);
+  // Gradients of forward(q, k, v, out) with the same softmax scale and mask: given dout =
+  // dL/dout, writes dq, dk and dv (dL/dq, dL/dk, dL/dv; with GQA/MQA dk and dv are summed over
+  // the query heads of each group). lse: the forward's fp32 [batch, heads_q, seqlen_q]
+  // (ForwardOptions::lse), natural log. q, out, dout and dq have q's shape, k, v, dk and dv k's;
+  // one dtype for all; any strides forward accepts (unit head_dim stride). Rows that saw no key
+  // (LSE -inf) get zero gradients, and so do keys no row sees (all of them when seqlen_q is 0).
+  // Zero-sized batch or heads is a no-op. Invalid input throws Error(invalid_argument) before any
+  // launch. Once warm (this shape ran before on this stream, or options.workspace is given) it
+  // neither allocates nor synchronizes, so it can be captured in a CUDA graph.
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& out, const TensorView& dout, const float* lse,
+                const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                const BackwardOptions& options = {}, CUstream_st* stream = nullptr);
+  // Bytes of workspace a backward with these arguments needs.
+  std::size_t backward_workspace_bytes(const TensorView& q, const TensorView& k,
+                                       const TensorView& v,
+                                       const BackwardOptions& options = {}) const;
+  // The dK/dV variant backward runs for these arguments (validates them the same way).
+  Variant select_backward_variant(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const BackwardOptions& options = {}) const;
+
   // From now on, appends each variant this engine runs for the first time to `file` (a variant
   // manifest), as FLASHJIT_RECORD=file does from the engine's creation; an empty path stops.
   // Errors writing it are logged, never thrown from forward.
