@@ -1,29 +1,86 @@
-// Logit soft-capping (Gemma 2, Grok) for the variants built with it (Variant::softcap).
+// Logit soft-capping (Gemma 2, Grok) for the variants built with it (Variant::softcap). Plain C++
+// but for the SFU's reciprocal: tests/cpu/test_softcap.cpp measures it on the host.
 #pragma once
 
-#include "common/fast_math.cuh"
+#include "common/exp2_poly.cuh"
+#include "common/host_device.cuh"
 #include "common/params.cuh"
+#if defined(__CUDA_ARCH__)
+#include "common/fast_math.cuh"
+#endif
 
 namespace flashjit {
 
-// tanh(x) = 1 - 2 / (e^(2x) + 1) through ex2 and rcp: within ~1e-6 of tanh in absolute terms.
-// tanh.approx.f32 is off by up to 5e-4 relative; times a cap of 30-50 that is 0.015-0.025 in a
-// logit, past the LSE bound the tests hold kernels to. Saturates to +-1 for large |x|.
-__device__ __forceinline__ float tanh_accurate(float x) {
-  constexpr float kTwoLog2e = 2.8853900817779268f;
-  return 1.f - 2.f * rcp_approx_ftz(exp2_ftz(x * kTwoLog2e) + 1.f);
-}
+// x -> softcap · tanh(x · softcap_scale) for one launch's FmhaParams, as softcap · (1 - 2 / (e +
+// 1)) with e = e^(2 x softcap_scale) from exp2_poly: within 2e-6 · softcap of it. With ex2 for e a
+// score took three SFU ops, the softmax's own included, and at 16 a clock per SM (to the FMA
+// pipe's 128) the Hopper kernel was SFU-bound: 1.8x plain attention. tanh.approx.f32, one SFU op,
+// is off by up to 5e-4 relative: times a cap of 30-50 that is 0.015-0.025 in a logit, past the
+// LSE bound the tests hold kernels to.
+struct SoftCap {
+  // e = 2^y with y = 2 log2(e) · x · softcap_scale, saturated to [-28, 36] as 64 u - 28: there
+  // tanh is +-1 in float (2^-28 + 1 rounds to 1, 2^36 + 1 to 2^36), so huge logits give
+  // +softcap exactly and -softcap within 2 ulps; a NaN gives -softcap. 28, not 32: y near 0,
+  // where tanh is steepest, falls below u = 1/2, where u is twice as fine.
+  static constexpr int kRange = 64, kOffset = 28;
+  float unit_scale;  // 2 log2(e) · softcap_scale / 64: u = x · unit_scale + 28 / 64
+  float cap;
 
+  FLASHJIT_HOST_DEVICE explicit SoftCap(const FmhaParams& p)
+      : unit_scale(2.f * kLog2e / kRange * p.softcap_scale), cap(p.softcap) {}
+
+  FLASHJIT_HOST_DEVICE float operator()(float x) const {
+    // Not one FFMA: that would hold one of its two constants in a register through the main
+    // loop, and the Hopper kernel's consumers have none to spare.
+    return multiply(unit(x), slope()) + cap;
+  }
+
+  // The capped score as softcap + slope() · unit(x): unit(x) = -1 / ((e + 1) kExp2PolyScale), in
+  // [-1 / kExp2PolyScale, 0], from one SFU op and exp2_poly's scaled e.
+  FLASHJIT_HOST_DEVICE float unit(float x) const {
+    const float u = saturate(fmaf(x, unit_scale, static_cast<float>(kOffset) / kRange));
+    return reciprocal(-exp2_poly<kRange, kOffset>(u) - kExp2PolyScale);
+  }
+  FLASHJIT_HOST_DEVICE float slope() const { return 2.f * kExp2PolyScale * cap; }
+
+  // Kernels: rcp.approx (MUFU.RCP, within an ulp of 1 / x); the host: 1 / x.
+  FLASHJIT_HOST_DEVICE static float reciprocal(float x) {
+#if defined(__CUDA_ARCH__)
+    return rcp_approx_ftz(x);
+#else
+    return 1.f / x;
+#endif
+  }
+  // x clamped to [0, 1] (NaN to 0), which FFMA.SAT does for free.
+  FLASHJIT_HOST_DEVICE static float saturate(float x) {
+#if defined(__CUDA_ARCH__)
+    return __saturatef(x);
+#else
+    return fminf(fmaxf(x, 0.f), 1.f);
+#endif
+  }
+  // A product the compiler may not contract into an FFMA.
+  FLASHJIT_HOST_DEVICE static float multiply(float a, float b) {
+#if defined(__CUDA_ARCH__)
+    return __fmul_rn(a, b);
+#else
+    return a * b;
+#endif
+  }
+};
+
+#if defined(__CUDACC_RTC__) || defined(__CUDACC__)
 // Raw scores q·k of any float array (nested ones included) become softcap * tanh(q·k *
 // softcap_scale), already scaled (params.cuh). Before masking: a masked -inf must stay -inf.
 template <bool Softcap, typename Scores>
 __device__ __forceinline__ void soft_cap(Scores& scores, const FmhaParams& p) {
   if constexpr (Softcap) {
+    const SoftCap capped(p);
     float* s = reinterpret_cast<float*>(&scores);
 #pragma unroll
-    for (int i = 0; i < static_cast<int>(sizeof(Scores) / sizeof(float)); ++i)
-      s[i] = p.softcap * tanh_accurate(s[i] * p.softcap_scale);
+    for (int i = 0; i < static_cast<int>(sizeof(Scores) / sizeof(float)); ++i) s[i] = capped(s[i]);
   }
 }
+#endif
 
 }  // namespace flashjit
