@@ -81,6 +81,15 @@ __device__ __forceinline__ void soft_cap(Scores& scores, const FmhaParams& p) {
     for (int i = 0; i < static_cast<int>(sizeof(Scores) / sizeof(float)); ++i) s[i] = capped(s[i]);
   }
 }
+
+// The same scores left as SoftCap::unit: a softmax that scales them by capped.slope() more and
+// takes its row max back (softcap + slope · max) computes the same, and no score pays for the
+// multiply-add to softcap's units (the Hopper kernel: 2 of 13 instructions a score).
+template <int N>
+__device__ __forceinline__ void soft_cap_units(float (&s)[N], const SoftCap& capped) {
+#pragma unroll
+  for (int e = 0; e < N; ++e) s[e] = capped.unit(s[e]);
+}
 #endif
 
 }  // namespace flashjit

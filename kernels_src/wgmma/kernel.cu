@@ -249,6 +249,13 @@ struct RowSoftmax {
       max[i] = new_max;
     }
   }
+
+  // Row maxima of scores s standing for offset + slope · s (soft_cap_units) back in score units,
+  // for the LSE and a sink; -inf stays -inf.
+  __device__ __forceinline__ void max_to_scores(float slope, float offset) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) max[i] = fmaf(max[i], slope, offset);
+  }
 };
 
 template <int N>
@@ -436,6 +443,11 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
   const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
   const StagedOutput<T, HeadDim, Varlen, Sink> staged(base + Shape::kOOffset, consumer);
+  // Soft-capped scores stay SoftCap::unit(x) (soft_cap_units), their slope joining the softmax's
+  // scale; not with ALiBi or a score_mod, which add to or read the capped scores themselves.
+  constexpr bool kCapUnits = Softcap && !Alibi && !user::kScoreMod;
+  const SoftCap capped(p);
+  const float scale_log2 = kCapUnits ? p.scale_log2 * capped.slope() : p.scale_log2;
   static_assert(StagedOutput<T, HeadDim, Varlen, Sink>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
                 "named barriers of the O stores and of the turns overlap");
   // Slot n of the K/V ring: stage n % Stages, completing its phase (n / Stages) & 1.
@@ -487,7 +499,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       };
       // S(j) -> P(j) in place, and O's correction.
       auto softmax_step = [&](int j, auto masked, const MaskBits<TileN / 2>& hidden) {
-        soft_cap<Softcap>(s, p);
+        if constexpr (kCapUnits)
+          soft_cap_units(s, capped);
+        else
+          soft_cap<Softcap>(s, p);
         scale_for_score_mod<Softcap>(s, p);
         float row_bias[2] = {0.f, 0.f};
         if constexpr (Alibi)
@@ -500,7 +515,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           apply_mask_bits(s, hidden);
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
         }
-        softmax.update<kRowBias>(s, p.scale_log2, correction, row_bias);
+        softmax.update<kRowBias>(s, scale_log2, correction, row_bias);
       };
       // Steps take the visit index i (the tile is order.tile(i), its ring slot pipe + i).
       auto scores_alone = [&](int i, auto masked) {  // S(i), waited on, then softmax(i)
@@ -578,6 +593,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         values_alone(n_tiles - 1);
         pipe += n_tiles;
       }
+      if constexpr (kCapUnits) softmax.max_to_scores(capped.slope(), capped.cap);
       const SequenceSpan rows = sequence_span<Varlen>(p, c.batch);
       if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= rows.seqlen_q))
         staged.store(p, rows, tma_o, c, row0, at, o, softmax);
