@@ -16,6 +16,7 @@ namespace flashjit {
 // each Horner step takes one immediate, where a leading coefficient would hold a register for
 // the whole loop (the Hopper kernel's consumers have none to spare: they spill).
 constexpr float kExp2PolyScale = 104.492096f;
+constexpr float kLog2Exp2PolyScale = 6.70725f;  // for an SFU exp2 in the same scale
 
 FLASHJIT_HOST_DEVICE constexpr int log2_of(int power_of_two) {
   return power_of_two <= 1 ? 0 : 1 + log2_of(power_of_two / 2);

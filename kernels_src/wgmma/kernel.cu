@@ -446,6 +446,11 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   // Soft-capped scores stay SoftCap::unit(x) (soft_cap_units), their slope joining the softmax's
   // scale; not with ALiBi or a score_mod, which add to or read the capped scores themselves.
   constexpr bool kCapUnits = Softcap && !Alibi && !user::kScoreMod;
+  // One capped score in 2 takes its tanh's e from the SFU (SoftCap::unit_sfu): 2.5 SFU ops and
+  // 14 instructions a score (NVRTC 13.0, n176), to 2 and 18 with all through exp2_poly, which is
+  // issue-bound where this is SFU-bound, and spilled up to 384 B (n176 varlen, d64 192-row
+  // tiles; this: 168).
+  constexpr int kSfuTanhEvery = 2;
   const SoftCap capped(p);
   const float scale_log2 = kCapUnits ? p.scale_log2 * capped.slope() : p.scale_log2;
   static_assert(StagedOutput<T, HeadDim, Varlen, Sink>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
@@ -500,7 +505,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       // S(j) -> P(j) in place, and O's correction.
       auto softmax_step = [&](int j, auto masked, const MaskBits<TileN / 2>& hidden) {
         if constexpr (kCapUnits)
-          soft_cap_units(s, capped);
+          soft_cap_units<kSfuTanhEvery>(s, capped);
         else
           soft_cap<Softcap>(s, p);
         scale_for_score_mod<Softcap>(s, p);

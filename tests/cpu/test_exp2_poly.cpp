@@ -45,4 +45,10 @@ TEST_CASE("exp2_poly: the soft-cap's range keeps the error, from 2^-28 to 2^36")
   CHECK(exp2_poly<64, 28>(1.f) / kExp2PolyScale == doctest::Approx(0x1p36).epsilon(3e-6));
 }
 
+TEST_CASE("exp2_poly: kLog2Exp2PolyScale is log2(kExp2PolyScale), to a float") {
+  // SoftCap::unit_sfu scales its ex2 by it: the SFU's and the polynomial's capped scores must
+  // agree in scale.
+  CHECK(std::exp2(double{kLog2Exp2PolyScale}) == doctest::Approx(kExp2PolyScale).epsilon(1e-7));
+}
+
 }  // namespace flashjit
