@@ -29,12 +29,6 @@ struct SoftCap {
   FLASHJIT_HOST_DEVICE explicit SoftCap(const FmhaParams& p)
       : unit_scale(2.f * kLog2e / kRange * p.softcap_scale), cap(p.softcap) {}
 
-  FLASHJIT_HOST_DEVICE float operator()(float x) const {
-    // Not one FFMA: that would hold one of its two constants in a register through the main
-    // loop, and the Hopper kernel's consumers have none to spare.
-    return multiply(unit(x), slope()) + cap;
-  }
-
   // The capped score as softcap + slope() · unit(x): unit(x) = -1 / ((e + 1) kExp2PolyScale), in
   // [-1 / kExp2PolyScale, 0], from one SFU op and exp2_poly's scaled e.
   FLASHJIT_HOST_DEVICE float unit(float x) const {
@@ -49,6 +43,8 @@ struct SoftCap {
   }
 #endif
   FLASHJIT_HOST_DEVICE float slope() const { return 2.f * kExp2PolyScale * cap; }
+  // The capped score of a unit (unit, unit_sfu; -inf stays -inf).
+  FLASHJIT_HOST_DEVICE float score(float unit) const { return multiply(unit, slope()) + cap; }
 
   // Kernels: rcp.approx (MUFU.RCP, within an ulp of 1 / x); the host: 1 / x.
   FLASHJIT_HOST_DEVICE static float reciprocal(float x) {
@@ -77,20 +73,29 @@ struct SoftCap {
 };
 
 #if defined(__CUDACC_RTC__) || defined(__CUDACC__)
+// tanh(x) = 1 - 2 / (e^(2x) + 1) through ex2 and rcp: within ~1e-6 of tanh in absolute terms.
+// The kernels but Hopper's keep it: none of them is SFU-bound (decode reads memory), and SoftCap
+// cost them 5 instructions a score and registers (decode_tma m16n128 causal: 128 -> 163), where
+// this takes softcap and softcap_scale straight from the constant bank.
+__device__ __forceinline__ float tanh_accurate(float x) {
+  constexpr float kTwoLog2e = 2.8853900817779268f;
+  return 1.f - 2.f * rcp_approx_ftz(exp2_ftz(x * kTwoLog2e) + 1.f);
+}
+
 // Raw scores q·k of any float array (nested ones included) become softcap * tanh(q·k *
 // softcap_scale), already scaled (params.cuh). Before masking: a masked -inf must stay -inf.
 template <bool Softcap, typename Scores>
 __device__ __forceinline__ void soft_cap(Scores& scores, const FmhaParams& p) {
   if constexpr (Softcap) {
-    const SoftCap capped(p);
     float* s = reinterpret_cast<float*>(&scores);
 #pragma unroll
-    for (int i = 0; i < static_cast<int>(sizeof(Scores) / sizeof(float)); ++i) s[i] = capped(s[i]);
+    for (int i = 0; i < static_cast<int>(sizeof(Scores) / sizeof(float)); ++i)
+      s[i] = p.softcap * tanh_accurate(s[i] * p.softcap_scale);
   }
 }
 
 // The same scores left as SoftCap::unit: a softmax that scales them by capped.slope() more and
-// takes its row max back (softcap + slope · max) computes the same, and no score pays for the
+// takes its row max back (capped.score) computes the same, and no score pays for the
 // multiply-add to softcap's units (the Hopper kernel: 2 of 13 instructions a score). Every
 // SfuEvery-th score (none for 0) takes unit_sfu, to balance the SFU against instruction issue.
 template <int SfuEvery, int N>

@@ -249,13 +249,6 @@ struct RowSoftmax {
       max[i] = new_max;
     }
   }
-
-  // Row maxima of scores s standing for offset + slope · s (soft_cap_units) back in score units,
-  // for the LSE and a sink; -inf stays -inf.
-  __device__ __forceinline__ void max_to_scores(float slope, float offset) {
-#pragma unroll
-    for (int i = 0; i < 2; ++i) max[i] = fmaf(max[i], slope, offset);
-  }
 };
 
 template <int N>
@@ -598,7 +591,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         values_alone(n_tiles - 1);
         pipe += n_tiles;
       }
-      if constexpr (kCapUnits) softmax.max_to_scores(capped.slope(), capped.cap);
+      if constexpr (kCapUnits)  // the LSE and a sink take the row maxima as scores (-inf stays)
+        for (float& row_max : softmax.max) row_max = capped.score(row_max);
       const SequenceSpan rows = sequence_span<Varlen>(p, c.batch);
       if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= rows.seqlen_q))
         staged.store(p, rows, tma_o, c, row0, at, o, softmax);
