@@ -437,13 +437,14 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
   const StagedOutput<T, HeadDim, Varlen, Sink> staged(base + Shape::kOOffset, consumer);
   // Soft-capped scores stay SoftCap::unit(x) (soft_cap_units), their slope joining the softmax's
-  // scale; not with ALiBi or a score_mod, which add to or read the capped scores themselves.
-  constexpr bool kCapUnits = Softcap && !Alibi && !user::kScoreMod;
-  // One capped score in 2 takes its tanh's e from the SFU (SoftCap::unit_sfu): 2.5 SFU ops and
-  // 14 instructions a score (NVRTC 13.0, n176), to 2 and 18 with all through exp2_poly, which is
-  // issue-bound where this is SFU-bound, and spilled up to 384 B (n176 varlen, d64 192-row
-  // tiles; this: 168).
-  constexpr int kSfuTanhEvery = 2;
+  // scale; not with ALiBi or a score_mod, which add to or read the capped scores themselves, nor
+  // in 192-row tiles (three consumers), where it spilled 120-312 B (main's form: 0-28 B).
+  constexpr bool kCapUnits = Softcap && !Alibi && !user::kScoreMod && TileM <= 128;
+  // Which capped scores take their tanh's e from the SFU (SoftCap::unit_sfu) rather than from
+  // exp2_poly on the FMA pipe: every one (1). Measured on the H200 (32k causal d128, softcap 30,
+  // one process, docs/perf-log.md session 11): all on the SFU 20.2 ms, one in 2 21.6, main's
+  // tanh 23.5; the polynomial trades SFU ops for issue slots, and issue is the tighter limit.
+  constexpr int kSfuTanhEvery = 1;
   const SoftCap capped(p);
   const float scale_log2 = kCapUnits ? p.scale_log2 * capped.slope() : p.scale_log2;
   static_assert(StagedOutput<T, HeadDim, Varlen, Sink>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
