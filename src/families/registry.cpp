@@ -153,6 +153,7 @@ const std::vector<FamilyInfo>& families() {
     for (const detail::KernelFamily* family : detail::registered_families()) {
       FamilyInfo info{std::string(family->name),
                       family->role == detail::FamilyRole::attention,
+                      /*backward=*/false,  // no backward family is registered yet
                       std::string(family->summary),
                       {family->head_dims.begin(), family->head_dims.end()},
                       {},
