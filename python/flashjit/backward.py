@@ -36,6 +36,7 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tens
     # transpose. The library takes unit head_dim strides and positive multiples of 8 elsewhere;
     # a contiguous copy always qualifies.
     dout = dout.contiguous()
+    lse = lse.contiguous()  # kept alive (named) until the launch: the library reads its pointer
     q_view, k_view, v_view = _view(q), _view(k), _view(v)
     options = engine.backward_options(causal, softmax_scale, deterministic)
     # Scratch from torch's allocator, so a CUDA graph capture owns it and the library never
@@ -45,7 +46,7 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tens
     if workspace is not None:
         options.workspace, options.workspace_bytes = workspace.data_ptr(), size
     engine.backward_raw(q_view, k_view, v_view, _view(out), _view(dout),
-                        lse.contiguous().data_ptr(), _view(dq), _view(dk), _view(dv), options,
+                        lse.data_ptr(), _view(dq), _view(dk), _view(dv), options,
                         _stream(index))
     return dq, dk, dv
 
