@@ -32,9 +32,10 @@ std::string dkdv_check(const Variant& v) {
                        v.tile_n, v.head_dim, shape.warps(), 128 / shape.dim_split());
   if (shape.warps() % (v.tile_m / 16) != 0 || shape.dq_dims() % 16 != 0)
     return fmt::format(
-        "tile_m {} does not split over the {} warps of tile_n {} (each takes whole m16 row "
-        "tiles and 16-column parts of dQ): expected tile_m <= {}",
-        v.tile_m, shape.warps(), v.tile_n, 16 * shape.warps());
+        "tile_m {} does not split over the {} warps of tile_n {}: each takes whole m16 row "
+        "tiles and a part of dQ's {} columns that is a multiple of 16 (expected tile_m / 16 to "
+        "divide {} with head_dim / (warps / (tile_m / 16)) a multiple of 16)",
+        v.tile_m, shape.warps(), v.tile_n, v.head_dim, shape.warps());
   if (v.stages != 1 && v.stages != 2)
     return fmt::format("stages {} must be 1 or 2 (Q and dO buffers)", v.stages);
   return {};

@@ -16,20 +16,21 @@ struct TileRow {
 
 // Head dims up to 128 keep dK and dV of 16 keys x head_dim per warp in registers (128 at d128);
 // beyond, two warps share a key row (BwdMmaShape::dim_split), 8 warps for 64 keys. d128 on the
-// H200: 64 query rows x 128 keys (8 warps) ran 1.09-1.16x faster than 32 x 64 and 1.3x faster
-// than 64 x 64 (docs/perf-log.md, session 11).
+// H200 sweeps (docs/perf-log.md, session 11): d128 64 query rows x 128 keys (8 warps) 1.09-1.16x
+// faster than 32 x 64, 1.3x than 64 x 64; d64 128 x 128 1.05-1.15x than 64 x 64; d96 64 x 128
+// 1.01-1.03x; d192 64 x 64 in one stage 1.04-1.08x than 32 x 64 in two; d32 and d256 kept.
 // clang-format off
 constexpr TileRow kTiles[] = {
     // smem  d     dK/dV (m, n, s)  dQ (m, n, s)
     {227,  32, {64, 64, 2}, {64, 64, 2}},
-    {227,  64, {64, 64, 2}, {64, 64, 2}},
-    {227,  96, {64, 64, 2}, {64, 64, 2}},
+    {227,  64, {128, 128, 2}, {64, 64, 2}},
+    {227,  96, {64, 128, 2}, {64, 64, 2}},
     {227, 128, {64, 128, 2}, {64, 64, 2}},
-    {227, 192, {32, 64, 2}, {64, 32, 2}},
+    {227, 192, {64, 64, 1}, {64, 32, 2}},
     {227, 256, {32, 64, 2}, {64, 32, 2}},
     {163,  32, {64, 64, 2}, {64, 64, 2}},
-    {163,  64, {64, 64, 2}, {64, 64, 2}},
-    {163,  96, {64, 64, 2}, {64, 64, 2}},
+    {163,  64, {128, 128, 2}, {64, 64, 2}},
+    {163,  96, {64, 128, 2}, {64, 64, 2}},
     {163, 128, {64, 128, 2}, {64, 64, 2}},
     {163, 192, {32, 64, 1}, {64, 32, 2}},
     {163, 256, {32, 64, 1}, {64, 32, 2}},
