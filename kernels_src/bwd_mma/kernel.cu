@@ -17,6 +17,7 @@
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
+#include "common/sm90_tma.cuh"
 #include "common/tile_copy_async.cuh"
 #include "common/types.cuh"
 
@@ -70,9 +71,9 @@ __device__ __forceinline__ void to_a_operand(unsigned (&packed)[1][NQ / 2][4],
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
-__global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages}.threads())
+__global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, false}.threads())
     bwd_mma_kernel(const BackwardParams p) {
-  constexpr BwdMmaShape kShape{HeadDim, TileM, TileN, Stages};
+  constexpr BwdMmaShape kShape{HeadDim, TileM, TileN, Stages, bulk_dq_reduce(__CUDA_ARCH__ / 10)};
   constexpr int kThreads = kShape.threads();
   constexpr int kPitch = kShape.pitch();
   constexpr int kWarpDims = kShape.warp_dims();
@@ -140,6 +141,8 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages}.thr
 
   for (int t = 0; t < steps; ++t) {
     const int stage = Stages == 1 ? 0 : t % 2;
+    // Step t - 1's dQ staging tile must be read out before any barrier lets it be overwritten.
+    if (kShape.bulk_dq && threadIdx.x == 0) bulk_wait_group_read<0>();
     if (Stages == 1 && t > 0) {
       __syncthreads();  // every warp is done with step t - 1's buffers
       load_step(t, 0);
@@ -236,15 +239,34 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages}.thr
       for (int e = 0; e < 4; ++e) dq[0][dt][e] = 0.f;
     gemm_cols<T, TileN / 8, kDqDims / 8, kPitch>(dq, ds,
                                                  b_cols<kPitch>(base + kShape.k_offset(), lane, dq_col0));
-    float* accumulator = p.dq_accum + (row_terms(t) + dq_row0 + lane / 4) * HeadDim + dq_col0 +
-                         (lane % 4) * 2;
+    if constexpr (kShape.bulk_dq) {
+      float* staged = reinterpret_cast<float*>(smem + kShape.dq_stage_offset()) +
+                      (dq_row0 + lane / 4) * HeadDim + dq_col0 + (lane % 4) * 2;
 #pragma unroll
-    for (int dt = 0; dt < kDqDims / 8; ++dt)
+      for (int dt = 0; dt < kDqDims / 8; ++dt)
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        atomicAdd(accumulator + (e / 2) * 8 * HeadDim + dt * 8 + e % 2, dq[0][dt][e]);
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(staged + h * 8 * HeadDim + dt * 8) =
+              make_float2(dq[0][dt][2 * h], dq[0][dt][2 * h + 1]);
+      fence_proxy_async_shared();
+      __syncthreads();  // the whole tile is staged
+      if (threadIdx.x == 0) {
+        bulk_reduce_add_f32(p.dq_accum + row_terms(t) * HeadDim,
+                            base + kShape.dq_stage_offset(), kShape.dq_stage_bytes());
+        bulk_commit_group();
+      }
+    } else {
+      float* accumulator = p.dq_accum + (row_terms(t) + dq_row0 + lane / 4) * HeadDim +
+                           dq_col0 + (lane % 4) * 2;
+#pragma unroll
+      for (int dt = 0; dt < kDqDims / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          atomicAdd(accumulator + (e / 2) * 8 * HeadDim + dt * 8 + e % 2, dq[0][dt][e]);
+    }
   }
   cp_async_wait<0>();
+  if (kShape.bulk_dq && threadIdx.x == 0) bulk_wait_group<0>();  // its adds are done
 
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k), dV as summed; keys past seqlen_k not stored.
   T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h;

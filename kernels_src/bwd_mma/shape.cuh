@@ -7,6 +7,10 @@
 
 namespace flashjit {
 
+// From sm_90 on, dQ's part from a step is staged in shared memory and added into the fp32
+// accumulator by one bulk reduction (cp.reduce.async.bulk), not an atomic add per element.
+FLASHJIT_HOST_DEVICE constexpr bool bulk_dq_reduce(int arch_number) { return arch_number >= 90; }
+
 // dK/dV: a CTA owns tile_n keys of one KV head; each warp 16 of them, and beyond head dim 128 a
 // part of the head dim (the accumulators dK and dV of 16 keys at d256 alone would take 256
 // registers a thread): `dim_split` warps share a key row, each holding head_dim / dim_split
@@ -14,6 +18,7 @@ namespace flashjit {
 // tile_m query rows a step (Q, dO and their row terms), `stages` buffers deep.
 struct BwdMmaShape {
   int head_dim, tile_m, tile_n, stages;
+  bool bulk_dq;  // bulk_dq_reduce(the arch): a dQ staging tile
 
   static constexpr int kElementBytes = 2;  // bf16 and fp16
   FLASHJIT_HOST_DEVICE constexpr int dim_split() const { return head_dim > 128 ? 2 : 1; }
@@ -30,7 +35,8 @@ struct BwdMmaShape {
   FLASHJIT_HOST_DEVICE constexpr int ds_pitch() const { return tile_m + 8; }
   // Shared memory, in bytes from the start: K and V (the CTA's keys, loaded once), `stages`
   // buffers of Q and of dO, dSᵀ [tile_n][ds_pitch] for dQ, then fp32: `stages` of the row terms
-  // (lse_log2 and delta, tile_m each), and with a dim split the partial Sᵀ and dPᵀ of every warp.
+  // (lse_log2 and delta, tile_m each), with a dim split the partial Sᵀ and dPᵀ of every warp,
+  // and with bulk_dq the step's dQ part.
   FLASHJIT_HOST_DEVICE constexpr int kv_bytes() const { return tile_n * pitch() * kElementBytes; }
   FLASHJIT_HOST_DEVICE constexpr int q_bytes() const { return tile_m * pitch() * kElementBytes; }
   FLASHJIT_HOST_DEVICE constexpr int k_offset() const { return 0; }
@@ -52,8 +58,15 @@ struct BwdMmaShape {
     return dim_split() > 1 ? warps() * 2 * 16 * tile_m * 4 : 0;
   }
   FLASHJIT_HOST_DEVICE constexpr int partial_offset() const { return rows_offset(stages); }
-  FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
+  // fp32 [tile_m][head_dim], the accumulator's own layout: one bulk reduction a step.
+  FLASHJIT_HOST_DEVICE constexpr int dq_stage_offset() const {
     return partial_offset() + partial_bytes();
+  }
+  FLASHJIT_HOST_DEVICE constexpr int dq_stage_bytes() const {
+    return bulk_dq ? tile_m * head_dim * 4 : 0;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
+    return dq_stage_offset() + dq_stage_bytes();
   }
 };
 

@@ -110,7 +110,7 @@ TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family a
   args.options.causal = true;
   const detail::BackwardProblem problem = args.validate();
   const Variant chosen = detail::select_backward_variant(problem, device_of("sm_90a"), args.options);
-  CHECK(chosen.name() == "bwd_mma.sm90a.bf16.d128.m32n64s2.causal");
+  CHECK(chosen.name() == "bwd_mma.sm90a.bf16.d128.m64n128s2.causal");
   CHECK(detail::backward_finish_variant(problem, chosen).name() ==
         "bwd_convert.sm90a.bf16.d128.m8n1s1");
   args.options.deterministic = true;

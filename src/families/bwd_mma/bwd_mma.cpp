@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include "bwd_mma/shape.cuh"
+#include "core/arch.hpp"
 #include "families/bwd_mma/tiles.hpp"
 #include "families/query_tile.hpp"
 #include "families/registry.hpp"
@@ -12,8 +13,8 @@
 namespace flashjit::detail {
 namespace {
 
-constexpr BwdMmaShape dkdv_shape(const Variant& v) {
-  return {v.head_dim, v.tile_m, v.tile_n, v.stages};
+BwdMmaShape dkdv_shape(const Variant& v) {
+  return {v.head_dim, v.tile_m, v.tile_n, v.stages, bulk_dq_reduce(arch_number(v.arch))};
 }
 constexpr BwdMmaDqShape dq_shape(const Variant& v) {
   return {v.head_dim, v.tile_m, v.tile_n, v.stages};

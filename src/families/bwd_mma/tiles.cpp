@@ -15,29 +15,30 @@ struct TileRow {
 };
 
 // Head dims up to 128 keep dK and dV of 16 keys x head_dim per warp in registers (128 at d128);
-// beyond, two warps share a key row (BwdMmaShape::dim_split), 8 warps for 64 keys. 32 query rows
-// a step at d128 leave room for S and dP next to dK and dV (64 rows: see docs/perf-log.md).
+// beyond, two warps share a key row (BwdMmaShape::dim_split), 8 warps for 64 keys. d128 on the
+// H200: 64 query rows x 128 keys (8 warps) ran 1.09-1.16x faster than 32 x 64 and 1.3x faster
+// than 64 x 64 (docs/perf-log.md, session 11).
 // clang-format off
 constexpr TileRow kTiles[] = {
     // smem  d     dK/dV (m, n, s)  dQ (m, n, s)
     {227,  32, {64, 64, 2}, {64, 64, 2}},
     {227,  64, {64, 64, 2}, {64, 64, 2}},
     {227,  96, {64, 64, 2}, {64, 64, 2}},
-    {227, 128, {32, 64, 2}, {64, 64, 2}},
+    {227, 128, {64, 128, 2}, {64, 64, 2}},
     {227, 192, {32, 64, 2}, {64, 32, 2}},
     {227, 256, {32, 64, 2}, {64, 32, 2}},
     {163,  32, {64, 64, 2}, {64, 64, 2}},
     {163,  64, {64, 64, 2}, {64, 64, 2}},
     {163,  96, {64, 64, 2}, {64, 64, 2}},
-    {163, 128, {32, 64, 2}, {64, 64, 2}},
+    {163, 128, {64, 128, 2}, {64, 64, 2}},
     {163, 192, {32, 64, 1}, {64, 32, 2}},
     {163, 256, {32, 64, 1}, {64, 32, 2}},
     { 99,  32, {64, 64, 2}, {64, 64, 2}},
     { 99,  64, {64, 64, 2}, {64, 64, 2}},
-    { 99,  96, {64, 64, 1}, {64, 64, 1}},
+    { 99,  96, {64, 64, 1}, {64, 32, 1}},
     { 99, 128, {32, 64, 2}, {64, 64, 1}},
     { 99, 192, {32, 32, 1}, {64, 32, 1}},
-    { 99, 256, {32, 32, 1}, {32, 32, 1}},
+    { 99, 256, {16, 32, 1}, {32, 16, 1}},
 };
 // clang-format on
 
