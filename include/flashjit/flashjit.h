@@ -116,6 +116,10 @@ FLASHJIT_API const char* flashjit_family_name(int32_t index);
 /* 1 when family `index` computes attention (a flashjit_forward_options.family), 0 for the merge
  * kernel or an index out of range. */
 FLASHJIT_API int32_t flashjit_family_is_attention(int32_t index);
+/* 1 when family `index` is one of flashjit_backward's kernels (dK/dV, the deterministic mode's
+ * dQ, or the small passes before and after them), 0 for the others or an index out of range.
+ * flashjit_backward_options.family names one of its dK/dV families. */
+FLASHJIT_API int32_t flashjit_family_is_backward(int32_t index);
 
 /* cache_dir: NULL for the default location order. */
 FLASHJIT_API flashjit_status flashjit_engine_create(int device, const char* cache_dir,
@@ -192,6 +196,55 @@ FLASHJIT_API flashjit_status
 flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
                         const flashjit_tensor* v, const flashjit_tensor* out,
                         const flashjit_forward_options* options, char* buf, int32_t buf_size);
+
+/* flashjit_backward's options (flashjit::BackwardOptions): those of the forward whose gradients
+ * it computes, and how. A zero-initialized struct, or NULL, is the default: 1/sqrt(head_dim), no
+ * mask, dQ through atomics, the dispatcher's kernels and tiles, the engine's own workspace.
+ * Fields are only ever appended. The int32 fields come first, so no padding lies between the
+ * fields on 32- or 64-bit targets. */
+typedef struct flashjit_backward_options {
+  float softmax_scale; /* the forward's; <= 0: 1/sqrt(head_dim) */
+  int32_t causal;      /* the forward's causal mask (bottom-right aligned) */
+  /* Nonzero: bitwise repeatable gradients. dQ then comes from a kernel of its own that sums the
+   * key tiles of each query tile in a fixed order (about 1.4x the work), instead of fp32 atomic
+   * adds, whose order varies from run to run. dK and dV never use atomics. */
+  int32_t deterministic;
+  /* All three 0: the family's tile table. Else a forced dK/dV tile shape (tile_m query rows per
+   * step, tile_n keys per CTA, stages); one the family cannot build fails with
+   * FLASHJIT_INVALID_ARGUMENT. */
+  int32_t tile_m, tile_n, stages;
+  /* NULL or "": the dispatcher's choice; else a dK/dV family's flashjit_family_name() (one with
+   * flashjit_family_is_backward). */
+  const char* family;
+  /* Optional scratch of at least flashjit_backward_workspace_bytes() bytes, 256-byte aligned,
+   * used in stream order. NULL: the engine's own for the stream, allocated on the first call that
+   * needs it (run a shape once before capturing it in a CUDA graph, or pass one). */
+  void* workspace;
+  uint64_t workspace_bytes;
+} flashjit_backward_options;
+
+/* Gradients of flashjit_forward(q, k, v, out) (Engine::backward): given dout = dL/dout, writes
+ * dq, dk and dv; with GQA/MQA dk and dv are summed over the query heads of each group. lse: the
+ * forward's fp32 [batch, heads_q, seqlen_q] (flashjit_forward_options.lse), natural log. q, out,
+ * dout and dq have q's shape, k, v, dk and dv k's; one dtype for all; any strides forward takes.
+ * options: NULL or one with the forward's softmax_scale and causal. The tensors are checked
+ * before the engine, each in argument order, so the first null one is named. Invalid input
+ * launches nothing. stream: as flashjit_forward. */
+FLASHJIT_API flashjit_status flashjit_backward(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_tensor* out, const flashjit_tensor* dout,
+    const float* lse, const flashjit_tensor* dq, const flashjit_tensor* dk,
+    const flashjit_tensor* dv, const flashjit_backward_options* options, void* stream);
+/* Bytes of workspace flashjit_backward needs for these arguments, in *bytes. */
+FLASHJIT_API flashjit_status flashjit_backward_workspace_bytes(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_backward_options* options, uint64_t* bytes);
+/* Writes the canonical name of the dK/dV variant flashjit_backward would run into buf
+ * (NUL-terminated), e.g. "bwd_mma.sm90a.bf16.d128.m64n64s2.causal". */
+FLASHJIT_API flashjit_status flashjit_select_backward_variant(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_backward_options* options, char* buf,
+    int32_t buf_size);
 
 /* User functions from source text: score_mod and mask_mod, each NULL or "" when absent (not both).
  * No GPU needed and nothing compiled here: a source NVRTC rejects fails the first forward (or

@@ -94,6 +94,30 @@ struct FmhaParams {
   float* lse_partial;
 };
 
+// The backward pass (Engine::backward): the forward's arguments (q, k, v, o = its output, lse =
+// its LSE as input, sizes, strides, scale, masks) and the gradients'. Every backward kernel takes
+// this block, each reading what it needs.
+struct BackwardParams {
+  FmhaParams fwd;
+  const void* dout;  // dL/dO, the shape and (own) strides of o
+  void* dq;          // the shapes of q, k, v; own strides
+  void* dk;
+  void* dv;
+  long long do_stride_b, do_stride_s, do_stride_h;
+  long long dq_stride_b, dq_stride_s, dq_stride_h;
+  long long dk_stride_b, dk_stride_s, dk_stride_h;
+  long long dv_stride_b, dv_stride_s, dv_stride_h;
+  // Workspace, per (batch, query head) rows of seqlen_rows = seqlen_q rounded up to whole tiles:
+  // delta = rowsum(dO ∘ O) (0 on padding rows), lse_log2 = the LSE times log2(e) (+inf on
+  // padding rows and rows that saw no key, so their probabilities are exactly 0), both
+  // [batch, heads_q, seqlen_rows]; dq_accum fp32 [batch, heads_q, seqlen_rows, head_dim], summed
+  // by atomics from every key tile (nullptr: deterministic mode, a dQ kernel of its own).
+  float* delta;
+  float* lse_log2;
+  float* dq_accum;
+  int seqlen_rows;
+};
+
 // Merges num_states partial attention results per row (split-KV partials, or the public
 // merge_attention_states): out = sum_i e^(lse_i - m) o_i / sum_i e^(lse_i - m).
 struct MergeParams {

@@ -44,6 +44,14 @@ __device__ __forceinline__ void tma_store_4d(const TmaDescriptor* map, unsigned 
       : "memory");
 }
 
+// Adds `bytes` (a multiple of 16) of fp32 from shared memory into global memory, element by
+// element, as one bulk async copy (the global side is reduced atomically by the memory system).
+__device__ __forceinline__ void bulk_reduce_add_f32(float* dst, unsigned src, unsigned bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+               ::"l"(dst), "r"(src), "r"(bytes)
+               : "memory");
+}
+
 // Closes this thread's bulk copies issued since its last commit into one bulk async-group.
 __device__ __forceinline__ void bulk_commit_group() {
   asm volatile("cp.async.bulk.commit_group;" ::: "memory");

@@ -436,6 +436,17 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
   const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
   const StagedOutput<T, HeadDim, Varlen, Sink> staged(base + Shape::kOOffset, consumer);
+  // Soft-capped scores stay SoftCap::unit(x) (soft_cap_units), their slope joining the softmax's
+  // scale; not with ALiBi or a score_mod, which add to or read the capped scores themselves, nor
+  // in 192-row tiles (three consumers), where it spilled 120-312 B (main's form: 0-28 B).
+  constexpr bool kCapUnits = Softcap && !Alibi && !user::kScoreMod && TileM <= 128;
+  // Which capped scores take their tanh's e from the SFU (SoftCap::unit_sfu) rather than from
+  // exp2_poly on the FMA pipe: every one (1). Measured on the H200 (32k causal d128, softcap 30,
+  // one process, docs/perf-log.md session 11): all on the SFU 20.2 ms, one in 2 21.6, main's
+  // tanh 23.5; the polynomial trades SFU ops for issue slots, and issue is the tighter limit.
+  constexpr int kSfuTanhEvery = 1;
+  const SoftCap capped(p);
+  const float scale_log2 = kCapUnits ? p.scale_log2 * capped.slope() : p.scale_log2;
   static_assert(StagedOutput<T, HeadDim, Varlen, Sink>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
                 "named barriers of the O stores and of the turns overlap");
   // Slot n of the K/V ring: stage n % Stages, completing its phase (n / Stages) & 1.
@@ -487,7 +498,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       };
       // S(j) -> P(j) in place, and O's correction.
       auto softmax_step = [&](int j, auto masked, const MaskBits<TileN / 2>& hidden) {
-        soft_cap<Softcap>(s, p);
+        if constexpr (kCapUnits)
+          soft_cap_units<kSfuTanhEvery>(s, capped);
+        else
+          soft_cap<Softcap>(s, p);
         scale_for_score_mod<Softcap>(s, p);
         float row_bias[2] = {0.f, 0.f};
         if constexpr (Alibi)
@@ -500,7 +514,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           apply_mask_bits(s, hidden);
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
         }
-        softmax.update<kRowBias>(s, p.scale_log2, correction, row_bias);
+        softmax.update<kRowBias>(s, scale_log2, correction, row_bias);
       };
       // Steps take the visit index i (the tile is order.tile(i), its ring slot pipe + i).
       auto scores_alone = [&](int i, auto masked) {  // S(i), waited on, then softmax(i)
@@ -578,6 +592,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         values_alone(n_tiles - 1);
         pipe += n_tiles;
       }
+      if constexpr (kCapUnits)  // the LSE and a sink take the row maxima as scores (-inf stays)
+        for (float& row_max : softmax.max) row_max = capped.score(row_max);
       const SequenceSpan rows = sequence_span<Varlen>(p, c.batch);
       if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= rows.seqlen_q))
         staged.store(p, rows, tma_o, c, row0, at, o, softmax);

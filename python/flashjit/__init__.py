@@ -7,8 +7,8 @@ Without torch: `library()` (the ctypes binding of flashjit.h), `info()`, `flashj
 (list, precompile, clear), `UserFunctions` (score_mod / mask_mod in CUDA C) and the exception
 classes. With torch >= 2.4: `attention`, `attention_varlen`, `attention_with_kvcache` and
 `merge_attention_states` on CUDA tensors, registered as torch.library custom ops (torch.compile,
-CUDA graphs), and `create_block_mask` (`_varlen`, `_with_kvcache`) with its `BlockMask`; they load
-on first use.
+CUDA graphs), `attention` differentiable in q, k and v (autograd through `attention_backward`),
+and `create_block_mask` (`_varlen`, `_with_kvcache`) with its `BlockMask`; they load on first use.
 """
 
 import threading
@@ -22,8 +22,8 @@ from .user_functions import UserFunctions  # noqa: F401  (stdlib only)
 
 __version__ = "0.1.0"
 
-__all__ = ["library", "info", "cache", "attention", "attention_varlen", "attention_with_kvcache",
-           "merge_attention_states", "UserFunctions", "create_block_mask",
+__all__ = ["library", "info", "cache", "attention", "attention_backward", "attention_varlen",
+           "attention_with_kvcache", "merge_attention_states", "UserFunctions", "create_block_mask",
            "create_block_mask_varlen", "create_block_mask_with_kvcache", "BlockMask",
            "FlashjitError", "InvalidArgumentError", "NoDriverError",
            "NoDeviceError", "CompileError", "CudaError", "CacheError", "UnsupportedError",
@@ -50,9 +50,9 @@ class TorchUnavailableError(ImportError):
     """A torch entry point was used where torch (>= 2.4) cannot be imported."""
 
 
-_TORCH_ENTRY_POINTS = ("attention", "attention_varlen", "attention_with_kvcache",
-                       "merge_attention_states", "create_block_mask", "create_block_mask_varlen",
-                       "create_block_mask_with_kvcache", "BlockMask")
+_TORCH_ENTRY_POINTS = ("attention", "attention_backward", "attention_varlen",
+                       "attention_with_kvcache", "merge_attention_states", "create_block_mask",
+                       "create_block_mask_varlen", "create_block_mask_with_kvcache", "BlockMask")
 
 
 def __getattr__(name):

@@ -12,6 +12,8 @@ one from a torch tensor viewed as [batch, seqlen, heads, head_dim].
         engine.forward_kv(q, k_pages, v_pages, out, page_table=table, seqused_k=lens)
         # a packed variable-length batch (flashjit_forward_varlen)
         engine.forward_varlen(q, k, v, out, cu_seqlens, max_len, cu_seqlens, max_len)
+        # gradients of a forward that wrote lse (flashjit_backward; torch tensors or views)
+        engine.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=True)
         # user functions (score_mod / mask_mod CUDA C) and a block mask of the same arguments
         doc = lib.user_functions(mask_mod=MASK_MOD_SOURCE)
         views = [tensor_from_torch(t) for t in (q, k, v, out)]
@@ -103,6 +105,23 @@ class FlashjitForwardOptions(ctypes.Structure):
         ("user_functions", ctypes.c_void_p),
         ("user_args", ctypes.c_void_p * MAX_USER_ARGS),
         ("block_mask", ctypes.c_void_p),
+    ]
+
+
+class FlashjitBackwardOptions(ctypes.Structure):
+    """flashjit_backward_options, field for field as the header declares it (no padding: the
+    int32 fields come first). Zeroed, it is the default."""
+
+    _fields_ = [
+        ("softmax_scale", ctypes.c_float),  # the forward's; <= 0: 1/sqrt(head_dim)
+        ("causal", ctypes.c_int32),
+        ("deterministic", ctypes.c_int32),  # nonzero: bitwise repeatable gradients
+        ("tile_m", ctypes.c_int32),  # all three 0: the family's tile table
+        ("tile_n", ctypes.c_int32),
+        ("stages", ctypes.c_int32),
+        ("family", ctypes.c_char_p),  # None: the dispatcher's dK/dV family
+        ("workspace", ctypes.c_void_p),
+        ("workspace_bytes", ctypes.c_uint64),
     ]
 
 
@@ -445,6 +464,33 @@ class Flashjit:
             self._families = tuple(n.decode() for n in names)
         return self._families
 
+    def backward_families(self):
+        """The families of the backward pass, e.g. ('bwd_mma', 'bwd_mma_dq', 'bwd_prep',
+        'bwd_convert'): flashjit_family_is_backward's; () for a build that predates it.
+        Engine.backward_options(family=) takes a dK/dV one of them."""
+        if not self.has_function("flashjit_family_is_backward"):
+            return ()
+        count = self.optional_function("flashjit_family_count", [], ctypes.c_int32)
+        name = self.optional_function("flashjit_family_name", [ctypes.c_int32], ctypes.c_char_p)
+        is_backward = self.optional_function("flashjit_family_is_backward", [ctypes.c_int32],
+                                             ctypes.c_int32)
+        return tuple(name(i).decode() for i in range(count()) if is_backward(i))
+
+    def backward_function(self, name):
+        """One of the backward entry points, prototypes from flashjit.h (FlashjitLoadError on a
+        build that predates them)."""
+        P, T = ctypes.POINTER, ctypes.POINTER(FlashjitTensor)
+        head = [ctypes.c_void_p, T, T, T]
+        argtypes = {
+            "flashjit_backward": head + [T, T, P(ctypes.c_float), T, T, T,
+                                         P(FlashjitBackwardOptions), ctypes.c_void_p],
+            "flashjit_backward_workspace_bytes": head + [P(FlashjitBackwardOptions),
+                                                         P(ctypes.c_uint64)],
+            "flashjit_select_backward_variant": head + [P(FlashjitBackwardOptions),
+                                                        ctypes.c_char_p, ctypes.c_int32],
+        }[name]
+        return self.optional_function(name, argtypes)
+
     def optional_function(self, name, argtypes, restype=ctypes.c_int):
         """A C API function that older builds lack (they still load, e.g. for A/B runs):
         raises FlashjitLoadError naming it when this build has none. Looked up once (the
@@ -778,6 +824,82 @@ class Engine:
                              self.handle, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
                              ctypes.byref(out), ctypes.byref(options), buf, len(buf)))
         return buf.value.decode()
+
+    # --- backward (flashjit_backward and friends; FlashjitLoadError on older builds) ----------
+
+    def backward_options(self, causal=False, softmax_scale=0.0, deterministic=False, family=None,
+                         tiles=None, workspace=None, workspace_bytes=0):
+        """A FlashjitBackwardOptions: causal and softmax_scale those of the forward (0.0 for
+        1/sqrt(head_dim)); deterministic: bitwise repeatable gradients (dQ without atomics);
+        family: None for the dispatcher's dK/dV family, else one of backward_families() (checked
+        here; the library refuses one that is not a dK/dV family); tiles: None or (tile_m,
+        tile_n, stages); workspace: a device pointer of workspace_bytes, a torch tensor (its size
+        is used), or None for the engine's own."""
+        if family and family not in self.owner.backward_families():
+            raise ValueError(f"family {family!r}: the backward families of {self.owner.path} are "
+                             f"{', '.join(self.owner.backward_families()) or 'none'} (or None "
+                             "for the dispatcher's choice)")
+        o = FlashjitBackwardOptions()
+        o.softmax_scale = float(softmax_scale)
+        o.causal = 1 if causal else 0
+        o.deterministic = 1 if deterministic else 0
+        if tiles is not None:
+            o.tile_m, o.tile_n, o.stages = (int(x) for x in tiles)
+        o.family = _encode(family) if family else None
+        if workspace is not None and not isinstance(workspace, int):
+            workspace_bytes = workspace.numel() * workspace.element_size()
+            workspace = workspace.data_ptr()
+        o.workspace = int(workspace) if workspace else None
+        o.workspace_bytes = int(workspace_bytes) if workspace else 0
+        return o
+
+    def backward_raw(self, q, k, v, out, dout, lse, dq, dk, dv, options, stream=None):
+        """flashjit_backward with prebuilt structs (FlashjitTensors, lse a device pointer, a
+        FlashjitBackwardOptions): no per-call conversion."""
+        lse = ctypes.cast(int(lse), ctypes.POINTER(ctypes.c_float)) if lse else None
+        status = self.owner.backward_function("flashjit_backward")(
+            self.handle, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out),
+            ctypes.byref(dout), lse, ctypes.byref(dq), ctypes.byref(dk), ctypes.byref(dv),
+            ctypes.byref(options), stream or None)
+        if status != OK:
+            raise_status("flashjit_backward", status, self.owner.last_error())
+
+    def backward(self, q, k, v, out, dout, lse, dq, dk, dv, causal=False, softmax_scale=0.0,
+                 deterministic=False, family=None, tiles=None, workspace=None, stream=None):
+        """Gradients of forward(q, k, v, out): writes dq, dk, dv (torch tensors or
+        FlashjitTensors) from dout; lse: the forward's fp32 [batch, heads_q, seqlen_q], a torch
+        tensor or a device pointer. stream as forward_kv."""
+        self.backward_raw(_view(q), _view(k), _view(v), _view(out), _view(dout),
+                          _address(lse, "lse", "torch.float32", 3), _view(dq), _view(dk),
+                          _view(dv), self.backward_options(causal, softmax_scale, deterministic,
+                                                           family, tiles, workspace), stream)
+
+    def backward_workspace_bytes_raw(self, q, k, v, options):
+        """Bytes of workspace flashjit_backward needs for these structs."""
+        size = ctypes.c_uint64()
+        self.owner.check("flashjit_backward_workspace_bytes", self.owner.backward_function(
+            "flashjit_backward_workspace_bytes")(self.handle, ctypes.byref(q), ctypes.byref(k),
+                                                 ctypes.byref(v), ctypes.byref(options),
+                                                 ctypes.byref(size)))
+        return size.value
+
+    def select_backward_variant_raw(self, q, k, v, options):
+        """The dK/dV variant flashjit_backward runs for these structs, e.g.
+        'bwd_mma.sm90a.bf16.d128.m64n64s2.causal'."""
+        buf = ctypes.create_string_buffer(256)
+        self.owner.check("flashjit_select_backward_variant", self.owner.backward_function(
+            "flashjit_select_backward_variant")(self.handle, ctypes.byref(q), ctypes.byref(k),
+                                                ctypes.byref(v), ctypes.byref(options), buf,
+                                                len(buf)))
+        return buf.value.decode()
+
+    def select_backward_variant(self, q, k, v, causal=False, deterministic=False, family=None,
+                                tiles=None):
+        """select_backward_variant_raw for torch tensors (or FlashjitTensors)."""
+        return self.select_backward_variant_raw(
+            _view(q), _view(k), _view(v),
+            self.backward_options(causal, deterministic=deterministic, family=family,
+                                  tiles=tiles))
 
     def record_variants(self, manifest_path):
         """From now on, append each variant this engine runs for the first time to the manifest

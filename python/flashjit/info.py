@@ -13,8 +13,8 @@ from ._loader import FlashjitLoadError
 
 
 def info(cache_dir=None):
-    """A dict: library (path, version, nvrtc, driver, families, preloaded), cli (the CLI's
-    `info --json`, or why it is missing), torch (version and CUDA, or why not)."""
+    """A dict: library (path, version, nvrtc, driver, families, backward_families, preloaded),
+    cli (the CLI's `info --json`, or why it is missing), torch (version and CUDA, or why not)."""
     from . import __version__, cache, library
     result = {"package_version": __version__}
     try:
@@ -28,6 +28,7 @@ def info(cache_dir=None):
                              "nvrtc_path": nvrtc.get("path"),
                              "driver_version": lib.driver_version(),
                              "families": list(lib.families()),
+                             "backward_families": list(lib.backward_families()),
                              "preloaded": [str(p) for p in lib.preloaded]}
     try:
         result["cli"] = {"path": cache.cli_path(),
@@ -60,7 +61,8 @@ def format_info(result):
         rows += [("library", f"{lib['path']} ({lib['version']})"),
                  ("NVRTC", f"{lib['nvrtc_version']} ({lib['nvrtc_path'] or 'path unknown'})"),
                  ("CUDA driver", lib["driver_version"] or "none"),
-                 ("families", " ".join(lib["families"]))]
+                 ("families", " ".join(lib["families"])),
+                 ("backward", " ".join(lib["backward_families"]) or "no backward kernels")]
         if lib["preloaded"]:
             rows.append(("preloaded", " ".join(lib["preloaded"])))
     cli = result["cli"]

@@ -5,10 +5,12 @@ torch.compile(fullgraph=True) traces through it, and runs on torch's current str
 graph capture records it. Outputs are allocated by torch's caching allocator (graph-pool aware);
 split-KV scratch too, so the library never allocates during a capture.
 
-Forward only: flashjit has no backward kernels yet. The ops register an autograd formula that
-raises NotImplementedError when a backward reaches them (the forward itself runs with inputs
-that require grad, e.g. evaluation without torch.no_grad()); under torch.compile, AOTAutograd
-traces that backward when an input requires grad, so the error comes at compile time.
+Training: flashjit.attention is differentiable in q, k and v through
+`torch.ops.flashjit.attention_backward` (flashjit.backward registers the formula; a forward
+whose inputs want gradients keeps the LSE for it). The varlen, KV-cache and merge ops register a
+formula that raises NotImplementedError when a backward reaches them (their forward still runs
+with inputs that require grad); under torch.compile, AOTAutograd traces that backward when an
+input requires grad, so the error comes at compile time.
 
 Bad input raises flashjit.InvalidArgumentError (a ValueError) with the library's message;
 CPU tensors raise ValueError before anything reaches the library.
@@ -294,8 +296,8 @@ def _dense_options(engine, causal, softmax_scale, lse, window_left, window_right
 
 def _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left, window_right,
                    softcap, sink_logits, alibi_slopes, sink_tokens, family, user_functions,
-                   user_args, user_pointers, block_mask):
-    """(out, lse or None): the forward itself."""
+                   user_args, user_pointers, block_mask, deterministic=False):
+    """(out, lse or None): the forward itself (deterministic is the backward's: unused here)."""
     # The common case checked in one expression; anything else gets _check_attention's message.
     device = q.device
     if not (q.is_cuda and k.device == device and v.device == device and q.dim() == 4
@@ -321,7 +323,9 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: flo
                sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor], sink_tokens: int,
                family: Optional[str], user_functions: Optional[str],
                user_args: List[Optional[Tensor]], user_pointers: List[int],
-               block_mask: int) -> Tuple[Tensor, Tensor]:
+               block_mask: int, deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+    # deterministic is carried for the autograd formula (flashjit.backward), which runs
+    # flashjit::attention_backward with it.
     out, lse = _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left,
                               window_right, softcap, sink_logits, alibi_slopes, sink_tokens, family,
                               user_functions, user_args, user_pointers, block_mask)
@@ -331,7 +335,7 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: flo
 @_attention.register_fake
 def _(q, k, v, causal, softmax_scale, return_lse, window_left, window_right, softcap,
       sink_logits, alibi_slopes, sink_tokens, family, user_functions, user_args, user_pointers,
-      block_mask):
+      block_mask, deterministic=False):
     _check_attention(q, k, v, sink_logits, alibi_slopes, user_functions, user_args)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
     lse = q.new_empty((q.shape[0], q.shape[2], q.shape[1]), dtype=torch.float32) \
@@ -350,7 +354,8 @@ def _check_attention(q, k, v, sink_logits, alibi_slopes, user_functions, user_ar
 
 def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, window_left=-1,
               window_right=-1, softcap=0.0, sink_logits=None, alibi_slopes=None, sink_tokens=0,
-              family=None, user_functions=None, user_args=(), block_mask=None):
+              family=None, user_functions=None, user_args=(), block_mask=None,
+              deterministic=False):
     """Attention forward on [batch, seqlen, heads, head_dim] CUDA tensors (bf16 or fp16; any
     strides with a unit head_dim stride, e.g. BSHD or a BHSD transpose), GQA/MQA when heads_q is
     a multiple of heads_kv. Returns out [batch, seqlen_q, heads_q, head_dim] (contiguous), and
@@ -369,11 +374,21 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, wi
     kernel; user_args: what they see as args.ptr[i], up to 8 entries, each a contiguous torch
     tensor on q's device (read-only), an int (a raw device pointer) or None.
     block_mask: a flashjit.BlockMask made by create_block_mask for these same arguments: key
-    tiles its mask_mod hides wholly are skipped."""
+    tiles its mask_mod hides wholly are skipped.
+    deterministic: the backward's gradients are bitwise repeatable (dQ without atomics, about
+    1.4x the work of the backward); the forward is the same either way.
+
+    Differentiable in q, k and v (flashjit.attention_backward; dense attention with causal and
+    softmax_scale, not yet with windows, soft-capping, sinks, ALiBi or user functions, whose
+    backward raises NotImplementedError). The LSE is not differentiable, as in FlashAttention:
+    what flows back through it is dropped."""
     user = _user_inputs("flashjit.attention", user_functions, user_args, block_mask)
-    args = (q, k, v, bool(causal), _scale(softmax_scale), bool(return_lse), int(window_left),
-            int(window_right), float(softcap), sink_logits, alibi_slopes, sink_tokens, family,
-            *user)
+    # The backward needs the LSE: a forward whose inputs want gradients keeps it.
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
+                                              or v.requires_grad)
+    args = (q, k, v, bool(causal), _scale(softmax_scale), bool(return_lse or needs_grad),
+            int(window_left), int(window_right), float(softcap), sink_logits, alibi_slopes,
+            sink_tokens, family, *user, bool(deterministic))
     out, lse = _run_attention(*args) if _eager(q, k, v, sink_logits, alibi_slopes, *user[1]) \
         else torch.ops.flashjit.attention(*args)
     return (out, lse) if return_lse else out
@@ -687,22 +702,6 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     return torch.ops.flashjit.merge_attention_states(out_a, lse_a, out_b, lse_b)
 
 
-# --- no backward yet ---------------------------------------------------------------------------
+# --- autograd: flashjit.backward registers the formulas (attention's; the others raise) ---------
 
-def _no_backward(name):
-    def backward(ctx, *grads):
-        raise NotImplementedError(
-            f"flashjit.{name} has no backward: flashjit's backward kernels do not exist yet "
-            "(forward only). Run it under torch.no_grad() / torch.inference_mode(), or detach "
-            "its inputs")
-    return backward
-
-
-def _setup_context(ctx, inputs, output):
-    pass
-
-
-for _op, _name in ((_attention, "attention"), (_attention_kvcache, "attention_with_kvcache"),
-                   (_attention_varlen, "attention_varlen"),
-                   (_merge_attention_states, "merge_attention_states")):
-    _op.register_autograd(_no_backward(_name), setup_context=_setup_context)
+from .backward import attention_backward  # noqa: E402,F401  (the import registers them)

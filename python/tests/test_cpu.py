@@ -233,6 +233,64 @@ class UserFunctionsWithoutGpu(unittest.TestCase):
             _capi.user_arg_pointers([0, "x"])
 
 
+class BackwardWithoutGpu(unittest.TestCase):
+    """The C API's backward through the binding: struct layout, families, argument errors."""
+
+    def test_options_struct_has_no_padding(self):
+        options = _capi.FlashjitBackwardOptions
+        end = 0
+        for name, kind in options._fields_:
+            self.assertEqual(getattr(options, name).offset, end, name)  # each where the last ends
+            end += ctypes.sizeof(kind)
+        self.assertEqual(ctypes.sizeof(options), end)
+        if ctypes.sizeof(ctypes.c_void_p) == 8:  # the C test pins the same size
+            self.assertEqual(ctypes.sizeof(options), 48)
+
+    def test_backward_families_are_the_librarys(self):
+        import json
+        lib = flashjit.library()
+        info = json.loads(cache.run_cli(["info", "--json"]).stdout)
+        self.assertEqual(list(lib.backward_families()),
+                         [f["name"] for f in info["families"] if f["backward"]])
+        # Forward's families and backward's are apart.
+        self.assertFalse(set(lib.backward_families()) & set(lib.families()))
+        self.assertEqual(flashjit.info()["library"]["backward_families"],
+                         list(lib.backward_families()))
+
+    def test_null_arguments_are_named(self):
+        lib = flashjit.library()
+        function = lib.backward_function("flashjit_backward")
+        t = _capi.make_tensor(0x100000, "bf16", (1, 64, 2, 64), (8192, 128, 64, 1))
+        ref = ctypes.byref
+        options = _capi.FlashjitBackwardOptions()
+        status = function(None, ref(t), ref(t), ref(t), ref(t), ref(t), None, ref(t), ref(t),
+                          ref(t), ref(options), None)
+        self.assertEqual(status, _capi.INVALID_ARGUMENT)
+        self.assertIn("engine is null", lib.last_error())
+        status = function(None, ref(t), ref(t), ref(t), ref(t), None, None, ref(t), ref(t),
+                          ref(t), None, None)
+        self.assertEqual(status, _capi.INVALID_ARGUMENT)
+        self.assertEqual(lib.last_error(), "dout is null: expected a flashjit_tensor")
+        size = lib.backward_function("flashjit_backward_workspace_bytes")
+        self.assertEqual(size(None, None, ref(t), ref(t), None, None), _capi.INVALID_ARGUMENT)
+        self.assertEqual(lib.last_error(), "q is null: expected a flashjit_tensor")
+
+    def test_engine_options(self):
+        # Engine.backward_options needs no GPU: an Engine over no handle builds the struct.
+        engine = _capi.Engine(flashjit.library(), None)
+        o = engine.backward_options(causal=True, softmax_scale=0.5, deterministic=True,
+                                    tiles=(64, 128, 2), workspace=0x1000, workspace_bytes=4096)
+        self.assertEqual((o.causal, o.softmax_scale, o.deterministic), (1, 0.5, 1))
+        self.assertEqual((o.tile_m, o.tile_n, o.stages), (64, 128, 2))
+        self.assertEqual((o.workspace, o.workspace_bytes, o.family), (0x1000, 4096, None))
+        zeroed = engine.backward_options()
+        self.assertEqual(bytes(zeroed), bytes(_capi.FlashjitBackwardOptions()))
+        with self.assertRaisesRegex(ValueError, "family 'mma': the backward families of"):
+            engine.backward_options(family="mma")
+        for family in flashjit.library().backward_families():
+            self.assertEqual(engine.backward_options(family=family).family, family.encode())
+
+
 class Cache(unittest.TestCase):
     def test_precompile_list_clear(self):
         name = a_variant()
@@ -421,11 +479,87 @@ class TorchWithoutGpu(unittest.TestCase):
         # One recompile for the second mask's id, then the id is a dynamic int.
         self.assertLessEqual(counter.frame_count, 2)
 
-    def test_backward_says_it_does_not_exist(self):
+    def test_gradients_have_the_inputs_shapes(self):
+        # Meta tensors run the ops' fake implementations: the autograd formula end to end.
+        torch = self.torch
+        q = self.meta(2, 8, 4, 64).requires_grad_()
+        k, v = self.meta(2, 16, 2, 64).requires_grad_(), self.meta(2, 16, 2, 64).requires_grad_()
+        for causal, deterministic in ((False, False), (True, True)):
+            out = flashjit.attention(q, k, v, causal=causal, deterministic=deterministic)
+            self.assertTrue(out.requires_grad)
+            dq, dk, dv = torch.autograd.grad(out.float().sum(), (q, k, v))
+            self.assertEqual((dq.shape, dk.shape, dv.shape), (q.shape, k.shape, v.shape))
+            self.assertEqual(dk.dtype, torch.bfloat16)
+        # Only some inputs wanting gradients is fine too.
+        out = flashjit.attention(q, k.detach(), v.detach())
+        self.assertEqual(torch.autograd.grad(out.sum(), q)[0].shape, q.shape)
+
+    def test_the_lse_is_not_differentiable(self):
         q = self.meta(1, 8, 2, 64).requires_grad_()
-        out = flashjit.attention(q, q, q)
-        with self.assertRaisesRegex(NotImplementedError, "backward kernels do not exist yet"):
-            out.sum().backward()
+        out, lse = flashjit.attention(q, q, q, return_lse=True)
+        self.assertTrue(out.requires_grad)
+        self.assertFalse(lse.requires_grad)
+
+    def test_the_op_without_lse_still_differentiates(self):
+        # torch.ops.flashjit.attention called directly with return_lse=False: the formula runs
+        # the forward again for its LSE.
+        torch = self.torch
+        q = self.meta(1, 8, 2, 64).requires_grad_()
+        out, lse = torch.ops.flashjit.attention(q, q, q, False, 0.0, False, -1, -1, 0.0, None,
+                                                None, 0, None, None, [], [], 0, False)
+        self.assertEqual(lse.numel(), 0)
+        self.assertEqual(torch.autograd.grad(out.sum(), q)[0].shape, q.shape)
+
+    def test_unsupported_backwards_say_what_is_missing(self):
+        torch = self.torch
+        q = self.meta(1, 8, 2, 64).requires_grad_()
+        functions = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        doc = torch.zeros(8, dtype=torch.int32, device="meta")
+        for kwargs, named in ((dict(softcap=5.0), "softcap"),
+                              (dict(window_left=16, window_right=0), "window_left / window_right"),
+                              (dict(alibi_slopes=self.meta(2, dtype=torch.float32)),
+                               "alibi_slopes"),
+                              (dict(user_functions=functions, user_args=[doc]),
+                               "user_functions")):
+            with self.subTest(named=named):
+                out = flashjit.attention(q, q, q, **kwargs)  # the forward runs
+                with self.assertRaisesRegex(NotImplementedError,
+                                            f"does not take {named} yet"):
+                    out.sum().backward()
+        cu = torch.zeros(3, dtype=torch.int32, device="meta")
+        for out in (flashjit.attention_varlen(q[0], q[0], q[0], cu, cu, 8, 8),
+                    flashjit.attention_with_kvcache(q, q, q)):
+            with self.assertRaisesRegex(NotImplementedError, "varlen, KV-cache .* not implemented"):
+                out.sum().backward()
+
+    def test_attention_backward_checks_and_shapes(self):
+        torch = self.torch
+        q, k = self.meta(2, 8, 4, 64), self.meta(2, 16, 2, 64)
+        lse = self.meta(2, 4, 8, dtype=torch.float32)
+        dq, dk, dv = flashjit.attention_backward(q, k, k, q, q, lse, causal=True)
+        self.assertEqual((dq.shape, dk.shape, dv.shape), (q.shape, k.shape, k.shape))
+        with self.assertRaisesRegex(ValueError, r"lse has shape \(2, 8, 4\): expected \(2, 4, 8\)"):
+            flashjit.attention_backward(q, k, k, q, q, lse.transpose(1, 2))
+        with self.assertRaisesRegex(ValueError, "dout has shape"):
+            flashjit.attention_backward(q, k, k, q, q[:, :4], lse)
+        with self.assertRaisesRegex(ValueError, "lse is torch.bfloat16"):
+            flashjit.attention_backward(q, k, k, q, q, lse.bfloat16())
+        with self.assertRaisesRegex(ValueError, "softmax_scale 0"):
+            flashjit.attention_backward(q, k, k, q, q, lse, softmax_scale=0)
+        with self.assertRaisesRegex(ValueError, "dout is on cpu"):
+            flashjit.attention_backward(q, k, k, q, torch.zeros(q.shape, dtype=q.dtype), lse)
+
+    def test_compile_fullgraph_with_backward(self):
+        torch = self.torch
+
+        def loss(q, k, v):
+            return flashjit.attention(q, k, v, causal=True).float().square().sum()
+
+        compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+        q = self.meta(2, 8, 4, 64).requires_grad_()
+        k, v = self.meta(2, 16, 2, 64).requires_grad_(), self.meta(2, 16, 2, 64).requires_grad_()
+        compiled(q, k, v).backward()
+        self.assertEqual((q.grad.shape, k.grad.shape, v.grad.shape), (q.shape, k.shape, v.shape))
 
 
 if __name__ == "__main__":

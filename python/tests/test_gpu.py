@@ -1,8 +1,9 @@
 """GPU tests of the torch entry points: numerics against float32 references (SDPA with explicit
 masks), torch.compile(fullgraph=True), CUDA-graph capture, GQA, causal, windows, softcap, sinks,
 varlen, decode over dense and paged caches, merge_attention_states, user functions (a document
-mask, a relative-position bias: against float64 references) and block masks, errors. Without
-torch or a GPU every test skips, saying why.
+mask, a relative-position bias: against float64 references) and block masks, errors; and the
+backward: gradients against float32 SDPA's, deterministic mode, torch.compile and CUDA graphs of
+a training step. Without torch or a GPU every test skips, saying why.
 
 On a GPU machine with torch (no install needed):
     PYTHONPATH=python FLASHJIT_LIBRARY=/path/libflashjit.so.0 \
@@ -160,11 +161,231 @@ class Dense(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "on cpu"):
             flashjit.attention(q.cpu(), k, k)
 
-    def test_backward_raises(self):
+
+
+def bottom_right_causal(sq, sk):
+    """[sq, sk] bool, True where query row i sees key j (FlashAttention's causal alignment)."""
+    rows = torch.arange(sq, device="cuda")[:, None] + (sk - sq)
+    return torch.arange(sk, device="cuda")[None, :] <= rows
+
+
+def sdpa_gradients(q, k, v, dout, causal=False, scale=None):
+    """(dq, dk, dv) of float32 SDPA on [b, s, h, d] tensors: GQA by repeating k and v (their
+    gradients summed back by autograd), a bottom-right causal mask given explicitly (SDPA's
+    is_causal aligns top-left). Every query row must see a key (SDPA gives NaN otherwise)."""
+    q, k, v = (t.detach().float().requires_grad_() for t in (q, k, v))
+    groups = q.shape[2] // k.shape[2]
+    mask = bottom_right_causal(q.shape[1], k.shape[1]) if causal else None
+    out = F.scaled_dot_product_attention(
+        q.transpose(1, 2), k.repeat_interleave(groups, 2).transpose(1, 2),
+        v.repeat_interleave(groups, 2).transpose(1, 2), attn_mask=mask, scale=scale)
+    out.transpose(1, 2).backward(dout.float())
+    return q.grad, k.grad, v.grad
+
+
+def plain_torch_gradients(q, k, v, dout, causal=False, scale=None):
+    """(dq, dk, dv) of attention written in plain torch ops in the inputs' dtype (scores,
+    probabilities and products rounded to it, as a kernel's bf16 operands are): what a
+    low-precision implementation's error looks like, for tolerances. Every row must see a key."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    groups = q.shape[2] // k.shape[2]
+    scale = scale or 1 / math.sqrt(q.shape[-1])
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k.repeat_interleave(groups, 2)) * scale
+    if causal:
+        scores = scores.masked_fill(~bottom_right_causal(q.shape[1], k.shape[1]), float("-inf"))
+    out = torch.einsum("bhqk,bkhd->bqhd", torch.softmax(scores, -1), v.repeat_interleave(groups, 2))
+    out.backward(dout)
+    return q.grad, k.grad, v.grad
+
+
+def flashjit_gradients(q, k, v, dout, **kwargs):
+    """(dq, dk, dv) of flashjit.attention(q, k, v, **kwargs) through autograd."""
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    flashjit.attention(q, k, v, **kwargs).backward(dout)
+    return q.grad, k.grad, v.grad
+
+
+@unittest.skipUnless(HAVE_GPU, WHY)
+class Backward(unittest.TestCase):
+    """Gradients of flashjit.attention (autograd through flashjit.attention_backward)."""
+
+    def check_gradients(self, q, k, v, causal=False, scale=None):
+        """flashjit's gradients against float32 SDPA's: within twice the error of plain torch
+        ops in the inputs' dtype (FlashAttention's test rule), or 1 % of the gradient's largest
+        entry."""
+        dout = rand(*q.shape, dtype=q.dtype)
+        got = flashjit_gradients(q, k, v, dout, causal=causal, softmax_scale=scale)
+        ref = sdpa_gradients(q, k, v, dout, causal, scale)
+        low = plain_torch_gradients(q, k, v, dout, causal, scale)
+        for name, g, r, lo, t in zip(("dq", "dk", "dv"), got, ref, low, (q, k, v)):
+            self.assertEqual((g.shape, g.dtype), (t.shape, t.dtype), name)
+            self.assertFalse(g.isnan().any().item(), name)
+            err = (g.float() - r).abs().max().item()
+            bound = max(2 * (lo.float() - r).abs().max().item(), 0.01 * r.abs().max().item())
+            self.assertLessEqual(err, bound, f"{name}: max abs error {err}, bound {bound}")
+
+    def test_against_sdpa(self):
+        torch.manual_seed(30)
+        for d in (64, 128):
+            for causal in (False, True):
+                with self.subTest(d=d, causal=causal):
+                    q, k, v = rand(2, 256, 4, d), rand(2, 256, 4, d), rand(2, 256, 4, d)
+                    self.check_gradients(q, k, v, causal)
+
+    def test_gqa_uneven_lengths_scale_fp16(self):
+        torch.manual_seed(31)
+        # Causal rows see keys bottom-right aligned; every row sees one when seqlen_k >= seqlen_q.
+        for sq, sk, causal in ((200, 333, True), (333, 200, False), (1, 517, True),
+                               (130, 130, True)):
+            for dtype in (torch.bfloat16, torch.float16):
+                with self.subTest(sq=sq, sk=sk, causal=causal, dtype=dtype):
+                    q = rand(2, sq, 8, 128, dtype=dtype)
+                    k, v = rand(2, sk, 2, 128, dtype=dtype), rand(2, sk, 2, 128, dtype=dtype)
+                    self.check_gradients(q, k, v, causal, scale=0.1)
+
+    def test_head_dims(self):
+        torch.manual_seed(32)
+        for d in (32, 96, 192, 256):
+            with self.subTest(d=d):
+                q, k, v = rand(1, 192, 2, d), rand(1, 192, 2, d), rand(1, 192, 2, d)
+                self.check_gradients(q, k, v, causal=True)
+
+    def test_rows_without_keys_get_zero_gradients(self):
+        # Causal with seqlen_q > seqlen_k: the first seqlen_q - seqlen_k rows see no key (their
+        # output is 0 and so is their LSE's part), so their dq is zero, and the rest is SDPA's
+        # over the rows that do see keys.
+        torch.manual_seed(33)
+        q, k, v = rand(1, 300, 4, 64), rand(1, 200, 4, 64), rand(1, 200, 4, 64)
+        dout = rand(1, 300, 4, 64)
+        dq, dk, dv = flashjit_gradients(q, k, v, dout, causal=True)
+        self.assertTrue(torch.equal(dq[:, :100], torch.zeros_like(dq[:, :100])))
+        ref = sdpa_gradients(q[:, 100:], k, v, dout[:, 100:], causal=True)
+        for name, g, r in zip(("dq", "dk", "dv"), (dq[:, 100:], dk, dv), ref):
+            err = (g.float() - r).abs().max().item()
+            self.assertLess(err, 0.02 * r.abs().max().item() + 1e-3, f"{name}: {err}")
+
+    def test_bhsd_strides_and_a_transposed_dout(self):
+        torch.manual_seed(34)
+        q, k, v = (rand(2, 4, 128, 64).transpose(1, 2) for _ in range(3))  # BHSD memory
+        dout = rand(2, 4, 128, 64).transpose(1, 2)
+        got = flashjit_gradients(q, k, v, dout, causal=True)
+        ref = sdpa_gradients(q, k, v, dout, causal=True)
+        for name, g, r in zip(("dq", "dk", "dv"), got, ref):
+            err = (g.float() - r).abs().max().item()
+            self.assertLess(err, 0.02 * r.abs().max().item(), f"{name}: {err}")
+
+    def test_deterministic_is_bitwise_repeatable(self):
+        torch.manual_seed(35)
+        q, k, v = rand(2, 512, 8, 128), rand(2, 512, 2, 128), rand(2, 512, 2, 128)
+        dout = rand(2, 512, 8, 128)
+        for causal in (False, True):
+            with self.subTest(causal=causal):
+                first = flashjit_gradients(q, k, v, dout, causal=causal, deterministic=True)
+                second = flashjit_gradients(q, k, v, dout, causal=causal, deterministic=True)
+                for name, a, b in zip(("dq", "dk", "dv"), first, second):
+                    self.assertTrue(torch.equal(a, b), f"{name} differs between two runs")
+                # The default (atomic dQ) sums in another order: close, not bitwise.
+                atomic = flashjit_gradients(q, k, v, dout, causal=causal)
+                for name, a, b in zip(("dq", "dk", "dv"), first, atomic):
+                    torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2, msg=name)
+
+    def test_attention_backward_matches_autograd(self):
+        torch.manual_seed(36)
+        q, k, v = rand(1, 256, 4, 64), rand(1, 256, 2, 64), rand(1, 256, 2, 64)
+        dout = rand(1, 256, 4, 64)
+        out, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)
+        direct = flashjit.attention_backward(q, k, v, out, dout, lse, causal=True,
+                                             deterministic=True)
+        via_autograd = flashjit_gradients(q, k, v, dout, causal=True, deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), direct, via_autograd):
+            self.assertTrue(torch.equal(a, b), name)
+
+    def test_compile_fullgraph_with_backward(self):
+        torch.manual_seed(37)
+        weight = rand(2, 128, 4, 64).float()
+
+        def loss(q, k, v):
+            out = flashjit.attention(q * 2, k, v, causal=True, deterministic=True)
+            return (out.float() * weight).sum()
+
+        compiled = torch.compile(loss, fullgraph=True)
+        inputs = [rand(2, 128, 4, 64).requires_grad_() for _ in range(3)]
+        grads = torch.autograd.grad(compiled(*inputs), inputs)
+        eager = torch.autograd.grad(loss(*inputs), inputs)
+        for name, a, b in zip(("dq", "dk", "dv"), grads, eager):
+            torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2, msg=name)
+
+    def test_cuda_graph_of_a_training_step(self):
+        torch.manual_seed(38)
+        q, k, v = (rand(2, 128, 4, 64).requires_grad_() for _ in range(3))
+        dout = rand(2, 128, 4, 64)
+
+        def step():
+            for t in (q, k, v):
+                t.grad = None
+            flashjit.attention(q, k, v, causal=True, deterministic=True).backward(dout)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: kernels compiled and loaded outside capture
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        for t in (q, k, v):
+            t.grad = None
+        with torch.cuda.graph(graph):
+            flashjit.attention(q, k, v, causal=True, deterministic=True).backward(dout)
+        captured = [t.grad for t in (q, k, v)]
+        with torch.no_grad():
+            q.copy_(rand(2, 128, 4, 64))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = flashjit_gradients(q, k, v, dout, causal=True, deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), captured, expected):
+            self.assertTrue(torch.equal(a, b), name)
+
+    def test_opcheck(self):
+        q, k, v = rand(1, 64, 2, 64), rand(1, 64, 2, 64), rand(1, 64, 2, 64)
+        out, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)
+        torch.library.opcheck(torch.ops.flashjit.attention_backward.default,
+                              (q, k, v, out, rand(1, 64, 2, 64), lse, True, 0.0, True))
+        # The forward's autograd formula too (opcheck compares its gradients with AOTAutograd's).
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.library.opcheck(torch.ops.flashjit.attention.default,
+                              (*inputs, True, 0.0, False, -1, -1, 0.0, None, None, 0, None, None,
+                               [], [], 0, True))
+
+    def test_what_has_no_backward_yet_says_so(self):
         q = rand(1, 64, 2, 64).requires_grad_()
-        out = flashjit.attention(q, q, q)
-        with self.assertRaisesRegex(NotImplementedError, "backward kernels do not exist yet"):
+        with self.assertRaisesRegex(NotImplementedError, "does not take softcap yet"):
+            flashjit.attention(q, q, q, softcap=5.0).float().sum().backward()
+        cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
+        out = flashjit.attention_varlen(q[0], q[0], q[0], cu, cu, 64, 64)
+        with self.assertRaisesRegex(NotImplementedError, "varlen, KV-cache"):
             out.float().sum().backward()
+
+    def test_the_binding_runs_the_c_api(self):
+        # flashjit_backward through the ctypes binding, as a C caller uses it.
+        torch.manual_seed(39)
+        q, k, v = rand(1, 128, 4, 64), rand(1, 128, 2, 64), rand(1, 128, 2, 64)
+        out, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)
+        dout = rand(1, 128, 4, 64)
+        dq, dk, dv = (torch.empty_like(t) for t in (q, k, v))
+        lib = flashjit.library()
+        with lib.create_engine(torch.cuda.current_device()) as engine:
+            name = engine.select_backward_variant(q, k, v, causal=True)
+            self.assertIn(name.split(".")[0], lib.backward_families())
+            self.assertIn(".causal", name)
+            engine.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=True, deterministic=True,
+                            stream=torch.cuda.current_stream().cuda_stream)
+            with self.assertRaises(flashjit.InvalidArgumentError) as caught:
+                engine.backward(q, k, v, out, dout, lse, dq, dk[:, :, :1], dv, causal=True)
+            self.assertIn("dk", caught.exception.message)
+        torch.cuda.synchronize()
+        expected = flashjit.attention_backward(q, k, v, out, dout, lse, causal=True,
+                                               deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), (dq, dk, dv), expected):
+            self.assertTrue(torch.equal(a, b), name)
 
 
 @unittest.skipUnless(HAVE_GPU, WHY)

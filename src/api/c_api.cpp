@@ -1,15 +1,11 @@
-// The C API: the C++ API behind status codes and a thread-local error message.
+// The C API: the C++ API behind status codes and a thread-local error message. Its backward
+// entry points are in c_api_backward.cpp.
 #include <algorithm>
 #include <cstring>
 #include <iterator>
 #include <string>
 
-#include "flashjit/flashjit.h"
-#include "flashjit/flashjit.hpp"
-
-struct flashjit_engine {
-  std::unique_ptr<flashjit::Engine> engine;
-};
+#include "api/c_api_support.hpp"
 
 struct flashjit_user_functions {
   flashjit::UserFunctions functions;
@@ -22,12 +18,14 @@ struct flashjit_block_mask {
 static_assert(FLASHJIT_MAX_USER_ARGS == flashjit::kMaxUserArgs,
               "flashjit.h and flashjit.hpp disagree on the number of user_args");
 
-namespace {
+namespace flashjit::detail::c_api {
 
-thread_local std::string last_error;
+std::string& last_error() {
+  thread_local std::string message;
+  return message;
+}
 
-flashjit_status status_of(flashjit::ErrorCode code) {
-  using flashjit::ErrorCode;
+flashjit_status status_of(ErrorCode code) {
   switch (code) {
     case ErrorCode::invalid_argument: return FLASHJIT_INVALID_ARGUMENT;
     case ErrorCode::no_driver: return FLASHJIT_NO_DRIVER;
@@ -40,48 +38,43 @@ flashjit_status status_of(flashjit::ErrorCode code) {
   return FLASHJIT_INTERNAL_ERROR;
 }
 
-// Runs `body`, turning exceptions into a status and the thread's last error.
-template <typename Body>
-flashjit_status guarded(Body&& body) {
-  try {
-    body();
-    last_error.clear();
-    return FLASHJIT_OK;
-  } catch (const flashjit::Error& e) {
-    last_error = e.what();
-    return status_of(e.code());
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return FLASHJIT_INTERNAL_ERROR;
-  }
-}
-
 void require(bool condition, const char* message) {
-  if (!condition) throw flashjit::Error(flashjit::ErrorCode::invalid_argument, message);
+  if (!condition) throw Error(ErrorCode::invalid_argument, message);
 }
 
-// The engine behind a handle, or Error(invalid_argument) for a null one.
-flashjit::Engine& engine_of(flashjit_engine* engine) {
+Engine& engine_of(flashjit_engine* engine) {
   require(engine != nullptr, "engine is null: expected one from flashjit_engine_create");
   return *engine->engine;
 }
 
-flashjit::TensorView view_of(const flashjit_tensor* t, const char* name) {
+TensorView view_of(const flashjit_tensor* t, const char* name) {
   if (t == nullptr)
-    throw flashjit::Error(flashjit::ErrorCode::invalid_argument,
-                          std::string(name) + " is null: expected a flashjit_tensor");
+    throw Error(ErrorCode::invalid_argument,
+                std::string(name) + " is null: expected a flashjit_tensor");
   if (t->dtype != FLASHJIT_BF16 && t->dtype != FLASHJIT_FP16)
-    throw flashjit::Error(flashjit::ErrorCode::invalid_argument,
-                          std::string(name) + ".dtype is not FLASHJIT_BF16 or FLASHJIT_FP16");
-  flashjit::TensorView view;
+    throw Error(ErrorCode::invalid_argument,
+                std::string(name) + ".dtype is not FLASHJIT_BF16 or FLASHJIT_FP16");
+  TensorView view;
   view.data = t->data;
-  view.dtype = t->dtype == FLASHJIT_BF16 ? flashjit::DType::bf16 : flashjit::DType::fp16;
+  view.dtype = t->dtype == FLASHJIT_BF16 ? DType::bf16 : DType::fp16;
   for (int i = 0; i < 4; ++i) {
     view.shape[i] = t->shape[i];
     view.stride[i] = t->stride[i];
   }
   return view;
 }
+
+void write_name(const std::string& name, char* buf, int32_t buf_size) {
+  require(buf != nullptr && buf_size > 0, "buf is null or buf_size <= 0");
+  require(static_cast<int32_t>(name.size()) < buf_size, "buf_size is too small for the name");
+  std::memcpy(buf, name.c_str(), name.size() + 1);
+}
+
+}  // namespace flashjit::detail::c_api
+
+namespace {
+
+using namespace flashjit::detail::c_api;
 
 flashjit::ForwardOptions options_of(const flashjit_forward_options* o) {
   flashjit::ForwardOptions options;
@@ -127,6 +120,13 @@ flashjit::VarlenBatch varlen_of(const flashjit_varlen* v) {
   return {v->cu_seqlens_q, v->cu_seqlens_k, v->batch, v->max_seqlen_q, v->max_seqlen_k};
 }
 
+// Family `index` of families(), or null when the index is out of range.
+const flashjit::FamilyInfo* family_at(int32_t index) {
+  const auto& families = flashjit::families();
+  if (index < 0 || index >= static_cast<int32_t>(families.size())) return nullptr;
+  return &families[static_cast<std::size_t>(index)];
+}
+
 // A C string argument that may be NULL for "absent".
 std::string text_or_empty(const char* text) { return text != nullptr ? text : ""; }
 
@@ -159,13 +159,6 @@ const flashjit::BlockMask& mask_of(const flashjit_block_mask* mask) {
   return mask->mask;
 }
 
-// Copies a variant's name into a caller's buffer.
-void write_name(const std::string& name, char* buf, int32_t buf_size) {
-  require(buf != nullptr && buf_size > 0, "buf is null or buf_size <= 0");
-  require(static_cast<int32_t>(name.size()) < buf_size, "buf_size is too small for the name");
-  std::memcpy(buf, name.c_str(), name.size() + 1);
-}
-
 }  // namespace
 
 extern "C" {
@@ -187,20 +180,23 @@ flashjit_status flashjit_driver_version(int32_t* version) {
   });
 }
 
-const char* flashjit_last_error(void) { return last_error.c_str(); }
+const char* flashjit_last_error(void) { return last_error().c_str(); }
 
 int32_t flashjit_family_count(void) { return static_cast<int32_t>(flashjit::families().size()); }
 
 const char* flashjit_family_name(int32_t index) {
-  const auto& families = flashjit::families();
-  if (index < 0 || index >= static_cast<int32_t>(families.size())) return nullptr;
-  return families[static_cast<std::size_t>(index)].name.c_str();
+  const flashjit::FamilyInfo* family = family_at(index);
+  return family != nullptr ? family->name.c_str() : nullptr;
 }
 
 int32_t flashjit_family_is_attention(int32_t index) {
-  const auto& families = flashjit::families();
-  if (index < 0 || index >= static_cast<int32_t>(families.size())) return 0;
-  return families[static_cast<std::size_t>(index)].attention ? 1 : 0;
+  const flashjit::FamilyInfo* family = family_at(index);
+  return family != nullptr && family->attention ? 1 : 0;
+}
+
+int32_t flashjit_family_is_backward(int32_t index) {
+  const flashjit::FamilyInfo* family = family_at(index);
+  return family != nullptr && family->backward ? 1 : 0;
 }
 
 flashjit_status flashjit_engine_create(int device, const char* cache_dir,

@@ -127,14 +127,16 @@ std::vector<Variant> default_variants(std::string_view arch_spelling) {
     if (!family->runs_on(arch)) continue;
     // Block-mask builders exist only for user functions, which no default variant has.
     if (family->role == detail::FamilyRole::block_mask) continue;
-    const bool merge = family->role == detail::FamilyRole::merge;
+    // The merge and the backward row passes take no mask.
+    const bool maskless = family->role == detail::FamilyRole::merge ||
+                          family->role == detail::FamilyRole::backward_rows;
     const bool can_page = (family->features & detail::kFeaturePagedKv) != 0;
     for (DType dtype : {DType::bf16, DType::fp16})
       for (int head_dim : family->head_dims)
         for (bool causal : {false, true})
           for (bool paged : {false, true})
             for (bool varlen : {false, true}) {
-              if ((merge && causal) || (paged && !can_page) || (varlen && !family->varlen_variants))
+              if ((maskless && causal) || (paged && !can_page) || (varlen && !family->varlen_variants))
                 continue;
               // Every shape the table may pick, once each.
               const detail::TileTable table = family->tile_table(arch, head_dim, causal, paged);

@@ -10,71 +10,15 @@
 #include <utility>
 #include <vector>
 
+#include "api/view_checks.hpp"
 #include "families/registry.hpp"
 #include "merge/shape.cuh"
 
 namespace flashjit::detail {
 namespace {
 
-constexpr const char* kDims[4] = {"batch", "seqlen", "heads", "head_dim"};
-constexpr std::int64_t kAlignBytes = 16;
-constexpr std::int64_t kElementBytes = 2;  // bf16 and fp16
 constexpr int kMaxSplits = MergeShape::kMaxStates;
 constexpr std::uintptr_t kWorkspaceAlignment = 256;
-
-[[noreturn]] void reject(const std::string& message) {
-  throw Error(ErrorCode::invalid_argument, message);
-}
-
-void check_view(const char* name, const TensorView& t, DType dtype) {
-  if (t.data == nullptr) reject(fmt::format("{}.data is null: expected a device pointer", name));
-  if (t.dtype != dtype)
-    reject(fmt::format("{}.dtype is {}, expected {} (the dtype of q)", name, to_string(t.dtype),
-                       to_string(dtype)));
-  for (int i = 0; i < 4; ++i) {
-    if (t.shape[i] < 0 || t.shape[i] > std::numeric_limits<std::int32_t>::max())
-      reject(fmt::format("{}.shape[{}] ({}) is {}: expected 0 <= size < 2^31", name, i, kDims[i],
-                         t.shape[i]));
-  }
-  if (t.stride[3] != 1)
-    reject(fmt::format("{}.stride[3] (head_dim) is {}: expected 1 (head_dim must be contiguous)",
-                       name, t.stride[3]));
-  if (reinterpret_cast<std::uintptr_t>(t.data) % kAlignBytes != 0)
-    reject(fmt::format("{}.data ({}) is not 16-byte aligned", name, t.data));
-  for (int i = 0; i < 3; ++i) {
-    if (t.shape[i] <= 1) continue;  // a size-1 dimension is never stepped along
-    if (t.stride[i] <= 0)
-      reject(fmt::format("{}.stride[{}] ({}) is {}: expected a positive stride", name, i, kDims[i],
-                         t.stride[i]));
-    if (t.stride[i] % (kAlignBytes / kElementBytes) != 0)
-      reject(fmt::format("{}.stride[{}] ({}) is {} elements: expected a multiple of 8 (16 bytes)",
-                         name, i, kDims[i], t.stride[i]));
-  }
-  // Kernels address elements as sum(index * stride) in int64, then bytes: the last element's byte
-  // offset must fit, or an absurd stride would wrap around to some other memory.
-  if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) return;  // no element
-  std::int64_t last_element = 0, last_byte = 0;
-  bool overflows = false;
-  for (int i = 0; i < 3 && !overflows; ++i) {
-    std::int64_t step = 0;
-    overflows = __builtin_mul_overflow(t.shape[i] - 1, t.stride[i], &step) ||
-                __builtin_add_overflow(last_element, step, &last_element);
-  }
-  overflows = overflows || __builtin_add_overflow(last_element, t.shape[3] - 1, &last_element) ||
-              __builtin_mul_overflow(last_element, kElementBytes, &last_byte);
-  if (overflows)
-    reject(
-        fmt::format("{}: shape {} with strides {} reaches past 2^63 bytes: expected the strides "
-                    "of one tensor in memory",
-                    name, fmt::join(t.shape, " x "), fmt::join(t.stride, ", ")));
-}
-
-void expect_dim(const char* name, const TensorView& t, int dim, std::int64_t expected,
-                const char* source) {
-  if (t.shape[dim] != expected)
-    reject(fmt::format("{}.shape[{}] ({}) is {}: expected {} ({})", name, dim, kDims[dim],
-                       t.shape[dim], expected, source));
-}
 
 // The optional int32 device arrays: 4-byte aligned.
 void check_int_array(const char* name, const void* data) {
@@ -354,7 +298,7 @@ MergeParams validate_merge(const TensorView& out_a, const float* lse_a, const Te
   const auto a_address = reinterpret_cast<std::intptr_t>(out_a.data);
   const auto b_address = reinterpret_cast<std::intptr_t>(out_b.data);
   m.o_in = out_a.data;
-  m.o_stride_state = (b_address - a_address) / kElementBytes;
+  m.o_stride_state = (b_address - a_address) / 2;  // bf16 and fp16 elements
   m.o_stride_b = out_a.stride[0], m.o_stride_s = out_a.stride[1], m.o_stride_h = out_a.stride[2];
   m.lse_in = lse_a;
   m.lse_stride_state = (reinterpret_cast<std::intptr_t>(lse_b) -

@@ -65,12 +65,23 @@ void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& param
   launch_with_args(function, plan, args, count, stream);
 }
 
-void launch(CUfunction function, const LaunchPlan& plan, const MergeParams& params,
-            CUstream stream) {
+template <typename Params>
+void launch_without_maps(CUfunction function, const LaunchPlan& plan, const Params& params,
+                         CUstream stream) {
   void* args[1 + LaunchPlan::kMaxValues];
   std::size_t count = 0;
-  args[count++] = const_cast<MergeParams*>(&params);
+  args[count++] = const_cast<Params*>(&params);
   launch_with_args(function, plan, args, count, stream);
+}
+
+void launch(CUfunction function, const LaunchPlan& plan, const MergeParams& params,
+            CUstream stream) {
+  launch_without_maps(function, plan, params, stream);
+}
+
+void launch(CUfunction function, const LaunchPlan& plan, const BackwardParams& params,
+            CUstream stream) {
+  launch_without_maps(function, plan, params, stream);
 }
 
 }  // namespace flashjit::detail

@@ -42,8 +42,10 @@ CUlaunchConfig launch_config(const LaunchPlan& plan, CUstream stream);
 // Launches `function` on `stream` with `params`; the plan's maps are given this call's base
 // addresses (cuTensorMapReplaceAddress on a copy). Throws Error(cuda_error).
 void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& params, CUstream stream);
-// The same for a kernel taking MergeParams (a plan without tensor maps).
+// The same for kernels taking MergeParams or BackwardParams (plans without tensor maps).
 void launch(CUfunction function, const LaunchPlan& plan, const MergeParams& params,
+            CUstream stream);
+void launch(CUfunction function, const LaunchPlan& plan, const BackwardParams& params,
             CUstream stream);
 
 }  // namespace flashjit::detail

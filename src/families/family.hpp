@@ -40,9 +40,11 @@ struct TileTable {
 };
 
 // What a family computes: attention forward (the dispatcher chooses among these), the merge of
-// partial results (split-KV, Engine::merge_attention_states), or block masks
-// (Engine::create_block_mask); forward dispatches only to the first.
-enum class FamilyRole { attention, merge, block_mask };
+// partial results (split-KV, Engine::merge_attention_states), block masks
+// (Engine::create_block_mask), or a part of Engine::backward: dK and dV (backward chooses among
+// these; BackwardOptions::family), dQ alone (its deterministic mode), or the row passes before
+// and after them. Forward dispatches only to the first.
+enum class FamilyRole { attention, merge, block_mask, backward, backward_dq, backward_rows };
 
 // Problem features beyond dense, equal-length attention; a family lists those it handles, and the
 // dispatcher and the variant check refuse the others.

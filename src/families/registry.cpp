@@ -12,7 +12,7 @@
 // kernel under kernels_src/<family>/, and its entry here.
 #define FLASHJIT_FAMILIES(X) \
   X(kDecodeTmaFamily) X(kWgmmaFamily) X(kDecodeFamily) X(kMmaFamily) X(kSimtFamily) X(kMergeFamily) \
-  X(kBlockMaskFamily)
+  X(kBlockMaskFamily) X(kBwdMmaFamily) X(kBwdMmaDqFamily) X(kBwdPrepFamily) X(kBwdConvertFamily)
 
 namespace flashjit::detail {
 
@@ -153,6 +153,9 @@ const std::vector<FamilyInfo>& families() {
     for (const detail::KernelFamily* family : detail::registered_families()) {
       FamilyInfo info{std::string(family->name),
                       family->role == detail::FamilyRole::attention,
+                      family->role == detail::FamilyRole::backward ||
+                          family->role == detail::FamilyRole::backward_dq ||
+                          family->role == detail::FamilyRole::backward_rows,
                       std::string(family->summary),
                       {family->head_dims.begin(), family->head_dims.end()},
                       {},

@@ -3,6 +3,7 @@
 // errors a mistyped flag gets.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <stdlib.h>
 #include <sys/wait.h>
 
@@ -68,6 +69,14 @@ Run run_cli(const TempCache& scratch, const std::string& args, const std::string
 
 bool contains(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
+}
+
+const flashjit::FamilyInfo& family_info(const std::string& name) {
+  const auto& all = flashjit::families();
+  const auto found = std::find_if(all.begin(), all.end(),
+                                  [&](const flashjit::FamilyInfo& f) { return f.name == name; });
+  REQUIRE(found != all.end());
+  return *found;
 }
 
 // The variants `precompile --arch sm_90a --head-dim 64 --dtype bf16 --causal no` must build.
@@ -192,6 +201,7 @@ TEST_CASE("the cache directory comes from FLASHJIT_CACHE_DIR when --cache-dir is
     const json& family = doc.at("families")[i];
     INFO(info.name);
     CHECK(family.at("name") == info.name);
+    CHECK(family.at("backward") == info.backward);
     CHECK(family.at("user_functions") == info.user_functions);
     CHECK(family.at("block_mask") == info.block_mask);
     if (info.block_mask) CHECK((info.user_functions && info.attention));
@@ -204,6 +214,7 @@ TEST_CASE("the cache directory comes from FLASHJIT_CACHE_DIR when --cache-dir is
     while (std::getline(lines, line) && !line.starts_with("family " + info.name + " ")) {
     }
     INFO(line);
+    CHECK(contains(line, "; backward pass") == info.backward);
     CHECK(contains(line, "; user functions") == info.user_functions);
     CHECK(contains(line, "; block mask") == info.block_mask);
   }
@@ -409,12 +420,13 @@ TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
     expected += v.name() + "\n";
   CHECK(run.out == expected);
   CHECK(json::parse(run_cli(cache, dir + " list --json").out).empty());
-  // --softcap yes: the soft-capped twin of every default attention variant, and no merge kernel.
+  // --softcap yes: the soft-capped twin of every default variant whose family builds them (the
+  // attention families; no merge or backward kernel).
   const Run capped = run_cli(cache, dir + " precompile --arch sm_90a --softcap yes --dry-run");
   REQUIRE(capped.status == 0);
   std::string expected_capped;
   for (flashjit::Variant v : flashjit::default_variants("sm_90a"))
-    if (v.family != "merge") {
+    if (family_info(v.family).softcap) {
       v.softcap = true;
       expected_capped += v.name() + "\n";
     }
@@ -426,7 +438,7 @@ TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
   REQUIRE(windowed.status == 0);
   std::string expected_windowed;
   for (flashjit::Variant v : flashjit::default_variants("sm_90a"))
-    if (v.family != "merge" && v.family != "simt") {
+    if (family_info(v.family).window) {
       v.window = true;
       expected_windowed += v.name() + "\n";
     }
@@ -438,7 +450,8 @@ TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
   REQUIRE(sunk.status == 0);
   std::string expected_sunk, expected_sunk_windows;
   for (flashjit::Variant v : flashjit::default_variants("sm_90a"))
-    if (v.family != "merge" && v.family != "simt") {
+    if (family_info(v.family).sink) {
+      REQUIRE(family_info(v.family).window);  // the sink families build windows too
       v.sink = true;
       expected_sunk += v.name() + "\n";
       expected_sunk_windows += v.name() + "\n";
@@ -458,7 +471,8 @@ TEST_CASE("precompile --dry-run lists the default set and compiles nothing") {
   std::string expected_biased, expected_biased_sinks;
   for (flashjit::Variant v : flashjit::default_variants("sm_90a")) {
     expected_biased += v.name() + "\n";
-    if (v.family == "merge" || v.family == "simt") continue;
+    if (!family_info(v.family).alibi) continue;
+    REQUIRE(family_info(v.family).sink);  // the ALiBi families build sinks too
     v.alibi = true;
     expected_biased += v.name() + "\n";
     v.sink = true;
@@ -806,4 +820,59 @@ TEST_CASE(
                                      (scratch.dir / "bad.txt").string()));
   CHECK(run.status != 0);
   CHECK(contains(run.err, "bad.txt line 3"));
+}
+
+TEST_CASE("the backward families: info marks them, precompile builds their defaults, list shows") {
+  TempCache cache;
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  std::vector<std::string> backward;
+  for (const flashjit::FamilyInfo& family : flashjit::families())
+    if (family.backward) backward.push_back(family.name);
+
+  const Run info = run_cli(cache, dir + " info --json");
+  REQUIRE(info.status == 0);
+  const json doc = json::parse(info.out);
+  REQUIRE(doc.at("families").size() == flashjit::families().size());
+  for (std::size_t i = 0; i < flashjit::families().size(); ++i) {
+    const json& family = doc.at("families")[i];
+    INFO(family.at("name"));
+    CHECK(family.at("backward") == flashjit::families()[i].backward);
+    // Forward never runs a backward kernel, so none is an attention family.
+    if (family.at("backward")) CHECK(family.at("attention") == false);
+  }
+  if (backward.empty()) {
+    MESSAGE("no backward family is registered in this build: nothing more to check");
+    return;
+  }
+
+  // The default set of the backward families alone, for Hopper: each family has variants there.
+  const std::string families = fmt::format("{}", fmt::join(backward, ","));
+  const Run dry =
+      run_cli(cache, dir + " precompile --arch sm_90a --family " + families + " --dry-run");
+  INFO(dry.out, dry.err);
+  REQUIRE(dry.status == 0);
+  std::string expected;
+  for (const flashjit::Variant& v : flashjit::default_variants("sm_90a"))
+    if (std::find(backward.begin(), backward.end(), v.family) != backward.end())
+      expected += v.name() + "\n";
+  CHECK(dry.out == expected);
+  for (const std::string& family : backward) CHECK(contains(dry.out, family + ".sm90a."));
+
+  // One slice of it compiled for real; list shows exactly those entries, by family too.
+  const Run built = run_cli(cache, dir + " precompile --arch sm_90a --family " + families +
+                                       " --head-dim 64 --dtype bf16 --causal no");
+  INFO(built.out, built.err);
+  REQUIRE(built.status == 0);
+  CHECK(contains(built.out, "0 failed"));
+  const json entries = json::parse(run_cli(cache, dir + " list --json").out);
+  REQUIRE_FALSE(entries.empty());
+  for (const json& entry : entries) {
+    INFO(entry.at("name"));
+    const std::string family = entry.at("family");
+    CHECK(std::find(backward.begin(), backward.end(), family) != backward.end());
+    CHECK(entry.at("state") == "current");
+  }
+  const Run table = run_cli(cache, dir + " list --family " + backward.front());
+  REQUIRE(table.status == 0);
+  CHECK(contains(table.out, backward.front() + ".sm90a.bf16.d64."));
 }

@@ -1,5 +1,5 @@
-// `flashjit info`: versions, what NVRTC can target, the kernel families, the GPUs here, and the
-// cache's size.
+// `flashjit info`: versions, what NVRTC can target, the kernel families (forward and backward),
+// the GPUs here, and the cache's size.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -49,11 +49,11 @@ void print_text(const GpuSurvey& gpus, const KernelCache& cache,
   row("NVRTC archs", fmt::format("{}", fmt::join(nvrtc_archs(), " ")));
   for (const FamilyInfo& family : families())
     row(fmt::format("family {}", family.name),
-        fmt::format("{}; archs {}; head dims {}{}{}{}{}{}{}", family.summary,
-                    fmt::join(family.archs, " "), fmt::join(family.head_dims, " "),
-                    family.softcap ? "; softcap" : "", family.window ? "; window" : "",
-                    family.sink ? "; sink" : "", family.alibi ? "; alibi" : "",
-                    family.user_functions ? "; user functions" : "",
+        fmt::format("{}{}; archs {}; head dims {}{}{}{}{}{}{}", family.summary,
+                    family.backward ? "; backward pass" : "", fmt::join(family.archs, " "),
+                    fmt::join(family.head_dims, " "), family.softcap ? "; softcap" : "",
+                    family.window ? "; window" : "", family.sink ? "; sink" : "",
+                    family.alibi ? "; alibi" : "", family.user_functions ? "; user functions" : "",
                     family.block_mask ? "; block mask" : ""));
   row("CUDA driver", gpus.driver_version ? driver_text(*gpus.driver_version) : "none");
   if (gpus.devices.empty()) row("GPU", fmt::format("no GPU: {}", gpus.why_none));
@@ -82,6 +82,7 @@ nlohmann::ordered_json to_json(const GpuSurvey& gpus, const KernelCache& cache, 
   for (const FamilyInfo& family : families())
     family_list.push_back({{"name", family.name},
                            {"attention", family.attention},
+                           {"backward", family.backward},
                            {"summary", family.summary},
                            {"archs", family.archs},
                            {"head_dims", family.head_dims},

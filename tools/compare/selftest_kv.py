@@ -25,7 +25,8 @@ from .run_decode import add_ratios
 STRUCTS = {"flashjit_tensor": fj.FlashjitTensor,
            "flashjit_forward_options": fj.FlashjitForwardOptions,
            "flashjit_kv_cache": fj.FlashjitKvCache,
-           "flashjit_varlen": fj.FlashjitVarlen}
+           "flashjit_varlen": fj.FlashjitVarlen,
+           "flashjit_backward_options": fj.FlashjitBackwardOptions}
 
 
 @contextlib.contextmanager

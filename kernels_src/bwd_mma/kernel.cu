@@ -1,0 +1,290 @@
+// bwd_mma: FlashAttention-2's backward on tensor cores (mma.sync m16n8k16, fp32 accumulation),
+// for every GPU from sm_80 on: dK and dV, and dQ by fp32 atomics (the default mode).
+//
+// A CTA owns TileN keys of one KV head (grid: key tiles x heads_kv x batch) and walks the query
+// rows that see them, TileM a step, for every query head of its GQA group, so dK and dV are
+// summed over the group in registers and written once, with no atomics. Per step, with the
+// queries as columns (each warp holds 16 keys as the rows of its accumulators):
+//   Sᵀ = K Qᵀ, Pᵀ = exp2(scale_log2 Sᵀ - lse_log2)   (the forward's probabilities, from its LSE)
+//   dV += Pᵀ dO,  dPᵀ = V dOᵀ,  dSᵀ = Pᵀ ∘ (dPᵀ - delta),  dK += dSᵀ Q
+//   dQ += dS K    (dSᵀ through shared memory; every key tile adds into the fp32 accumulator)
+// The accumulator layout of two n8 tiles of Pᵀ or dSᵀ is the A-operand layout of one k16 step,
+// so those GEMMs take them straight from registers. Q, dO and the row terms (bwd_rows/kernel.cu's
+// delta and lse_log2) stream through `Stages` buffers by cp.async; rows are padded by 16 bytes
+// (no bank conflicts in ldmatrix, as in mma/kernel.cu).
+#include "bwd_mma/shape.cuh"
+#include "common/fast_math.cuh"
+#include "common/mma_attention.cuh"
+#include "common/mma_sm80.cuh"
+#include "common/params.cuh"
+#include "common/sm90_tma.cuh"
+#include "common/tile_copy_async.cuh"
+#include "common/types.cuh"
+
+namespace flashjit {
+
+// This lane's ldmatrix address in a padded tile (rows of Pitch elements) for the three operand
+// roles the backward GEMMs use, at row 0, column col0:
+//  - a_rows: an A operand whose rows are the tile's rows (16 of them from row0);
+//  - b_rows: a B operand whose n index runs along the tile's rows (as K in S = Q Kᵀ);
+//  - b_cols: a B operand whose k index runs along the tile's rows (as V in O = P V), .trans.
+template <int Pitch>
+__device__ __forceinline__ unsigned a_rows(unsigned tile, int lane, int row0, int col0) {
+  return tile + ((row0 + lane % 16) * Pitch + (lane / 16) * 8 + col0) * 2;
+}
+template <int Pitch>
+__device__ __forceinline__ unsigned b_rows(unsigned tile, int lane, int col0) {
+  return tile + ((lane % 8 + (lane / 16) * 8) * Pitch + ((lane / 8) % 2) * 8 + col0) * 2;
+}
+template <int Pitch>
+__device__ __forceinline__ unsigned b_cols(unsigned tile, int lane, int col0) {
+  return tile + ((lane % 8 + ((lane / 8) % 2) * 8) * Pitch + (lane / 16) * 8 + col0) * 2;
+}
+
+// acc = A Bᵀ over Dims columns: A's 16 rows from a_addr, B's NQ·8 rows from b_addr (a_rows /
+// b_rows addresses).
+template <typename T, int Dims, int NQ, int Pitch>
+__device__ __forceinline__ void gemm_rows(float (&acc)[1][NQ][4], unsigned a_addr,
+                                          unsigned b_addr) {
+  gemm_qk_at<T, Dims, 1, NQ>(
+      acc, [&](int, int kk) { return a_addr + kk * 32; },
+      [&](int np, int kk) { return b_addr + (np * 16 * Pitch + kk * 16) * 2; });
+}
+
+// acc += P B, P in registers (A layout, NQ/2 k16 steps), B rows from b_addr (a b_cols address).
+template <typename T, int NQ, int DT, int Pitch>
+__device__ __forceinline__ void gemm_cols(float (&acc)[1][DT][4],
+                                          const unsigned (&pr)[1][NQ / 2][4], unsigned b_addr) {
+  gemm_pv_at<T, 1, NQ, DT>(acc, pr,
+                           [&](int kk, int dp) { return b_addr + (kk * 16 * Pitch + dp * 16) * 2; });
+}
+
+// The accumulator of NQ n8 tiles, rounded to T, in A-operand order.
+template <typename T, int NQ>
+__device__ __forceinline__ void to_a_operand(unsigned (&packed)[1][NQ / 2][4],
+                                             const float (&x)[1][NQ][4]) {
+#pragma unroll
+  for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      packed[0][nt / 2][(nt % 2) * 2 + h] = pack2<T>(x[0][nt][2 * h], x[0][nt][2 * h + 1]);
+}
+
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+__global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, false}.threads())
+    bwd_mma_kernel(const BackwardParams p) {
+  constexpr BwdMmaShape kShape{HeadDim, TileM, TileN, Stages, bulk_dq_reduce(__CUDA_ARCH__ / 10)};
+  constexpr int kThreads = kShape.threads();
+  constexpr int kPitch = kShape.pitch();
+  constexpr int kWarpDims = kShape.warp_dims();
+  constexpr int kKeyWarps = kShape.key_warps();
+  constexpr int NQ = TileM / 8;      // n8 query tiles of Sᵀ
+  constexpr int DT = kWarpDims / 8;  // n8 dim tiles of the warp's dK and dV
+  constexpr int kDqDims = kShape.dq_dims();
+  static_assert(TileN % 16 == 0 && TileM % 16 == 0 && kWarpDims % 16 == 0, "whole mma tiles");
+  static_assert(kShape.warps() % (TileM / 16) == 0 && kDqDims % 16 == 0, "whole dQ parts");
+  static_assert(kThreads >= TileM / 2, "one 16-byte row-term vector per thread");
+  static_assert(Stages == 1 || Stages == 2, "one or two Q/dO buffers");
+
+  extern __shared__ __align__(16) unsigned char smem[];
+  const FmhaParams& f = p.fwd;
+  const int key0 = blockIdx.x * TileN, kv_head = blockIdx.y, batch = blockIdx.z;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int key_warp = warp % kKeyWarps, dim0 = warp / kKeyWarps * kWarpDims;
+  const unsigned base = smem_address(smem);
+
+  TileStream<T, HeadDim, TileN, kPitch, kThreads>(
+      static_cast<const T*>(f.k) + batch * f.k_stride_b + kv_head * f.k_stride_h, f.k_stride_s)
+      .copy(base + kShape.k_offset(), key0, f.seqlen_k, f.k_stride_s);
+  TileStream<T, HeadDim, TileN, kPitch, kThreads>(
+      static_cast<const T*>(f.v) + batch * f.v_stride_b + kv_head * f.v_stride_h, f.v_stride_s)
+      .copy(base + kShape.v_offset(), key0, f.seqlen_k, f.v_stride_s);
+
+  // The rows that see a key of this tile (causal: from the first whose diagonal reaches key0),
+  // for each head of the group: step t is head t / m_tiles, query tile m_first + t % m_tiles.
+  const int diagonal = f.seqlen_k - f.seqlen_q;
+  const int m_first = (Causal ? max(0, key0 - diagonal) : 0) / TileM;
+  const int m_tiles = max(0, (f.seqlen_q + TileM - 1) / TileM - m_first);
+  const int steps = m_tiles * f.heads_per_kv;
+  auto step_head = [&](int t) { return kv_head * f.heads_per_kv + t / m_tiles; };
+  auto step_row0 = [&](int t) { return (m_first + t % m_tiles) * TileM; };
+  auto row_terms = [&](int t) {  // first workspace row of step t
+    return (static_cast<long long>(batch) * f.heads_q + step_head(t)) * p.seqlen_rows +
+           step_row0(t);
+  };
+  auto load_step = [&](int t, int stage) {
+    const int head = step_head(t), row0 = step_row0(t);
+    TileStream<T, HeadDim, TileM, kPitch, kThreads>(
+        static_cast<const T*>(f.q) + batch * f.q_stride_b + head * f.q_stride_h, f.q_stride_s)
+        .copy(base + kShape.q_offset(stage), row0, f.seqlen_q, f.q_stride_s);
+    TileStream<T, HeadDim, TileM, kPitch, kThreads>(
+        static_cast<const T*>(p.dout) + batch * p.do_stride_b + head * p.do_stride_h,
+        p.do_stride_s)
+        .copy(base + kShape.do_offset(stage), row0, f.seqlen_q, p.do_stride_s);
+    // lse_log2 then delta, TileM floats each: the workspace's rows are padded to whole tiles.
+    const int i = threadIdx.x;
+    if (i < TileM / 2) {
+      const bool lse = i < TileM / 4;
+      const float* from = (lse ? p.lse_log2 : p.delta) + row_terms(t) + 4 * (lse ? i : i - TileM / 4);
+      cp_async_16(base + kShape.rows_offset(stage) + 16 * i, from, true);
+    }
+  };
+  if (steps > 0) load_step(0, 0);
+  cp_async_commit();
+
+  float dk[1][DT][4], dv[1][DT][4];
+#pragma unroll
+  for (int dt = 0; dt < DT; ++dt)
+#pragma unroll
+    for (int e = 0; e < 4; ++e) dk[0][dt][e] = dv[0][dt][e] = 0.f;
+  const int lane_key = key0 + key_warp * 16 + lane / 4;  // rows of the lane's accumulators: +0, +8
+
+  for (int t = 0; t < steps; ++t) {
+    const int stage = Stages == 1 ? 0 : t % 2;
+    // Step t - 1's dQ staging tile must be read out before any barrier lets it be overwritten.
+    if (kShape.bulk_dq && threadIdx.x == 0) bulk_wait_group_read<0>();
+    if (Stages == 1 && t > 0) {
+      __syncthreads();  // every warp is done with step t - 1's buffers
+      load_step(t, 0);
+      cp_async_commit();
+    }
+    cp_async_wait<0>();
+    __syncthreads();  // step t has landed for all; every warp is done with step t - 1
+    if (Stages == 2 && t + 1 < steps) load_step(t + 1, (t + 1) % 2);
+    cp_async_commit();
+    const int row0 = step_row0(t);
+
+    float s[1][NQ][4], dp[1][NQ][4];
+    const unsigned q_tile = base + kShape.q_offset(stage), do_tile = base + kShape.do_offset(stage);
+    gemm_rows<T, kWarpDims, NQ, kPitch>(s, a_rows<kPitch>(base + kShape.k_offset(), lane,
+                                                          key_warp * 16, dim0),
+                                        b_rows<kPitch>(q_tile, lane, dim0));
+    gemm_rows<T, kWarpDims, NQ, kPitch>(dp, a_rows<kPitch>(base + kShape.v_offset(), lane,
+                                                           key_warp * 16, dim0),
+                                        b_rows<kPitch>(do_tile, lane, dim0));
+    if constexpr (kShape.dim_split() > 1) {
+      // Each warp of a key row summed its columns of the head dim: add the partner's partial Sᵀ
+      // and dPᵀ (one partner at dim split 2; a + b is b + a, so both get the same bits).
+      float* mine = reinterpret_cast<float*>(smem + kShape.partial_offset()) + warp * 2 * 4 * NQ * 32;
+      float* theirs = reinterpret_cast<float*>(smem + kShape.partial_offset()) +
+                      (warp ^ kKeyWarps) * 2 * 4 * NQ * 32;
+      static_assert(kShape.dim_split() == 2, "one partner");
+#pragma unroll
+      for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          mine[(nt * 4 + e) * 32 + lane] = s[0][nt][e];
+          mine[((NQ + nt) * 4 + e) * 32 + lane] = dp[0][nt][e];
+        }
+      __syncthreads();
+#pragma unroll
+      for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          s[0][nt][e] += theirs[(nt * 4 + e) * 32 + lane];
+          dp[0][nt][e] += theirs[((NQ + nt) * 4 + e) * 32 + lane];
+        }
+    }
+
+    // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ. Keys past seqlen_k are zero-filled rows of K and V:
+    // their probabilities reach only dK and dV rows that are never stored, and dQ through a zero
+    // row of K, so only the causal diagonal needs a mask.
+    const float* terms = reinterpret_cast<const float*>(smem + kShape.rows_offset(stage));
+    const bool on_diagonal = Causal && key0 + TileN - 1 > row0 + diagonal;
+#pragma unroll
+    for (int nt = 0; nt < NQ; ++nt) {
+      const int col = nt * 8 + (lane % 4) * 2;
+      const float2 lse = *reinterpret_cast<const float2*>(terms + col);
+      const float2 delta = *reinterpret_cast<const float2*>(terms + TileM + col);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int key = lane_key + (e / 2) * 8, row = row0 + col + e % 2;
+        float prob = exp2_ftz(fmaf(s[0][nt][e], f.scale_log2, -(e % 2 ? lse.y : lse.x)));
+        if (on_diagonal && key > row + diagonal) prob = 0.f;
+        s[0][nt][e] = prob;
+        dp[0][nt][e] = prob * (dp[0][nt][e] - (e % 2 ? delta.y : delta.x));
+      }
+    }
+    unsigned packed[1][NQ / 2][4];
+    to_a_operand<T, NQ>(packed, s);
+    gemm_cols<T, NQ, DT, kPitch>(dv, packed, b_cols<kPitch>(do_tile, lane, dim0));
+    to_a_operand<T, NQ>(packed, dp);
+    gemm_cols<T, NQ, DT, kPitch>(dk, packed, b_cols<kPitch>(q_tile, lane, dim0));
+
+    if (p.dq_accum == nullptr) continue;  // deterministic: bwd_mma_dq computes dQ
+    // dSᵀ to shared memory (one warp of each key row), then dQ = dS K over every warp: m16 row
+    // tile dq_row0, columns dq_col0 + [0, kDqDims), added into the fp32 accumulator.
+    const unsigned ds_tile = base + kShape.ds_offset();
+    if (dim0 == 0) {
+#pragma unroll
+      for (int nt = 0; nt < NQ; ++nt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<unsigned*>(smem + kShape.ds_offset() +
+                                       ((key_warp * 16 + lane / 4 + h * 8) * kShape.ds_pitch() +
+                                        nt * 8 + (lane % 4) * 2) * 2) = packed[0][nt / 2][(nt % 2) * 2 + h];
+    }
+    __syncthreads();
+    const int dq_row0 = warp % (TileM / 16) * 16, dq_col0 = warp / (TileM / 16) * kDqDims;
+    unsigned ds[1][TileN / 16][4];  // dS's 16 rows x TileN keys in A order: ldmatrix.trans of dSᵀ
+#pragma unroll
+    for (int kk = 0; kk < TileN / 16; ++kk)
+      ldmatrix_x4_trans(ds[0][kk], ds_tile + ((kk * 16 + lane % 8 + (lane / 16) * 8) *
+                                                  kShape.ds_pitch() +
+                                              dq_row0 + ((lane / 8) % 2) * 8) * 2);
+    float dq[1][kDqDims / 8][4];
+#pragma unroll
+    for (int dt = 0; dt < kDqDims / 8; ++dt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) dq[0][dt][e] = 0.f;
+    gemm_cols<T, TileN / 8, kDqDims / 8, kPitch>(dq, ds,
+                                                 b_cols<kPitch>(base + kShape.k_offset(), lane, dq_col0));
+    if constexpr (kShape.bulk_dq) {
+      float* staged = reinterpret_cast<float*>(smem + kShape.dq_stage_offset()) +
+                      (dq_row0 + lane / 4) * HeadDim + dq_col0 + (lane % 4) * 2;
+#pragma unroll
+      for (int dt = 0; dt < kDqDims / 8; ++dt)
+#pragma unroll
+        for (int h = 0; h < 2; ++h)
+          *reinterpret_cast<float2*>(staged + h * 8 * HeadDim + dt * 8) =
+              make_float2(dq[0][dt][2 * h], dq[0][dt][2 * h + 1]);
+      fence_proxy_async_shared();
+      __syncthreads();  // the whole tile is staged
+      if (threadIdx.x == 0) {
+        bulk_reduce_add_f32(p.dq_accum + row_terms(t) * HeadDim,
+                            base + kShape.dq_stage_offset(), kShape.dq_stage_bytes());
+        bulk_commit_group();
+      }
+    } else {
+      float* accumulator = p.dq_accum + (row_terms(t) + dq_row0 + lane / 4) * HeadDim +
+                           dq_col0 + (lane % 4) * 2;
+#pragma unroll
+      for (int dt = 0; dt < kDqDims / 8; ++dt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e)
+          atomicAdd(accumulator + (e / 2) * 8 * HeadDim + dt * 8 + e % 2, dq[0][dt][e]);
+    }
+  }
+  cp_async_wait<0>();
+  if (kShape.bulk_dq && threadIdx.x == 0) bulk_wait_group<0>();  // its adds are done
+
+  // dK = softmax_scale · dSᵀ Q (S was scale · q·k), dV as summed; keys past seqlen_k not stored.
+  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h;
+  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h;
+  const float scale = f.softmax_scale;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int key = lane_key + h * 8;
+    if (key >= f.seqlen_k) continue;
+#pragma unroll
+    for (int dt = 0; dt < DT; ++dt) {
+      const int col = dim0 + dt * 8 + (lane % 4) * 2;
+      *reinterpret_cast<unsigned*>(dk_out + key * p.dk_stride_s + col) =
+          pack2<T>(dk[0][dt][2 * h] * scale, dk[0][dt][2 * h + 1] * scale);
+      *reinterpret_cast<unsigned*>(dv_out + key * p.dv_stride_s + col) =
+          pack2<T>(dv[0][dt][2 * h], dv[0][dt][2 * h + 1]);
+    }
+  }
+}
+
+}  // namespace flashjit

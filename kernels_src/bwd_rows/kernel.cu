@@ -1,0 +1,72 @@
+// The backward pass's row passes, one warp per (query row, head, batch):
+//  - bwd_prep_kernel, before the dK/dV and dQ kernels: delta = rowsum(dO ∘ O), the LSE in exp2
+//    units (+inf where the row saw no key or does not exist, so its probabilities are exactly
+//    0), and a zeroed fp32 dQ accumulator row for the atomic mode;
+//  - bwd_convert_kernel, after them: dq = softmax_scale · the accumulator, in the element type.
+#include "bwd_rows/shape.cuh"
+#include "common/fast_math.cuh"
+#include "common/params.cuh"
+#include "common/types.cuh"
+#include "common/warp_reduce.cuh"
+
+namespace flashjit {
+
+// This warp's row of the workspace, or -1 past the padded rows.
+__device__ __forceinline__ long long workspace_row(const BackwardParams& p, int row) {
+  if (row >= p.seqlen_rows) return -1;
+  return (static_cast<long long>(blockIdx.z) * p.fwd.heads_q + blockIdx.y) * p.seqlen_rows + row;
+}
+
+template <typename T, int HeadDim>
+__global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_prep_kernel(const BackwardParams p) {
+  const int row = blockIdx.x * BwdRowsShape::kWarps + threadIdx.x / 32;
+  const int head = blockIdx.y, batch = blockIdx.z, lane = threadIdx.x % 32;
+  const long long r = workspace_row(p, row);
+  if (r < 0) return;
+  const FmhaParams& f = p.fwd;
+  float dot = 0.f;
+  if (row < f.seqlen_q) {
+    const T* o = static_cast<const T*>(f.o) + batch * f.o_stride_b + row * f.o_stride_s +
+                 head * f.o_stride_h;
+    const T* d = static_cast<const T*>(p.dout) + batch * p.do_stride_b + row * p.do_stride_s +
+                 head * p.do_stride_h;
+#pragma unroll
+    for (int c = 2 * lane; c < HeadDim; c += 64) {
+      float o0, o1, d0, d1;
+      unpack2<T>(*reinterpret_cast<const unsigned*>(o + c), o0, o1);
+      unpack2<T>(*reinterpret_cast<const unsigned*>(d + c), d0, d1);
+      dot = fmaf(o0, d0, fmaf(o1, d1, dot));
+    }
+  }
+  dot = warp_sum(dot);
+  if (lane == 0) {
+    p.delta[r] = dot;
+    const float lse =
+        row < f.seqlen_q ? f.lse[(static_cast<long long>(batch) * f.heads_q + head) * f.seqlen_q + row]
+                         : neg_inf();
+    p.lse_log2[r] = lse == neg_inf() ? -neg_inf() : lse * kLog2e;
+  }
+  if (p.dq_accum != nullptr) {
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum + r * HeadDim);
+    for (int c = lane; c < HeadDim / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+}
+
+template <typename T, int HeadDim>
+__global__ void __launch_bounds__(BwdRowsShape::kThreads)
+    bwd_convert_kernel(const BackwardParams p) {
+  const int row = blockIdx.x * BwdRowsShape::kWarps + threadIdx.x / 32;
+  const int head = blockIdx.y, batch = blockIdx.z, lane = threadIdx.x % 32;
+  if (row >= p.fwd.seqlen_q) return;
+  const float* acc = p.dq_accum + workspace_row(p, row) * HeadDim;
+  T* dq = static_cast<T*>(p.dq) + batch * p.dq_stride_b + row * p.dq_stride_s +
+          head * p.dq_stride_h;
+  const float scale = p.fwd.softmax_scale;
+#pragma unroll
+  for (int c = 2 * lane; c < HeadDim; c += 64) {
+    const float2 pair = *reinterpret_cast<const float2*>(acc + c);
+    *reinterpret_cast<unsigned*>(dq + c) = pack2<T>(pair.x * scale, pair.y * scale);
+  }
+}
+
+}  // namespace flashjit

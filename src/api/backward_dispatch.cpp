@@ -1,0 +1,88 @@
+// Which kernels a backward runs: the dK/dV family (forced or the first registered that runs the
+// problem) and the kernel that finishes dQ after it.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "api/backward_kernels.hpp"
+#include "families/bwd_mma/bwd_mma.hpp"
+#include "families/bwd_rows/bwd_rows.hpp"
+#include "families/registry.hpp"
+
+namespace flashjit::detail {
+namespace {
+
+bool runs(const KernelFamily& family, const BackwardProblem& problem, std::string_view arch) {
+  const int d = problem.forward.head_dim;
+  return family.role == FamilyRole::backward && family.runs_on(arch) &&
+         std::find(family.head_dims.begin(), family.head_dims.end(), d) != family.head_dims.end();
+}
+
+std::vector<std::string_view> dkdv_family_names() {
+  std::vector<std::string_view> names;
+  for (const KernelFamily* family : registered_families())
+    if (family->role == FamilyRole::backward) names.push_back(family->name);
+  return names;
+}
+
+}  // namespace
+
+BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
+                         const BackwardOptions& options) {
+  const TileConfig tiles = options.tiles.value_or(TileConfig{0, 0, 0});
+  return {context,
+          problem.forward.dtype,
+          problem.forward.head_dim,
+          problem.forward.causal,
+          problem.deterministic,
+          options.family.value_or(std::string()),
+          tiles.tile_m,
+          tiles.tile_n,
+          tiles.stages};
+}
+
+Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo& device,
+                                const BackwardOptions& options) {
+  const KernelFamily* chosen = nullptr;
+  if (options.family) {
+    const KernelFamily* family = find_family(*options.family);
+    if (family == nullptr || family->role != FamilyRole::backward)
+      throw Error(ErrorCode::invalid_argument,
+                  fmt::format("options.family '{}' is not a backward dK/dV family: expected one "
+                              "of {}",
+                              *options.family, fmt::join(dkdv_family_names(), ", ")));
+    if (!runs(*family, problem, device.arch))
+      throw Error(ErrorCode::invalid_argument,
+                  fmt::format("options.family {} has no kernel for head_dim {} on {}",
+                              family->name, problem.forward.head_dim, device.arch));
+    chosen = family;
+  } else {
+    for (const KernelFamily* family : registered_families())
+      if (runs(*family, problem, device.arch)) {
+        chosen = family;
+        break;
+      }
+    if (chosen == nullptr)
+      throw Error(ErrorCode::unsupported,
+                  fmt::format("no backward family runs head_dim {} on {}",
+                              problem.forward.head_dim, device.arch));
+  }
+  const TileConfig tiles =
+      options.tiles.value_or(chosen->tile_table(device.arch, problem.forward.head_dim,
+                                                problem.forward.causal, false)
+                                 .pick(problem.forward));
+  const Variant variant = variant_of(*chosen, device.arch, problem.forward.dtype,
+                                     problem.forward.head_dim, problem.forward.causal, tiles);
+  check_variant(variant);
+  return variant;
+}
+
+Variant backward_finish_variant(const BackwardProblem& problem, const Variant& dkdv) {
+  if (!problem.deterministic)
+    return bwd_convert_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim);
+  return bwd_mma_dq_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal);
+}
+
+}  // namespace flashjit::detail

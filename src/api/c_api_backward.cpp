@@ -1,0 +1,82 @@
+// The C API's backward entry points: Engine::backward and what goes with it, behind status codes.
+#include <cstddef>
+#include <string>
+
+#include "api/c_api_support.hpp"
+
+namespace {
+
+using namespace flashjit::detail::c_api;
+
+flashjit::BackwardOptions options_of(const flashjit_backward_options* o) {
+  flashjit::BackwardOptions options;
+  if (o == nullptr) return options;
+  if (o->softmax_scale > 0) options.softmax_scale = o->softmax_scale;
+  options.causal = o->causal != 0;
+  options.deterministic = o->deterministic != 0;
+  // An unknown or forward-only name is refused by backward itself, with the list of families.
+  if (o->family != nullptr && *o->family != '\0') options.family = std::string(o->family);
+  if (o->tile_m != 0 || o->tile_n != 0 || o->stages != 0)
+    options.tiles = flashjit::TileConfig{o->tile_m, o->tile_n, o->stages};
+  options.workspace = o->workspace;
+  options.workspace_bytes = static_cast<std::size_t>(o->workspace_bytes);
+  return options;
+}
+
+}  // namespace
+
+// Each function reads its tensors (in argument order, one statement each) before the engine:
+// every argument check but the engine's own then runs without a GPU, and a call names its first
+// null tensor wherever it runs.
+extern "C" {
+
+flashjit_status flashjit_backward(flashjit_engine* engine, const flashjit_tensor* q,
+                                  const flashjit_tensor* k, const flashjit_tensor* v,
+                                  const flashjit_tensor* out, const flashjit_tensor* dout,
+                                  const float* lse, const flashjit_tensor* dq,
+                                  const flashjit_tensor* dk, const flashjit_tensor* dv,
+                                  const flashjit_backward_options* options, void* stream) {
+  return guarded([&] {
+    const flashjit::TensorView q_view = view_of(q, "q");
+    const flashjit::TensorView k_view = view_of(k, "k");
+    const flashjit::TensorView v_view = view_of(v, "v");
+    const flashjit::TensorView out_view = view_of(out, "out");
+    const flashjit::TensorView dout_view = view_of(dout, "dout");
+    const flashjit::TensorView dq_view = view_of(dq, "dq");
+    const flashjit::TensorView dk_view = view_of(dk, "dk");
+    const flashjit::TensorView dv_view = view_of(dv, "dv");
+    engine_of(engine).backward(q_view, k_view, v_view, out_view, dout_view, lse, dq_view, dk_view,
+                               dv_view, options_of(options), static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_backward_workspace_bytes(flashjit_engine* engine, const flashjit_tensor* q,
+                                                  const flashjit_tensor* k,
+                                                  const flashjit_tensor* v,
+                                                  const flashjit_backward_options* options,
+                                                  uint64_t* bytes) {
+  return guarded([&] {
+    const flashjit::TensorView q_view = view_of(q, "q");
+    const flashjit::TensorView k_view = view_of(k, "k");
+    const flashjit::TensorView v_view = view_of(v, "v");
+    flashjit::Engine& target = engine_of(engine);
+    require(bytes != nullptr, "bytes is null: expected a uint64_t* to fill");
+    *bytes = target.backward_workspace_bytes(q_view, k_view, v_view, options_of(options));
+  });
+}
+
+flashjit_status flashjit_select_backward_variant(flashjit_engine* engine, const flashjit_tensor* q,
+                                                 const flashjit_tensor* k, const flashjit_tensor* v,
+                                                 const flashjit_backward_options* options,
+                                                 char* buf, int32_t buf_size) {
+  return guarded([&] {
+    const flashjit::TensorView q_view = view_of(q, "q");
+    const flashjit::TensorView k_view = view_of(k, "k");
+    const flashjit::TensorView v_view = view_of(v, "v");
+    flashjit::Engine& target = engine_of(engine);
+    write_name(target.select_backward_variant(q_view, k_view, v_view, options_of(options)).name(),
+               buf, buf_size);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,101 @@
+#include "api/validate_backward.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+
+#include "api/validate.hpp"
+#include "api/view_checks.hpp"
+#include "bwd_rows/shape.cuh"
+
+namespace flashjit::detail {
+namespace {
+
+constexpr std::size_t kWorkspaceAlignment = 256;
+
+std::size_t aligned(std::size_t bytes) {
+  return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
+}
+
+// The forward options of the forward being differentiated.
+ForwardOptions forward_options(const BackwardOptions& options, const float* lse) {
+  ForwardOptions forward;
+  forward.softmax_scale = options.softmax_scale;
+  forward.causal = options.causal;
+  forward.lse = const_cast<float*>(lse);  // read, never written, by backward
+  return forward;
+}
+
+void check_gradient(const char* name, const TensorView& t, const TensorView& like,
+                    const char* like_name) {
+  check_view(name, t, like.dtype);
+  for (int dim = 0; dim < 4; ++dim) expect_dim(name, t, dim, like.shape[dim], like_name);
+}
+
+BackwardProblem problem_of(const ForwardProblem& forward, const BackwardOptions& options) {
+  BackwardProblem problem;
+  problem.forward = forward;
+  problem.deterministic = options.deterministic;
+  problem.params.fwd = forward.params;
+  problem.params.seqlen_rows = BwdRowsShape::padded_rows(forward.seqlen_q);
+  return problem;
+}
+
+}  // namespace
+
+std::size_t BackwardProblem::workspace_bytes() const {
+  const std::size_t rows = static_cast<std::size_t>(forward.batch) * forward.heads_q *
+                           static_cast<std::size_t>(params.seqlen_rows);
+  const std::size_t terms = 2 * aligned(rows * sizeof(float));
+  return deterministic ? terms : terms + aligned(rows * forward.head_dim * sizeof(float));
+}
+
+BackwardParams BackwardProblem::with_workspace(void* workspace) const {
+  const std::size_t rows = static_cast<std::size_t>(forward.batch) * forward.heads_q *
+                           static_cast<std::size_t>(params.seqlen_rows);
+  auto* bytes = static_cast<std::byte*>(workspace);
+  BackwardParams p = params;
+  p.delta = reinterpret_cast<float*>(bytes);
+  p.lse_log2 = reinterpret_cast<float*>(bytes + aligned(rows * sizeof(float)));
+  p.dq_accum =
+      deterministic ? nullptr : reinterpret_cast<float*>(bytes + 2 * aligned(rows * sizeof(float)));
+  return p;
+}
+
+BackwardProblem validate_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const TensorView& out, const TensorView& dout, const float* lse,
+                                  const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                                  const BackwardOptions& options) {
+  if (lse == nullptr)
+    reject("lse is null: expected the forward's fp32 LSE [batch, heads_q, seqlen_q] "
+           "(ForwardOptions::lse)");
+  BackwardProblem problem =
+      problem_of(validate_forward(q, k, v, out, forward_options(options, lse)), options);
+  check_gradient("dout", dout, out, "the shape of out");
+  check_gradient("dq", dq, q, "the shape of q");
+  check_gradient("dk", dk, k, "the shape of k");
+  check_gradient("dv", dv, v, "the shape of v");
+  if (options.workspace != nullptr &&
+      reinterpret_cast<std::uintptr_t>(options.workspace) % kWorkspaceAlignment != 0)
+    reject(fmt::format("options.workspace ({}) is not {}-byte aligned", options.workspace,
+                       kWorkspaceAlignment));
+  BackwardParams& p = problem.params;
+  p.dout = dout.data;
+  p.dq = dq.data;
+  p.dk = dk.data;
+  p.dv = dv.data;
+  p.do_stride_b = dout.stride[0], p.do_stride_s = dout.stride[1], p.do_stride_h = dout.stride[2];
+  p.dq_stride_b = dq.stride[0], p.dq_stride_s = dq.stride[1], p.dq_stride_h = dq.stride[2];
+  p.dk_stride_b = dk.stride[0], p.dk_stride_s = dk.stride[1], p.dk_stride_h = dk.stride[2];
+  p.dv_stride_b = dv.stride[0], p.dv_stride_s = dv.stride[1], p.dv_stride_h = dv.stride[2];
+  return problem;
+}
+
+BackwardProblem validate_backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const BackwardOptions& options) {
+  // Any valid LSE address: only its alignment is checked here.
+  static const float kSomeLse = 0.f;
+  return problem_of(validate_forward(q, k, v, q, forward_options(options, &kSomeLse)), options);
+}
+
+}  // namespace flashjit::detail

@@ -1,0 +1,82 @@
+#include "families/bwd_rows/bwd_rows.hpp"
+
+#include <fmt/format.h>
+
+#include "bwd_rows/shape.cuh"
+#include "families/query_tile.hpp"
+#include "families/registry.hpp"
+
+namespace flashjit::detail {
+namespace {
+
+// The one shape: tile_m = rows (warps) per CTA; tile_n and stages have no meaning here.
+constexpr TileConfig kRowsTiles{BwdRowsShape::kWarps, 1, 1};
+
+std::string rows_check(const Variant& v) {
+  if (TileConfig{v.tile_m, v.tile_n, v.stages} != kRowsTiles)
+    return fmt::format("{} variants have tiles m{}n1s1 (one warp per row, {} rows per CTA)",
+                       v.family, BwdRowsShape::kWarps, BwdRowsShape::kWarps);
+  if (v.causal) return fmt::format("{} variants have no mask: drop .causal", v.family);
+  return {};
+}
+
+int rows_shared_bytes(const Variant&) { return 0; }
+
+TileTable rows_tiles(std::string_view, int, bool, bool) { return TileTable::single(kRowsTiles); }
+
+std::string rows_arguments(const Variant& v) { return fmt::format("{}", v.head_dim); }
+
+// Whole pairs of columns per lane, whole float4s of the accumulator.
+constexpr int kRowsHeadDims[] = {32, 64, 96, 128, 192, 256};
+
+}  // namespace
+
+constinit extern const KernelFamily kBwdPrepFamily = {
+    .role = FamilyRole::backward_rows,
+    .name = "bwd_prep",
+    .summary = "backward's first pass: rowsum(dO * O), the LSE in exp2 units, dQ accumulator zeroed",
+    .source_file = "bwd_rows/kernel.cu",
+    .kernel_template = "flashjit::bwd_prep_kernel",
+    .head_dims = kRowsHeadDims,
+    .runs_on = runs_on_sm80_or_later,
+    .check_tiles = rows_check,
+    .shared_bytes = rows_shared_bytes,
+    .tile_table = rows_tiles,
+    .unsupported_reason = nullptr,
+    .plan = nullptr,
+    .template_arguments = rows_arguments,
+};
+
+constinit extern const KernelFamily kBwdConvertFamily = {
+    .role = FamilyRole::backward_rows,
+    .name = "bwd_convert",
+    .summary = "backward's last pass: the fp32 dQ accumulator, scaled, to dq",
+    .source_file = "bwd_rows/kernel.cu",
+    .kernel_template = "flashjit::bwd_convert_kernel",
+    .head_dims = kRowsHeadDims,
+    .runs_on = runs_on_sm80_or_later,
+    .check_tiles = rows_check,
+    .shared_bytes = rows_shared_bytes,
+    .tile_table = rows_tiles,
+    .unsupported_reason = nullptr,
+    .plan = nullptr,
+    .template_arguments = rows_arguments,
+};
+
+Variant bwd_prep_variant(std::string_view arch, DType dtype, int head_dim) {
+  return variant_of(kBwdPrepFamily, arch, dtype, head_dim, false, kRowsTiles);
+}
+
+Variant bwd_convert_variant(std::string_view arch, DType dtype, int head_dim) {
+  return variant_of(kBwdConvertFamily, arch, dtype, head_dim, false, kRowsTiles);
+}
+
+LaunchPlan bwd_rows_plan(int padded_rows, int heads_q, int batch) {
+  LaunchPlan plan;
+  plan.grid = {static_cast<unsigned>(padded_rows / BwdRowsShape::kWarps),
+               static_cast<unsigned>(heads_q), static_cast<unsigned>(batch)};
+  plan.block = {BwdRowsShape::kThreads, 1, 1};
+  return plan;
+}
+
+}  // namespace flashjit::detail

@@ -1,0 +1,19 @@
+// The backward pass's row passes (kernels_src/bwd_rows/kernel.cu): bwd_prep before the gradient
+// kernels (dO·O row sums, the LSE in exp2 units, a zeroed dQ accumulator) and bwd_convert after
+// them (the accumulator to dq). Not dispatched: Engine::backward runs them around its dK/dV
+// family; their variants are cached and precompiled like any other.
+#pragma once
+
+#include <string_view>
+
+#include "cuda/launch.hpp"
+#include "flashjit/flashjit.hpp"
+
+namespace flashjit::detail {
+
+Variant bwd_prep_variant(std::string_view arch, DType dtype, int head_dim);
+Variant bwd_convert_variant(std::string_view arch, DType dtype, int head_dim);
+// One warp per padded row (BwdRowsShape) of every (batch, head).
+LaunchPlan bwd_rows_plan(int padded_rows, int heads_q, int batch);
+
+}  // namespace flashjit::detail

@@ -1,0 +1,151 @@
+// Backward's host side with no GPU: bad arguments are rejected naming the argument, the workspace
+// is sized by the mode, the dK/dV variant comes from the tile table or the caller, and the
+// backward families build every default variant without spills.
+#include <doctest/doctest.h>
+
+#include <cstdint>
+#include <string>
+
+#include "api/backward_kernels.hpp"
+#include "api/validate_backward.hpp"
+#include "bwd_rows/shape.cuh"
+#include "flashjit/flashjit.hpp"
+
+using namespace flashjit;
+
+namespace {
+
+void* fake(std::uintptr_t address) { return reinterpret_cast<void*>(address); }
+
+// A GQA 4:1 backward with seqlen_q != seqlen_k; addresses are never dereferenced.
+struct BackwardArgs {
+  TensorView q = TensorView::bshd(fake(0x100000), DType::bf16, 2, 100, 8, 128);
+  TensorView k = TensorView::bshd(fake(0x200000), DType::bf16, 2, 300, 2, 128);
+  TensorView v = TensorView::bshd(fake(0x300000), DType::bf16, 2, 300, 2, 128);
+  TensorView out = TensorView::bshd(fake(0x400000), DType::bf16, 2, 100, 8, 128);
+  TensorView dout = TensorView::bshd(fake(0x500000), DType::bf16, 2, 100, 8, 128);
+  const float* lse = static_cast<const float*>(fake(0x600000));
+  TensorView dq = TensorView::bshd(fake(0x700000), DType::bf16, 2, 100, 8, 128);
+  TensorView dk = TensorView::bshd(fake(0x800000), DType::bf16, 2, 300, 2, 128);
+  TensorView dv = TensorView::bshd(fake(0x900000), DType::bf16, 2, 300, 2, 128);
+  BackwardOptions options;
+
+  detail::BackwardProblem validate() const {
+    return detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options);
+  }
+};
+
+std::string rejection(const BackwardArgs& args) {
+  try {
+    args.validate();
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::invalid_argument);
+    return e.what();
+  }
+  return "accepted";
+}
+
+DeviceInfo device_of(const char* arch) {
+  DeviceInfo d;
+  d.arch = arch;
+  return d;
+}
+
+}  // namespace
+
+TEST_CASE("backward arguments are checked before any launch, naming the argument") {
+  CHECK(rejection(BackwardArgs{}) == "accepted");
+  BackwardArgs a;
+  a.lse = nullptr;
+  CHECK(rejection(a).find("lse is null") != std::string::npos);
+  BackwardArgs b;
+  b.dq = TensorView::bshd(fake(0x700000), DType::bf16, 2, 101, 8, 128);
+  CHECK(rejection(b).find("dq.shape[1] (seqlen) is 101: expected 100 (the shape of q)") !=
+        std::string::npos);
+  BackwardArgs c;
+  c.dk = TensorView::bshd(fake(0x800000), DType::bf16, 2, 300, 8, 128);
+  CHECK(rejection(c).find("dk.shape[2] (heads) is 8: expected 2 (the shape of k)") !=
+        std::string::npos);
+  BackwardArgs d;
+  d.dout.dtype = DType::fp16;
+  CHECK(rejection(d).find("dout.dtype is fp16") != std::string::npos);
+  BackwardArgs e;
+  e.dv.data = nullptr;
+  CHECK(rejection(e).find("dv.data is null") != std::string::npos);
+  BackwardArgs f;
+  f.lse = static_cast<const float*>(fake(0x600002));
+  CHECK(rejection(f).find("lse is not 4-byte aligned") != std::string::npos);
+  BackwardArgs g;
+  g.options.softmax_scale = -1.f;
+  CHECK(rejection(g).find("softmax_scale is -1") != std::string::npos);
+  BackwardArgs h;
+  h.options.workspace = fake(0x100010);
+  CHECK(rejection(h).find("options.workspace") != std::string::npos);
+  BackwardArgs i;  // the forward's own checks hold too: heads_q a multiple of heads_kv
+  i.q = i.out = i.dout = i.dq = TensorView::bshd(fake(0x100000), DType::bf16, 2, 100, 7, 128);
+  CHECK(rejection(i).find("not a multiple of k/v heads") != std::string::npos);
+}
+
+TEST_CASE("the backward workspace holds the row terms, and the dQ accumulator unless deterministic") {
+  BackwardArgs args;
+  const detail::BackwardProblem atomic = args.validate();
+  const long long rows = 2LL * 8 * BwdRowsShape::padded_rows(100);
+  CHECK(atomic.params.seqlen_rows == 128);
+  CHECK(atomic.workspace_bytes() == 2 * (rows * 4) + rows * 128 * 4);
+  args.options.deterministic = true;
+  const detail::BackwardProblem exact = args.validate();
+  CHECK(exact.workspace_bytes() == 2 * (rows * 4));
+  const BackwardParams p = exact.with_workspace(fake(0x1000000));
+  CHECK(p.dq_accum == nullptr);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.lse_log2) - 0x1000000 == rows * 4);
+  const BackwardParams q = atomic.with_workspace(fake(0x1000000));
+  CHECK(reinterpret_cast<std::uintptr_t>(q.dq_accum) - 0x1000000 == 2 * rows * 4);
+  // The three-view form sizes the same workspace.
+  CHECK(detail::validate_backward(args.q, args.k, args.v, args.options).workspace_bytes() ==
+        exact.workspace_bytes());
+}
+
+TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family and tiles") {
+  BackwardArgs args;
+  args.options.causal = true;
+  const detail::BackwardProblem problem = args.validate();
+  const Variant chosen = detail::select_backward_variant(problem, device_of("sm_90a"), args.options);
+  CHECK(chosen.name() == "bwd_mma.sm90a.bf16.d128.m32n64s2.causal");
+  CHECK(detail::backward_finish_variant(problem, chosen).name() ==
+        "bwd_convert.sm90a.bf16.d128.m8n1s1");
+  args.options.deterministic = true;
+  CHECK(detail::backward_finish_variant(args.validate(), chosen).name() ==
+        "bwd_mma_dq.sm90a.bf16.d128.m64n64s2.causal");
+
+  args.options.tiles = TileConfig{64, 64, 1};
+  CHECK(detail::select_backward_variant(problem, device_of("sm_86"), args.options).name() ==
+        "bwd_mma.sm86.bf16.d128.m64n64s1.causal");
+  args.options.tiles = TileConfig{64, 48, 1};
+  CHECK_THROWS_WITH_AS(detail::select_backward_variant(problem, device_of("sm_90a"), args.options),
+                       doctest::Contains("tile_n 48 must be 16, 32, 64 or 128"), Error);
+  args.options.tiles.reset();
+  args.options.family = "mma";
+  CHECK_THROWS_WITH_AS(detail::select_backward_variant(problem, device_of("sm_90a"), args.options),
+                       doctest::Contains("options.family 'mma' is not a backward dK/dV family: "
+                                         "expected one of bwd_mma"),
+                       Error);
+}
+
+TEST_CASE("backward families are listed and their default variants are named") {
+  int backward = 0;
+  for (const FamilyInfo& family : families())
+    if (family.backward) {
+      ++backward;
+      CHECK_FALSE(family.attention);
+    }
+  CHECK(backward == 4);
+  int bwd_variants = 0;
+  for (const Variant& v : default_variants("sm_90a")) {
+    if (v.family.rfind("bwd_", 0) != 0) continue;
+    ++bwd_variants;
+    CHECK(Variant::parse(v.name()) == v);
+    if (v.family == "bwd_prep" || v.family == "bwd_convert") CHECK_FALSE(v.causal);
+  }
+  // 2 dtypes x 6 head dims: dK/dV and dQ causal or not, the row passes once.
+  CHECK(bwd_variants == 2 * 6 * (2 + 2 + 1 + 1));
+}
