@@ -3,7 +3,6 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -19,11 +18,12 @@ PoisonedOutput poisoned_like(const Engine& engine, const HostTensor& t) {
 }  // namespace
 
 std::string BackwardCase::describe() const {
-  return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}{}", batch, heads_q, heads_kv,
-                     seqlen_q, seqlen_k, head_dim, causal ? "causal" : "full", to_string(dtype),
-                     bhsd ? "bhsd" : "bshd",
-                     softmax_scale ? fmt::format(" scale {}", *softmax_scale) : "",
-                     deterministic ? " deterministic" : "");
+  return fmt::format(
+      "b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}{}{}", batch, heads_q, heads_kv, seqlen_q, seqlen_k,
+      head_dim, causal ? "causal" : "full", to_string(dtype), bhsd ? "bhsd" : "bshd",
+      softmax_scale ? fmt::format(" scale {}", *softmax_scale) : "",
+      deterministic ? " deterministic" : "",
+      tiles ? fmt::format(" tiles m{}n{}s{}", tiles->tile_m, tiles->tile_n, tiles->stages) : "");
 }
 
 double BackwardCase::scale() const {
@@ -72,6 +72,7 @@ BackwardOptions BackwardProblem::options(std::optional<std::string> family) cons
   options.softmax_scale = case_.softmax_scale;
   options.causal = case_.causal;
   options.deterministic = case_.deterministic;
+  options.tiles = case_.tiles;
   options.family = std::move(family);
   return options;
 }
@@ -124,10 +125,6 @@ BackwardCheck run_backward_case(Engine& engine, const BackwardCase& c,
 void check_within_bounds(const GradientErrors& errors, DType dtype) {
   const std::string failures = describe_failures(errors, dtype);
   CHECK_MESSAGE(failures.empty(), failures);
-}
-
-bool all_poison(const HostTensor& t) {
-  return std::all_of(t.bits.begin(), t.bits.end(), [](std::uint16_t b) { return b == 0xffff; });
 }
 
 }  // namespace flashjit::test

@@ -22,6 +22,8 @@ struct BackwardCase {
   bool bhsd = false;
   std::optional<float> softmax_scale;  // the forward's and BackwardOptions'; default 1/sqrt(d)
   bool deterministic = false;          // BackwardOptions::deterministic
+  std::optional<TileConfig>
+      tiles;  // BackwardOptions::tiles (the dK/dV kernel's); default: its table
   std::string describe() const;
   double scale() const;  // the softmax scale in effect
 };
@@ -85,8 +87,5 @@ BackwardCheck run_backward_case(Engine& engine, const BackwardCase& c,
 
 // Every bound of compare_backward.hpp (doctest CHECK), naming the ones that fail.
 void check_within_bounds(const GradientErrors& errors, DType dtype);
-
-// Whether every element of `t` still holds the poison bits (0xffff): nothing was written.
-bool all_poison(const HostTensor& t);
 
 }  // namespace flashjit::test
