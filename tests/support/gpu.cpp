@@ -1,5 +1,7 @@
 #include "gpu.hpp"
 
+#include <algorithm>
+
 namespace flashjit::test {
 
 std::string gpu_unavailable_reason() {
@@ -15,6 +17,19 @@ std::vector<std::string> family_names() {
   std::vector<std::string> names;
   for (const FamilyInfo& family : families())
     if (family.attention) names.push_back(family.name);
+  return names;
+}
+
+std::vector<std::string> backward_family_names() {
+  const std::string& arch = shared_engine().device().arch;
+  std::vector<std::string> names;
+  for (const FamilyInfo& family : families()) {
+    const std::string& name = family.name;
+    const bool helper = name == "bwd_prep" || name == "bwd_convert" || name.ends_with("_dq");
+    const bool runs_here =
+        std::find(family.archs.begin(), family.archs.end(), arch) != family.archs.end();
+    if (family.backward && !helper && runs_here) names.push_back(name);
+  }
   return names;
 }
 

@@ -13,6 +13,10 @@ std::string gpu_unavailable_reason();
 Engine& shared_engine();
 // The library's kernel families by name, fastest first (every GPU test covers each).
 std::vector<std::string> family_names();
+// The backward's dK/dV families that run on the shared engine's GPU (BackwardOptions::family
+// takes them), fastest first: those with FamilyInfo::backward, less the passes around them
+// (bwd_prep, bwd_convert) and the deterministic dQ kernels (names ending in _dq).
+std::vector<std::string> backward_family_names();
 // A device copy of `values` on the engine's GPU (per-head inputs, user functions' args).
 template <typename T>
 DeviceBuffer device_copy(const Engine& engine, const std::vector<T>& values) {

@@ -1,0 +1,32 @@
+// Host-side attention backward in float64: the ground truth for Engine::backward. The gradients
+// of L = Σ out∘dout for the plain forward (softmax scale, bottom-right causal, GQA/MQA), from
+// the same bf16/fp16 inputs the GPU reads.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "reference.hpp"
+
+namespace flashjit::test {
+
+struct ReferenceGradients {
+  std::vector<double> dq;      // [b, sq, hq, d] contiguous
+  std::vector<double> dk, dv;  // [b, sk, hkv, d] contiguous, summed over each GQA group
+  // Which gradient rows are zero by the mask alone (not by cancellation), so a GPU must write
+  // exact zeros there: query rows that see no key, keys that no row sees (all when sq is 0).
+  std::vector<bool> query_sees_nothing;  // [sq]
+  std::vector<bool> key_seen_by_none;    // [sk]
+};
+
+// dq, dk, dv of softmax(scale·q kᵀ [+ causal mask]) v given dout (q's shape), recomputing the
+// forward in float64 (not from a GPU's rounded output):
+//   P = softmax(scale·QKᵀ), dV = Pᵀ dO, dP = dO Vᵀ, D_i = Σ_j P_ij dP_ij (= rowsum(dO∘O)),
+//   dS = P∘(dP − D), dQ = scale·dS K, dK = scale·dSᵀ Q.
+// Causal: query i sees key j iff j <= i + sk - sq. A row with no visible key has zero dq and
+// adds nothing to dk and dv.
+ReferenceGradients reference_attention_backward(const HostTensor& q, const HostTensor& k,
+                                                const HostTensor& v, const HostTensor& dout,
+                                                double softmax_scale, bool causal);
+
+}  // namespace flashjit::test
