@@ -111,7 +111,9 @@ def _setup_attention(ctx, inputs, output):
                                    sink_tokens, user_functions, block_mask)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
     ctx.family = family
-    ctx.list_lengths = len(user_args), len(user_pointers)
+    # One gradient per input, in the inputs' own structure (a list for each list argument):
+    # q, k, v get theirs, every other argument None.
+    ctx.no_gradients = [[None] * len(x) if isinstance(x, list) else None for x in inputs]
     if not ctx.unsupported:
         ctx.save_for_backward(q, k, v, out, lse)
 
@@ -132,10 +134,7 @@ def _attention_grad(ctx, dout, _dlse):
                                               0)
     dq, dk, dv = torch.ops.flashjit.attention_backward(q, k, v, out, dout, lse, ctx.causal,
                                                        ctx.softmax_scale, ctx.deterministic)
-    # One gradient per input of the op, in its structure: q, k, v, then none for the other
-    # arguments (a list of them for each list argument: user_args, user_pointers).
-    args, pointers = ctx.list_lengths
-    return (dq, dk, dv) + (None,) * 11 + ([None] * args, [None] * pointers, None, None)
+    return (dq, dk, dv) + tuple(ctx.no_gradients[3:])
 
 
 _attention.register_autograd(_attention_grad, setup_context=_setup_attention)
