@@ -1,7 +1,8 @@
 """A small pre-norm transformer block (GQA attention with causal masking, MLP) in bf16, run
-forward twice: with torch's scaled_dot_product_attention, then with flashjit.attention swapped
-in. The outputs and a next-token cross-entropy loss must match within bf16 noise. Forward only:
-flashjit has no backward kernels yet, so this runs under torch.inference_mode().
+twice: with torch's scaled_dot_product_attention, then with flashjit.attention swapped in. The
+outputs and a next-token cross-entropy loss must match within bf16 noise, and so must the
+gradients of every parameter after loss.backward() (flashjit.attention's autograd runs its
+backward kernels).
 
     PYTHONPATH=python FLASHJIT_LIBRARY=/path/libflashjit.so.0 \
         python3 python/examples/transformer_block.py
@@ -73,6 +74,21 @@ def main():
           f"|diff| {abs(loss.item() - loss_ref.item()):.5f}")
     # bf16 noise: the two attentions round differently; the residual stream keeps magnitudes.
     ok = diff.max().item() <= 0.02 * scale and abs(loss.item() - loss_ref.item()) <= 0.01
+
+    # A training step's gradients, through SDPA's backward and then flashjit's.
+    def gradients(attention):
+        block.zero_grad(set_to_none=True)
+        run(attention)[1].backward()
+        return {name: p.grad.float() for name, p in block.named_parameters()}
+
+    grads_ref, grads = gradients(sdpa), gradients(flashjit_attention)
+    errors = {n: ((grads[n] - grads_ref[n]).norm() / grads_ref[n].norm()).item()
+              for n in grads_ref}
+    where = max(errors, key=errors.get)
+    worst = errors[where]
+    print(f"gradients: worst relative L2 difference {worst:.4f} ({where}) over "
+          f"{len(grads_ref)} parameters")
+    ok = ok and worst <= 0.05
     print("OK: matches within bf16 noise" if ok else "MISMATCH beyond bf16 noise")
     return 0 if ok else 1
 
