@@ -415,14 +415,15 @@ struct BackwardOptions {
   // Bitwise repeatable gradients: dQ comes from a kernel of its own that owns each query tile
   // and sums its key tiles in a fixed order (about 1.4x the work), instead of the default's fp32
   // atomic adds from every key tile, whose order varies from run to run. dK and dV never use
-  // atomics (each key tile, GQA group included, is summed by one CTA).
+  // atomics (each key tile, GQA group included, is summed by one CTA). On sm_90a (the bwd_wgmma
+  // family) dQ always comes from its own kernel, so both modes are repeatable.
   bool deterministic = false;
   // Force the dK/dV family by name (tests, benchmarks), one of families() with backward set.
   std::optional<std::string> family;
   // Force its tile shape (tile_m query rows per step, tile_n keys per CTA, stages).
   std::optional<TileConfig> tiles;
-  // Scratch (the dO·O row sums, the LSE in the kernels' units and, unless deterministic, the
-  // fp32 dQ accumulator): at least Engine::backward_workspace_bytes() bytes, 256-byte aligned,
+  // Scratch (the dO·O row sums, the LSE in the kernels' units and, where dQ is summed by atomics,
+  // the fp32 dQ accumulator): at least Engine::backward_workspace_bytes() bytes, 256-byte aligned,
   // used in stream order. Null: the engine's own buffer for the stream, allocated on the first
   // call that needs it (so run a shape once before capturing it in a CUDA graph, or pass one).
   void* workspace = nullptr;

@@ -32,6 +32,17 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDescriptor* map,
       : "memory");
 }
 
+// Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) of contiguous global memory to
+// shared memory at `dst`, no tensor map; completion adds the bytes to `bar` like a box's.
+__device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,
+                                          unsigned long long* bar) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];" ::"r"(
+          smem_u32(dst)),
+      "l"(reinterpret_cast<unsigned long long>(src)), "r"(bytes), "r"(smem_u32(bar))
+      : "memory");
+}
+
 // Copies a box from shared memory (at shared-window address `src`) to coordinates (c0 innermost
 // .. c3) of a rank-4 map. Elements of the box outside the tensor's dimensions are not written: the
 // map bounds every dimension. The copy joins this thread's open bulk async-group.

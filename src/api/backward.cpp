@@ -1,6 +1,7 @@
 // Engine::backward: validate -> (first time for this key: choose and load the kernels) -> on the
-// caller's stream, bwd_prep (row terms, zeroed dQ accumulator), the dK/dV kernel (dQ by atomics),
-// then bwd_convert (the accumulator to dq), or in the deterministic mode the dQ kernel.
+// caller's stream, bwd_prep (row terms, and a zeroed dQ accumulator where one is used), the dK/dV
+// kernel, then the dQ kernel (bwd_wgmma's in both modes, bwd_mma's when deterministic), or
+// bwd_convert turning the accumulator bwd_mma's atomics summed into dq.
 #include <fmt/format.h>
 
 #include "api/engine_impl.hpp"
@@ -18,6 +19,7 @@ const detail::BackwardKernels& Engine::Impl::backward_kernels(
   detail::BackwardKernels kernels;
   kernels.dkdv = detail::select_backward_variant(problem, device, options);
   kernels.finish = detail::backward_finish_variant(problem, kernels.dkdv);
+  kernels.dq_accumulator = detail::uses_dq_accumulator(kernels.finish);
   const Variant prep = detail::bwd_prep_variant(device.arch, problem.forward.dtype,
                                                 problem.forward.head_dim);
   kernels.prep = load(context, prep);
@@ -33,23 +35,25 @@ void Engine::backward(const TensorView& q, const TensorView& k, const TensorView
                       const TensorView& out, const TensorView& dout, const float* lse,
                       const TensorView& dq, const TensorView& dk, const TensorView& dv,
                       const BackwardOptions& options, CUstream_st* stream) {
-  const detail::BackwardProblem problem =
+  detail::BackwardProblem problem =
       detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options);
   const detail::ForwardProblem& forward = problem.forward;
   if (forward.batch == 0 || forward.heads_q == 0 || forward.seqlen_k == 0) return;
+  const detail::LaunchContext context(stream, impl_->primary.get());
+  const detail::BackwardKernels& kernels = impl_->backward_kernels(context.get(), problem, options);
+  problem.dq_accumulator = kernels.dq_accumulator;
   const std::size_t bytes = problem.workspace_bytes();
   if (options.workspace != nullptr && options.workspace_bytes < bytes)
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("options.workspace_bytes is {}: expected at least {} "
                             "(Engine::backward_workspace_bytes for these arguments)",
                             options.workspace_bytes, bytes));
-  const detail::LaunchContext context(stream, impl_->primary.get());
-  const detail::BackwardKernels& kernels = impl_->backward_kernels(context.get(), problem, options);
-  const detail::KernelFamily& dkdv = detail::family_named(kernels.dkdv.family, "family");
-  const detail::KernelFamily& last = detail::family_named(kernels.finish.family, "family");
+  auto plan_of = [&](const Variant& variant, const BackwardParams& params) {
+    return detail::backward_launch_plan(variant, forward, params, impl_->device);
+  };
   if (forward.seqlen_q == 0) {  // no row sees a key: dk and dv are zero, written by dK/dV alone
-    detail::launch(kernels.main.function, dkdv.plan(kernels.dkdv, forward, impl_->device),
-                   problem.params, stream);
+    detail::launch(kernels.main.function, plan_of(kernels.dkdv, problem.params), problem.params,
+                   stream);
     return;
   }
   void* workspace = options.workspace != nullptr
@@ -59,17 +63,19 @@ void Engine::backward(const TensorView& q, const TensorView& k, const TensorView
   const detail::LaunchPlan rows =
       detail::bwd_rows_plan(params.seqlen_rows, forward.heads_q, forward.batch);
   detail::launch(kernels.prep.function, rows, params, stream);
-  detail::launch(kernels.main.function, dkdv.plan(kernels.dkdv, forward, impl_->device), params,
-                 stream);
+  detail::launch(kernels.main.function, plan_of(kernels.dkdv, params), params, stream);
   detail::launch(kernels.last.function,
-                 problem.deterministic ? last.plan(kernels.finish, forward, impl_->device) : rows,
-                 params, stream);
+                 kernels.dq_accumulator ? rows : plan_of(kernels.finish, params), params, stream);
 }
 
 std::size_t Engine::backward_workspace_bytes(const TensorView& q, const TensorView& k,
                                              const TensorView& v,
                                              const BackwardOptions& options) const {
-  return detail::validate_backward(q, k, v, options).workspace_bytes();
+  detail::BackwardProblem problem = detail::validate_backward(q, k, v, options);
+  const Variant dkdv = detail::select_backward_variant(problem, impl_->device, options);
+  problem.dq_accumulator =
+      detail::uses_dq_accumulator(detail::backward_finish_variant(problem, dkdv));
+  return problem.workspace_bytes();
 }
 
 Variant Engine::select_backward_variant(const TensorView& q, const TensorView& k,

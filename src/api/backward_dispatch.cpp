@@ -1,5 +1,5 @@
 // Which kernels a backward runs: the dK/dV family (forced or the first registered that runs the
-// problem) and the kernel that finishes dQ after it.
+// problem), the kernel that computes or finishes dQ after it, and so the workspace it needs.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -9,6 +9,7 @@
 #include "api/backward_kernels.hpp"
 #include "families/bwd_mma/bwd_mma.hpp"
 #include "families/bwd_rows/bwd_rows.hpp"
+#include "families/bwd_wgmma/bwd_wgmma.hpp"
 #include "families/registry.hpp"
 
 namespace flashjit::detail {
@@ -17,7 +18,8 @@ namespace {
 bool runs(const KernelFamily& family, const BackwardProblem& problem, std::string_view arch) {
   const int d = problem.forward.head_dim;
   return family.role == FamilyRole::backward && family.runs_on(arch) &&
-         std::find(family.head_dims.begin(), family.head_dims.end(), d) != family.head_dims.end();
+         std::find(family.head_dims.begin(), family.head_dims.end(), d) != family.head_dims.end() &&
+         (family.unsupported_reason == nullptr || family.unsupported_reason(problem.forward).empty());
 }
 
 std::vector<std::string_view> dkdv_family_names() {
@@ -80,9 +82,22 @@ Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo
 }
 
 Variant backward_finish_variant(const BackwardProblem& problem, const Variant& dkdv) {
+  if (dkdv.family == "bwd_wgmma")
+    return bwd_wgmma_dq_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal);
   if (!problem.deterministic)
     return bwd_convert_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim);
   return bwd_mma_dq_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal);
+}
+
+bool uses_dq_accumulator(const Variant& finish) {
+  return family_named(finish.family, "family").role == FamilyRole::backward_rows;
+}
+
+LaunchPlan backward_launch_plan(const Variant& variant, const ForwardProblem& problem,
+                                const BackwardParams& params, const DeviceInfo& device) {
+  const KernelFamily& family = family_named(variant.family, "family");
+  return family.backward_plan ? family.backward_plan(variant, problem, params, device)
+                              : family.plan(variant, problem, device);
 }
 
 }  // namespace flashjit::detail

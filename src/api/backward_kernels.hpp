@@ -11,6 +11,7 @@
 
 #include "api/validate_backward.hpp"
 #include "cuda/device.hpp"
+#include "cuda/launch.hpp"
 #include "flashjit/flashjit.hpp"
 #include "jit/compiled_kernel.hpp"
 
@@ -24,8 +25,9 @@ struct KernelHandle {
 };
 
 struct BackwardKernels {
-  Variant dkdv;    // bwd_mma (or the forced family), chosen for the problem
-  Variant finish;  // bwd_convert, or the deterministic mode's dQ kernel
+  Variant dkdv;    // bwd_wgmma or bwd_mma (or the forced family), chosen for the problem
+  Variant finish;  // bwd_convert, or a dQ kernel (bwd_wgmma_dq, the deterministic bwd_mma_dq)
+  bool dq_accumulator = false;  // uses_dq_accumulator(finish)
   KernelHandle prep, main, last;
 };
 
@@ -38,7 +40,15 @@ BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
 // family's tile table, checked like any variant.
 Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo& device,
                                 const BackwardOptions& options);
-// The kernel that finishes dQ after it: bwd_convert, or the deterministic mode's dQ kernel.
+// The kernel that computes or finishes dQ after it: bwd_wgmma's dQ kernel (both modes: no
+// atomics anywhere), else bwd_convert, or in the deterministic mode bwd_mma's dQ kernel.
 Variant backward_finish_variant(const BackwardProblem& problem, const Variant& dkdv);
+// Whether the workspace holds the fp32 dQ accumulator for kernels ending with `finish`: only
+// bwd_convert reads one (the dK/dV kernel summed dQ there by atomics); a dQ kernel writes dq
+// itself. BackwardProblem::dq_accumulator takes this, and with it the workspace's size.
+bool uses_dq_accumulator(const Variant& finish);
+// The launch of a backward kernel (its family's backward_plan, else plan).
+LaunchPlan backward_launch_plan(const Variant& variant, const ForwardProblem& problem,
+                                const BackwardParams& params, const DeviceInfo& device);
 
 }  // namespace flashjit::detail

@@ -36,6 +36,7 @@ BackwardProblem problem_of(const ForwardProblem& forward, const BackwardOptions&
   BackwardProblem problem;
   problem.forward = forward;
   problem.deterministic = options.deterministic;
+  problem.dq_accumulator = !options.deterministic;
   problem.params.fwd = forward.params;
   problem.params.seqlen_rows = BwdRowsShape::padded_rows(forward.seqlen_q);
   return problem;
@@ -47,7 +48,7 @@ std::size_t BackwardProblem::workspace_bytes() const {
   const std::size_t rows = static_cast<std::size_t>(forward.batch) * forward.heads_q *
                            static_cast<std::size_t>(params.seqlen_rows);
   const std::size_t terms = 2 * aligned(rows * sizeof(float));
-  return deterministic ? terms : terms + aligned(rows * forward.head_dim * sizeof(float));
+  return dq_accumulator ? terms + aligned(rows * forward.head_dim * sizeof(float)) : terms;
 }
 
 BackwardParams BackwardProblem::with_workspace(void* workspace) const {
@@ -58,7 +59,7 @@ BackwardParams BackwardProblem::with_workspace(void* workspace) const {
   p.delta = reinterpret_cast<float*>(bytes);
   p.lse_log2 = reinterpret_cast<float*>(bytes + aligned(rows * sizeof(float)));
   p.dq_accum =
-      deterministic ? nullptr : reinterpret_cast<float*>(bytes + 2 * aligned(rows * sizeof(float)));
+      dq_accumulator ? reinterpret_cast<float*>(bytes + 2 * aligned(rows * sizeof(float))) : nullptr;
   return p;
 }
 

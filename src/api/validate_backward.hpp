@@ -17,8 +17,13 @@ struct BackwardProblem {
   // pointers are set per call (workspace()).
   BackwardParams params{};
   bool deterministic = false;
+  // The workspace holds the fp32 dQ accumulator: the kernels chosen sum dQ there by atomics (and
+  // bwd_prep zeroes it, bwd_convert turns it into dq). The dispatcher sets it for the kernels it
+  // picks (backward_kernels.hpp, uses_dq_accumulator); until then it is what bwd_mma needs, never
+  // less than any choice needs.
+  bool dq_accumulator = false;
 
-  // The workspace: delta and lse_log2 (fp32 per padded row), then unless deterministic the fp32
+  // The workspace: delta and lse_log2 (fp32 per padded row), then with dq_accumulator the fp32
   // dQ accumulator (head_dim per padded row), each 256-byte aligned.
   std::size_t workspace_bytes() const;
   // params with its workspace pointers into `workspace` (workspace_bytes() of it).

@@ -11,9 +11,15 @@ void* operand_address(const FmhaParams& params, MapOperand operand) {
     case MapOperand::k: return const_cast<void*>(params.k);
     case MapOperand::v: return const_cast<void*>(params.v);
     case MapOperand::o: return params.o;
+    case MapOperand::dout:  // only backward kernels read dO
     case MapOperand::none: break;
   }
   return nullptr;
+}
+
+void* operand_address(const BackwardParams& params, MapOperand operand) {
+  return operand == MapOperand::dout ? const_cast<void*>(params.dout)
+                                     : operand_address(params.fwd, operand);
 }
 
 // Appends the plan's plain values to `args` (count so far) and launches.
@@ -33,6 +39,24 @@ void launch_with_args(CUfunction function, const LaunchPlan& plan, void** args, 
   check(cu.cuLaunchKernelEx(&config, function, args, nullptr), "cuLaunchKernelEx");
 }
 
+template <typename Params>
+void launch_with_maps(CUfunction function, const LaunchPlan& plan, const Params& params,
+                      CUstream stream) {
+  const DriverApi& cu = driver();
+  CUtensorMap maps[LaunchPlan::kMaxMaps];
+  void* args[1 + LaunchPlan::kMaxMaps + LaunchPlan::kMaxValues];
+  std::size_t count = 0;
+  args[count++] = const_cast<Params*>(&params);
+  for (std::size_t i = 0; i < plan.maps.size(); ++i) {
+    maps[i] = plan.maps[i].map;
+    if (plan.maps[i].operand != MapOperand::none)
+      check(cu.cuTensorMapReplaceAddress(&maps[i], operand_address(params, plan.maps[i].operand)),
+            "cuTensorMapReplaceAddress");
+    args[count++] = &maps[i];
+  }
+  launch_with_args(function, plan, args, count, stream);
+}
+
 }  // namespace
 
 CUlaunchConfig launch_config(const LaunchPlan& plan, CUstream stream) {
@@ -50,38 +74,20 @@ CUlaunchConfig launch_config(const LaunchPlan& plan, CUstream stream) {
 
 void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& params,
             CUstream stream) {
-  const DriverApi& cu = driver();
-  CUtensorMap maps[LaunchPlan::kMaxMaps];
-  void* args[1 + LaunchPlan::kMaxMaps + LaunchPlan::kMaxValues];
-  std::size_t count = 0;
-  args[count++] = const_cast<FmhaParams*>(&params);
-  for (std::size_t i = 0; i < plan.maps.size(); ++i) {
-    maps[i] = plan.maps[i].map;
-    if (plan.maps[i].operand != MapOperand::none)
-      check(cu.cuTensorMapReplaceAddress(&maps[i], operand_address(params, plan.maps[i].operand)),
-            "cuTensorMapReplaceAddress");
-    args[count++] = &maps[i];
-  }
-  launch_with_args(function, plan, args, count, stream);
-}
-
-template <typename Params>
-void launch_without_maps(CUfunction function, const LaunchPlan& plan, const Params& params,
-                         CUstream stream) {
-  void* args[1 + LaunchPlan::kMaxValues];
-  std::size_t count = 0;
-  args[count++] = const_cast<Params*>(&params);
-  launch_with_args(function, plan, args, count, stream);
+  launch_with_maps(function, plan, params, stream);
 }
 
 void launch(CUfunction function, const LaunchPlan& plan, const MergeParams& params,
             CUstream stream) {
-  launch_without_maps(function, plan, params, stream);
+  void* args[1 + LaunchPlan::kMaxValues];
+  std::size_t count = 0;
+  args[count++] = const_cast<MergeParams*>(&params);
+  launch_with_args(function, plan, args, count, stream);
 }
 
 void launch(CUfunction function, const LaunchPlan& plan, const BackwardParams& params,
             CUstream stream) {
-  launch_without_maps(function, plan, params, stream);
+  launch_with_maps(function, plan, params, stream);
 }
 
 }  // namespace flashjit::detail

@@ -12,8 +12,9 @@
 
 namespace flashjit::detail {
 
-// The tensor of FmhaParams a tensor map addresses; none: the kernel never reads the map (zeros).
-enum class MapOperand { none, q, k, v, o };
+// The tensor of FmhaParams (dout: of BackwardParams) a tensor map addresses; none: the kernel
+// never reads the map (zeros).
+enum class MapOperand { none, q, k, v, o, dout };
 
 struct TensorMapArg {
   CUtensorMap map{};  // encoded for the shape and strides, at some call's addresses
@@ -42,7 +43,8 @@ CUlaunchConfig launch_config(const LaunchPlan& plan, CUstream stream);
 // Launches `function` on `stream` with `params`; the plan's maps are given this call's base
 // addresses (cuTensorMapReplaceAddress on a copy). Throws Error(cuda_error).
 void launch(CUfunction function, const LaunchPlan& plan, const FmhaParams& params, CUstream stream);
-// The same for kernels taking MergeParams or BackwardParams (plans without tensor maps).
+// The same for kernels taking MergeParams (plans without tensor maps) or BackwardParams (maps
+// over params.fwd's tensors and dout).
 void launch(CUfunction function, const LaunchPlan& plan, const MergeParams& params,
             CUstream stream);
 void launch(CUfunction function, const LaunchPlan& plan, const BackwardParams& params,

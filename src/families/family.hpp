@@ -86,6 +86,11 @@ struct KernelFamily {
   // Attention families only (null for the merge family).
   LaunchPlan (*plan)(const Variant& variant, const ForwardProblem& problem,
                      const DeviceInfo& device);
+  // Backward families whose launch depends on the gradients' layout too (tensor maps over dO):
+  // the plan from the forward problem and the backward's params (dO's pointer and strides),
+  // encoded at these params' addresses like `plan`'s maps. Null: `plan` serves.
+  LaunchPlan (*backward_plan)(const Variant& variant, const ForwardProblem& problem,
+                              const BackwardParams& params, const DeviceInfo& device) = nullptr;
   // Template arguments after the element type, e.g. "128, 64, 64, 2, false"; null: the common
   // (head_dim, tile_m, tile_n, stages, causal).
   std::string (*template_arguments)(const Variant& variant) = nullptr;

@@ -1,6 +1,6 @@
 // Backward's host side with no GPU: bad arguments are rejected naming the argument, the workspace
-// is sized by the mode, the dK/dV variant comes from the tile table or the caller, and the
-// backward families build every default variant without spills.
+// is sized by the kernels chosen (and the mode), the dK/dV variant comes from the tile table or the
+// caller, and the finishing dQ kernel from the dK/dV family.
 #include <doctest/doctest.h>
 
 #include <cstdint>
@@ -86,7 +86,7 @@ TEST_CASE("backward arguments are checked before any launch, naming the argument
   CHECK(rejection(i).find("not a multiple of k/v heads") != std::string::npos);
 }
 
-TEST_CASE("the backward workspace holds the row terms, and the dQ accumulator unless deterministic") {
+TEST_CASE("the backward workspace holds the row terms, and before dispatch the dQ accumulator unless deterministic") {
   BackwardArgs args;
   const detail::BackwardProblem atomic = args.validate();
   const long long rows = 2LL * 8 * BwdRowsShape::padded_rows(100);
@@ -109,26 +109,84 @@ TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family a
   BackwardArgs args;
   args.options.causal = true;
   const detail::BackwardProblem problem = args.validate();
+  // Hopper: the wgmma backward, finished by its own dQ kernel in both modes (no atomics).
   const Variant chosen = detail::select_backward_variant(problem, device_of("sm_90a"), args.options);
-  CHECK(chosen.name() == "bwd_mma.sm90a.bf16.d128.m64n128s2.causal");
+  CHECK(chosen.name() == "bwd_wgmma.sm90a.bf16.d128.m64n128s2.causal");
   CHECK(detail::backward_finish_variant(problem, chosen).name() ==
-        "bwd_convert.sm90a.bf16.d128.m8n1s1");
+        "bwd_wgmma_dq.sm90a.bf16.d128.m128n64s2.causal");
+  // Earlier GPUs: mma.sync, dQ by atomics finished by bwd_convert, or deterministic its dQ kernel.
+  const Variant ampere = detail::select_backward_variant(problem, device_of("sm_80"), args.options);
+  CHECK(ampere.name() == "bwd_mma.sm80.bf16.d128.m64n128s2.causal");
+  CHECK(detail::backward_finish_variant(problem, ampere).name() ==
+        "bwd_convert.sm80.bf16.d128.m8n1s1");
+  // Head dims bwd_wgmma has no kernel for fall back to bwd_mma on Hopper too.
+  BackwardArgs d96 = args;
+  d96.q = d96.out = d96.dout = d96.dq = TensorView::bshd(fake(0x100000), DType::bf16, 2, 100, 8, 96);
+  d96.k = d96.v = d96.dk = d96.dv = TensorView::bshd(fake(0x200000), DType::bf16, 2, 300, 2, 96);
+  CHECK(detail::select_backward_variant(d96.validate(), device_of("sm_90a"), d96.options).family ==
+        "bwd_mma");
   args.options.deterministic = true;
-  CHECK(detail::backward_finish_variant(args.validate(), chosen).name() ==
+  const detail::BackwardProblem exact = args.validate();
+  CHECK(detail::backward_finish_variant(exact, chosen).name() ==
+        "bwd_wgmma_dq.sm90a.bf16.d128.m128n64s2.causal");
+  CHECK(detail::backward_finish_variant(exact, ampere).name() ==
+        "bwd_mma_dq.sm80.bf16.d128.m64n64s2.causal");
+  // bwd_mma stays the forced family's choice on Hopper.
+  args.options.family = "bwd_mma";
+  const Variant forced = detail::select_backward_variant(exact, device_of("sm_90a"), args.options);
+  CHECK(forced.name() == "bwd_mma.sm90a.bf16.d128.m64n128s2.causal");
+  CHECK(detail::backward_finish_variant(exact, forced).name() ==
         "bwd_mma_dq.sm90a.bf16.d128.m64n64s2.causal");
+  args.options.family.reset();
 
   args.options.tiles = TileConfig{64, 64, 1};
   CHECK(detail::select_backward_variant(problem, device_of("sm_86"), args.options).name() ==
         "bwd_mma.sm86.bf16.d128.m64n64s1.causal");
+  CHECK(detail::select_backward_variant(problem, device_of("sm_90a"), args.options).name() ==
+        "bwd_wgmma.sm90a.bf16.d128.m64n64s1.causal");
   args.options.tiles = TileConfig{64, 48, 1};
-  CHECK_THROWS_WITH_AS(detail::select_backward_variant(problem, device_of("sm_90a"), args.options),
+  CHECK_THROWS_WITH_AS(detail::select_backward_variant(problem, device_of("sm_86"), args.options),
                        doctest::Contains("tile_n 48 must be 16, 32, 64 or 128"), Error);
+  CHECK_THROWS_WITH_AS(detail::select_backward_variant(problem, device_of("sm_90a"), args.options),
+                       doctest::Contains("tile_n 48 at head_dim 128 must be 64 or 128"), Error);
+  args.options.tiles = TileConfig{64, 128, 1};
+  CHECK_THROWS_WITH_AS(  // two consumers sharing 64 keys at d256: 128 keys would take four
+      [&] {
+        BackwardArgs d256 = args;
+        d256.q = d256.out = d256.dout = d256.dq =
+            TensorView::bshd(fake(0x100000), DType::bf16, 2, 100, 8, 256);
+        d256.k = d256.v = d256.dk = d256.dv =
+            TensorView::bshd(fake(0x200000), DType::bf16, 2, 300, 2, 256);
+        detail::select_backward_variant(d256.validate(), device_of("sm_90a"), d256.options);
+      }(),
+      doctest::Contains("tile_n 128 at head_dim 256 must be 64"), Error);
   args.options.tiles.reset();
   args.options.family = "mma";
   CHECK_THROWS_WITH_AS(detail::select_backward_variant(problem, device_of("sm_90a"), args.options),
                        doctest::Contains("options.family 'mma' is not a backward dK/dV family: "
-                                         "expected one of bwd_mma"),
+                                         "expected one of bwd_wgmma, bwd_mma"),
                        Error);
+}
+
+TEST_CASE("the dQ accumulator is in the workspace only for kernels that sum dQ by atomics") {
+  BackwardArgs args;
+  const long long rows = 2LL * 8 * BwdRowsShape::padded_rows(100);
+  auto workspace = [&](const char* arch, bool deterministic) {
+    args.options.deterministic = deterministic;
+    detail::BackwardProblem problem = args.validate();
+    const Variant dkdv = detail::select_backward_variant(problem, device_of(arch), args.options);
+    problem.dq_accumulator =
+        detail::uses_dq_accumulator(detail::backward_finish_variant(problem, dkdv));
+    CHECK((problem.with_workspace(fake(0x1000000)).dq_accum != nullptr) == problem.dq_accumulator);
+    return problem.workspace_bytes();
+  };
+  const std::size_t terms = 2 * (rows * 4);
+  CHECK(workspace("sm_80", false) == terms + rows * 128 * 4);  // bwd_mma's atomics
+  CHECK(workspace("sm_80", true) == terms);                    // bwd_mma_dq
+  CHECK(workspace("sm_90a", false) == terms);                  // bwd_wgmma_dq, both modes
+  CHECK(workspace("sm_90a", true) == terms);
+  args.options.family = "bwd_mma";
+  CHECK(workspace("sm_90a", false) == terms + rows * 128 * 4);
 }
 
 TEST_CASE("backward families are listed and their default variants are named") {
@@ -138,14 +196,18 @@ TEST_CASE("backward families are listed and their default variants are named") {
       ++backward;
       CHECK_FALSE(family.attention);
     }
-  CHECK(backward == 4);
-  int bwd_variants = 0;
+  CHECK(backward == 6);
+  int bwd_variants = 0, wgmma_variants = 0;
   for (const Variant& v : default_variants("sm_90a")) {
     if (v.family.rfind("bwd_", 0) != 0) continue;
     ++bwd_variants;
+    wgmma_variants += v.family.rfind("bwd_wgmma", 0) == 0;
     CHECK(Variant::parse(v.name()) == v);
     if (v.family == "bwd_prep" || v.family == "bwd_convert") CHECK_FALSE(v.causal);
   }
-  // 2 dtypes x 6 head dims: dK/dV and dQ causal or not, the row passes once.
-  CHECK(bwd_variants == 2 * 6 * (2 + 2 + 1 + 1));
+  // 2 dtypes x 6 head dims: dK/dV and dQ causal or not, the row passes once; and the Hopper
+  // families' 3 head dims, dK/dV and dQ causal or not.
+  CHECK(wgmma_variants == 2 * 3 * (2 + 2));
+  CHECK(bwd_variants == 2 * 6 * (2 + 2 + 1 + 1) + wgmma_variants);
+  for (const Variant& v : default_variants("sm_80")) CHECK(v.family.rfind("bwd_wgmma", 0) != 0);
 }

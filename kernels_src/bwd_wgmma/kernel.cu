@@ -1,0 +1,365 @@
+// bwd_wgmma: dK and dV of the Hopper backward (sm_90a only), TMA + wgmma + warp specialization.
+//
+// A CTA owns TileN keys of one KV head (grid: key tiles x heads_kv x batch) and walks the query
+// rows that see them, TileM a step, for every query head of its GQA group (QuerySteps), summing
+// dK and dV in registers: no atomics, and nothing written but dk and dv (dQ is dq_kernel.cu's).
+// Warpgroup 0 produces: one thread loads K and V once, and per step the Q and dO tiles (TMA) and
+// their rows' terms (bulk copies of bwd_rows' lse_log2 and delta) into a ring of Stages buffers
+// with full / empty mbarriers. Each consumer warpgroup owns 64 keys, the rows of its accumulators
+// (wgmma M), with the step's queries as their columns:
+//   Sᵀ = K Qᵀ, dPᵀ = V dOᵀ                          (both operands in shared memory)
+//   Pᵀ = exp2(scale_log2 Sᵀ - lse_log2)              (the forward's probabilities, from its LSE)
+//   dSᵀ = Pᵀ ∘ (dPᵀ - delta)
+//   dV += Pᵀ dO, dK += dSᵀ Q                         (Pᵀ and dSᵀ straight from the registers)
+// Beyond head dim 128 two consumers share 64 keys (BwdWgmmaShape::split_roles): one computes Sᵀ,
+// Pᵀ and dV, the other dPᵀ, dSᵀ and dK, taking Pᵀ through shared memory.
+#include "bwd_wgmma/shape.cuh"
+#include "bwd_wgmma/warp_roles.cuh"
+#include "common/fast_math.cuh"
+#include "common/params.cuh"
+#include "common/sm90_mbarrier.cuh"
+#include "common/sm90_store_rows.cuh"
+#include "common/sm90_tile_gemm.cuh"
+#include "common/sm90_tma.cuh"
+#include "common/sm90_warpgroup.cuh"
+#include "common/sm90_wgmma.cuh"
+#include "common/types.cuh"
+
+namespace flashjit {
+
+template <int Stages>
+struct KeyTileBarriers {
+  unsigned long long kv_full;                       // K and V landed (once)
+  unsigned long long full[Stages], empty[Stages];   // a step's Q, dO and row terms
+};
+
+// The steps of a key tile [key0, key0 + TileN): every query tile holding a row that sees one of
+// its keys, for each query head of the KV head's group. Step t is head first_head + t / m_tiles,
+// query tile m_first + t % m_tiles. Causal: row i sees key j iff j <= i + seqlen_k - seqlen_q, so
+// the rows start where the diagonal reaches key0 (every key is seen by the last row: m_tiles >= 1
+// whenever seqlen_q > 0).
+template <bool Causal, int TileM>
+struct QuerySteps {
+  int m_first, m_tiles, count, first_head;
+
+  __device__ __forceinline__ QuerySteps(const FmhaParams& f, int key0, int kv_head) {
+    m_first = (Causal ? max(0, key0 - (f.seqlen_k - f.seqlen_q)) : 0) / TileM;
+    m_tiles = max(0, (f.seqlen_q + TileM - 1) / TileM - m_first);
+    count = m_tiles * f.heads_per_kv;
+    first_head = kv_head * f.heads_per_kv;
+  }
+  __device__ __forceinline__ int head(int t) const { return first_head + t / m_tiles; }
+  __device__ __forceinline__ int row0(int t) const { return (m_first + t % m_tiles) * TileM; }
+};
+
+// Where the CTA works, and how many steps.
+template <bool Causal, int TileM, int TileN>
+struct KeyTile {
+  int key0, kv_head, batch;
+  QuerySteps<Causal, TileM> steps;
+
+  __device__ __forceinline__ explicit KeyTile(const FmhaParams& f)
+      : key0(blockIdx.x * TileN),
+        kv_head(blockIdx.y),
+        batch(blockIdx.z),
+        steps(f, blockIdx.x * TileN, blockIdx.y) {}
+};
+
+// ---- producer ---------------------------------------------------------------------------------
+
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+__device__ __forceinline__ void produce(const BackwardParams& p,
+                                        const KeyTile<Causal, TileM, TileN>& tile,
+                                        const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
+                                        const TmaDescriptor* tma_v, const TmaDescriptor* tma_do,
+                                        unsigned char* smem, KeyTileBarriers<Stages>* bars) {
+  constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
+  constexpr int kRow = BwdWgmmaLimits::kRowBytes;
+  if (tile.steps.count == 0) return;  // no row sees these keys: the consumers write zeros
+  mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kShape.kv_bytes());
+#pragma unroll
+  for (int b = 0; b < kShape.dim_blocks(); ++b) {
+    tma_load_4d(smem + kShape.k_offset() + b * TileN * kRow, tma_k, &bars->kv_full, 64 * b,
+                tile.key0, tile.kv_head, tile.batch);
+    tma_load_4d(smem + kShape.v_offset() + b * TileN * kRow, tma_v, &bars->kv_full, 64 * b,
+                tile.key0, tile.kv_head, tile.batch);
+  }
+  const FmhaParams& f = p.fwd;
+  for (int t = 0; t < tile.steps.count; ++t) {
+    const int stage = t % Stages;
+    // Free once every consumer warp is done with step t - Stages. A fresh barrier counts as
+    // having completed the phase before phase 0: parity ^ 1 passes.
+    mbarrier_wait(&bars->empty[stage], ((t / Stages) & 1) ^ 1);
+    mbarrier_arrive_expect_tx(&bars->full[stage], 2 * kShape.q_bytes() + kShape.terms_bytes());
+    const int head = tile.steps.head(t), row0 = tile.steps.row0(t);
+#pragma unroll
+    for (int b = 0; b < kShape.dim_blocks(); ++b) {
+      tma_load_4d(smem + kShape.q_offset(stage) + b * TileM * kRow, tma_q, &bars->full[stage],
+                  64 * b, row0, head, tile.batch);
+      tma_load_4d(smem + kShape.do_offset(stage) + b * TileM * kRow, tma_do, &bars->full[stage],
+                  64 * b, row0, head, tile.batch);
+    }
+    // The workspace's rows are padded to whole tiles (BwdRowsShape): TileM floats each, aligned.
+    const long long terms =
+        (static_cast<long long>(tile.batch) * f.heads_q + head) * p.seqlen_rows + row0;
+    unsigned char* terms_tile = smem + kShape.terms_offset(stage);
+    bulk_load(terms_tile, p.lse_log2 + terms, TileM * 4, &bars->full[stage]);
+    bulk_load(terms_tile + TileM * 4, p.delta + terms, TileM * 4, &bars->full[stage]);
+  }
+}
+
+// ---- consumer pieces --------------------------------------------------------------------------
+
+// Sᵀ -> Pᵀ in place: columns are queries row0 + 8 (e / 4) + at.col + e % 2, whose lse_log2 come
+// from the step's terms. Keys past seqlen_k are zero rows of K and V: their probabilities reach
+// only dK and dV rows that are never stored, so only the causal diagonal needs a mask (`masked`:
+// some key of the warpgroup lies right of some query's diagonal).
+template <int TileM, bool Causal>
+__device__ __forceinline__ void probabilities(float (&s)[TileM / 2], const float* terms,
+                                              const FragmentPosition& at, float scale_log2,
+                                              bool masked, int lane_key, int row0, int diagonal) {
+#pragma unroll
+  for (int j = 0; j < TileM / 8; ++j) {
+    const int col = 8 * j + at.col;
+    const float2 lse = *reinterpret_cast<const float2*>(terms + col);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int e = 4 * j + 2 * h + b;
+        float prob = exp2_ftz(fmaf(s[e], scale_log2, -(b ? lse.y : lse.x)));
+        if (Causal && masked && lane_key + 8 * h > row0 + col + b + diagonal) prob = 0.f;
+        s[e] = prob;
+      }
+  }
+}
+
+// dPᵀ -> dSᵀ = Pᵀ ∘ (dPᵀ - delta) in place; `prob(e)` gives Pᵀ's element e.
+template <int TileM, typename Prob>
+__device__ __forceinline__ void score_gradients(float (&dp)[TileM / 2], const float* terms,
+                                                const FragmentPosition& at, Prob&& prob) {
+#pragma unroll
+  for (int j = 0; j < TileM / 8; ++j) {
+    const float2 delta = *reinterpret_cast<const float2*>(terms + TileM + 8 * j + at.col);
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+#pragma unroll
+      for (int b = 0; b < 2; ++b) {
+        const int e = 4 * j + 2 * h + b;
+        dp[e] = prob(e) * (dp[e] - (b ? delta.y : delta.x));
+      }
+  }
+}
+
+// ---- consumers --------------------------------------------------------------------------------
+
+// Up to head dim 128: the warpgroup owns keys [key_row0, key_row0 + 64) of the tile and runs the
+// whole step for them.
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+__device__ __forceinline__ void consume_keys(const BackwardParams& p,
+                                             const KeyTile<Causal, TileM, TileN>& tile,
+                                             unsigned char* smem, KeyTileBarriers<Stages>* bars,
+                                             int consumer) {
+  constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
+  constexpr int kRow = BwdWgmmaLimits::kRowBytes;
+  const FmhaParams& f = p.fwd;
+  const FragmentPosition at;
+  const unsigned base = smem_u32(smem);
+  const int key_row0 = consumer * 64;
+  const unsigned k_rows = base + kShape.k_offset() + key_row0 * kRow;  // this warpgroup's keys
+  const unsigned v_rows = base + kShape.v_offset() + key_row0 * kRow;
+  const int diagonal = f.seqlen_k - f.seqlen_q;
+  const int lane_key = tile.key0 + key_row0 + at.row;  // the accumulators' rows: + 0, + 8
+  float dk[HeadDim / 2], dv[HeadDim / 2];
+#pragma unroll
+  for (int e = 0; e < HeadDim / 2; ++e) dk[e] = dv[e] = 0.f;
+
+  if (tile.steps.count > 0) mbarrier_wait(&bars->kv_full, 0);
+  for (int t = 0; t < tile.steps.count; ++t) {
+    const int stage = t % Stages;
+    mbarrier_wait(&bars->full[stage], (t / Stages) & 1);
+    const unsigned q_tile = base + kShape.q_offset(stage), do_tile = base + kShape.do_offset(stage);
+    const float* terms = reinterpret_cast<const float*>(smem + kShape.terms_offset(stage));
+    float s[TileM / 2], dp[TileM / 2];
+    gemm_ss_tiles<T, HeadDim, TileN, TileM>(s, k_rows, q_tile);
+    gemm_ss_tiles<T, HeadDim, TileN, TileM>(dp, v_rows, do_tile);
+    wgmma_wait<1>();  // Sᵀ is ready; dPᵀ may still run
+    wgmma_fence_operands(s);
+    const int row0 = tile.steps.row0(t);
+    const bool masked = Causal && tile.key0 + key_row0 + 63 > row0 + diagonal;
+    probabilities<TileM, Causal>(s, terms, at, f.scale_log2, masked, lane_key, row0, diagonal);
+    wgmma_wait<0>();  // dPᵀ is ready
+    wgmma_fence_operands(dp);
+    score_gradients<TileM>(dp, terms, at, [&](int e) { return s[e]; });
+    // dK's GEMM first: dPᵀ's registers free up as its fragments are packed, then Sᵀ's as Pᵀ's
+    // are (dV's GEMM first would hold Pᵀ's fragments, Sᵀ and dPᵀ at once: d64 with 128 queries
+    // spilled 48 bytes).
+    unsigned dsf[TileM / 16][4];
+    gemm_fragments<T, TileM>(dsf, dp);
+    gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
+    unsigned pf[TileM / 16][4];
+    gemm_fragments<T, TileM>(pf, s);
+    gemm_rs_tiles<T, HeadDim, TileM>(dv, pf, do_tile);
+    wgmma_wait<0>();
+    wgmma_fence_operands(dv);
+    wgmma_fence_operands(dk);
+    // The fragments' registers stay reserved until the GEMMs reading them are done.
+    wgmma_fence_operands(pf);
+    wgmma_fence_operands(dsf);
+    release_stage(&bars->empty[stage]);
+  }
+
+  // dK = softmax_scale · dSᵀ Q (S was scale · q·k); keys past seqlen_k are not stored.
+  const long long kv_offset = tile.batch * p.dk_stride_b + tile.kv_head * p.dk_stride_h;
+  store_accumulator_rows<T, HeadDim>(static_cast<T*>(p.dk) + kv_offset, p.dk_stride_s,
+                                     tile.key0 + key_row0, f.seqlen_k, dk, f.softmax_scale);
+  store_accumulator_rows<T, HeadDim>(
+      static_cast<T*>(p.dv) + tile.batch * p.dv_stride_b + tile.kv_head * p.dv_stride_h,
+      p.dv_stride_s, tile.key0 + key_row0, f.seqlen_k, dv, 1.f);
+}
+
+// Beyond head dim 128: consumers 2g and 2g + 1 share keys [64 g, 64 g + 64) of the tile. The
+// first computes Sᵀ, Pᵀ and dV, the second dPᵀ, dSᵀ and dK, so each holds one 64 x HeadDim
+// accumulator. Pᵀ goes through the group's exchange buffer in fp32 (the bits bwd_mma's dSᵀ uses)
+// as element e of thread i at float4 [e / 4][i]: both warpgroups have the same accumulator
+// layout, so thread i of the second reads exactly its own elements, and consecutive threads touch
+// consecutive 16 bytes. Named barriers 1 + 2g (Pᵀ written) and 2 + 2g (Pᵀ read, the buffer free)
+// pass it over, both warpgroups' 256 threads counting.
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Probs>
+__device__ __forceinline__ void consume_split(const BackwardParams& p,
+                                              const KeyTile<Causal, TileM, TileN>& tile,
+                                              unsigned char* smem, KeyTileBarriers<Stages>* bars,
+                                              int group) {
+  constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
+  constexpr int kRow = BwdWgmmaLimits::kRowBytes;
+  constexpr int kPairThreads = 2 * kWarpgroupThreads;
+  const FmhaParams& f = p.fwd;
+  const FragmentPosition at;
+  const unsigned base = smem_u32(smem);
+  const int key_row0 = group * 64;
+  const int written = 1 + 2 * group, free = 2 + 2 * group;
+  float4* exchange = reinterpret_cast<float4*>(smem + kShape.exchange_offset()) +
+                     group * (64 * TileM / 4) + threadIdx.x % kWarpgroupThreads;
+  float acc[HeadDim / 2];  // dV (Probs), dK (the gradients' warpgroup)
+#pragma unroll
+  for (int e = 0; e < HeadDim / 2; ++e) acc[e] = 0.f;
+
+  if (tile.steps.count > 0) {
+    if (!Probs) named_barrier_arrive(free, kPairThreads);  // the buffer starts free
+    mbarrier_wait(&bars->kv_full, 0);
+  }
+  for (int t = 0; t < tile.steps.count; ++t) {
+    const int stage = t % Stages;
+    mbarrier_wait(&bars->full[stage], (t / Stages) & 1);
+    const unsigned q_tile = base + kShape.q_offset(stage), do_tile = base + kShape.do_offset(stage);
+    const float* terms = reinterpret_cast<const float*>(smem + kShape.terms_offset(stage));
+    float x[TileM / 2];  // Sᵀ then Pᵀ (Probs), dPᵀ then dSᵀ
+    unsigned frag[TileM / 16][4];
+    if constexpr (Probs) {
+      gemm_ss_tiles<T, HeadDim, TileN, TileM>(x, base + kShape.k_offset() + key_row0 * kRow,
+                                              q_tile);
+      wgmma_wait<0>();
+      wgmma_fence_operands(x);
+      const int row0 = tile.steps.row0(t), diagonal = f.seqlen_k - f.seqlen_q;
+      const bool masked = Causal && tile.key0 + key_row0 + 63 > row0 + diagonal;
+      probabilities<TileM, Causal>(x, terms, at, f.scale_log2, masked,
+                                   tile.key0 + key_row0 + at.row, row0, diagonal);
+      named_barrier_sync(free, kPairThreads);  // the partner has read the last step's Pᵀ
+#pragma unroll
+      for (int i = 0; i < TileM / 8; ++i)
+        exchange[i * kWarpgroupThreads] =
+            make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+      named_barrier_arrive(written, kPairThreads);
+      gemm_fragments<T, TileM>(frag, x);
+      gemm_rs_tiles<T, HeadDim, TileM>(acc, frag, do_tile);
+    } else {
+      gemm_ss_tiles<T, HeadDim, TileN, TileM>(x, base + kShape.v_offset() + key_row0 * kRow,
+                                              do_tile);
+      wgmma_wait<0>();
+      wgmma_fence_operands(x);
+      named_barrier_sync(written, kPairThreads);
+      float prob[TileM / 2];
+#pragma unroll
+      for (int i = 0; i < TileM / 8; ++i) {
+        const float4 four = exchange[i * kWarpgroupThreads];
+        prob[4 * i] = four.x;
+        prob[4 * i + 1] = four.y;
+        prob[4 * i + 2] = four.z;
+        prob[4 * i + 3] = four.w;
+      }
+      if (t + 1 < tile.steps.count) named_barrier_arrive(free, kPairThreads);
+      score_gradients<TileM>(x, terms, at, [&](int e) { return prob[e]; });
+      gemm_fragments<T, TileM>(frag, x);
+      gemm_rs_tiles<T, HeadDim, TileM>(acc, frag, q_tile);
+    }
+    wgmma_wait<0>();
+    wgmma_fence_operands(acc);
+    wgmma_fence_operands(frag);  // its registers stay reserved until the GEMM reading them is done
+    release_stage(&bars->empty[stage]);
+  }
+
+  // dK = softmax_scale · dSᵀ Q; keys past seqlen_k are not stored.
+  if constexpr (Probs)
+    store_accumulator_rows<T, HeadDim>(
+        static_cast<T*>(p.dv) + tile.batch * p.dv_stride_b + tile.kv_head * p.dv_stride_h,
+        p.dv_stride_s, tile.key0 + key_row0, f.seqlen_k, acc, 1.f);
+  else
+    store_accumulator_rows<T, HeadDim>(
+        static_cast<T*>(p.dk) + tile.batch * p.dk_stride_b + tile.kv_head * p.dk_stride_h,
+        p.dk_stride_s, tile.key0 + key_row0, f.seqlen_k, acc, f.softmax_scale);
+}
+
+// ---- kernel -----------------------------------------------------------------------------------
+
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+__global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages}.threads(), 1)
+    bwd_wgmma_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
+                     const __grid_constant__ TmaDescriptor tma_k,
+                     const __grid_constant__ TmaDescriptor tma_v,
+                     const __grid_constant__ TmaDescriptor tma_do) {
+  constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
+  static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 64 == 0, "whole swizzled tiles");
+  static_assert(TileM <= BwdWgmmaLimits::kMaxBoxRows && TileN <= BwdWgmmaLimits::kMaxBoxRows,
+                "one TMA box per column block");
+  static_assert(kShape.consumers() >= 1 && kShape.consumers() <= BwdWgmmaLimits::kMaxConsumers,
+                "one or two consumer warpgroups");
+  static_assert(kShape.shared_bytes() <= BwdWgmmaLimits::kMaxSharedBytes, "fits shared memory");
+  static_assert(sizeof(KeyTileBarriers<Stages>) == kShape.barrier_bytes(), "barrier bytes");
+  extern __shared__ unsigned char smem_raw[];
+  unsigned char* smem = aligned_tiles(smem_raw);
+  auto* bars = reinterpret_cast<KeyTileBarriers<Stages>*>(smem + kShape.barrier_offset());
+  const KeyTile<Causal, TileM, TileN> tile(p.fwd);
+
+  if (threadIdx.x == 0) {
+    mbarrier_init(&bars->kv_full, 1);
+    for (int s = 0; s < Stages; ++s) {
+      mbarrier_init(&bars->full[s], 1);
+      mbarrier_init(&bars->empty[s], kShape.consumer_warps());
+    }
+    mbarrier_init_fence();
+    tma_prefetch_descriptor(&tma_q);
+    tma_prefetch_descriptor(&tma_k);
+    tma_prefetch_descriptor(&tma_v);
+    tma_prefetch_descriptor(&tma_do);
+  }
+  __syncthreads();
+
+  const int warpgroup = enter_role();
+  if (warpgroup == 0) {
+    if (threadIdx.x == 0)
+      produce<T, HeadDim, TileM, TileN, Stages, Causal>(p, tile, &tma_q, &tma_k, &tma_v, &tma_do,
+                                                        smem, bars);
+  } else if constexpr (kShape.split_roles()) {
+    const int consumer = warpgroup - 1;
+    if (consumer % 2 == 0)
+      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, true>(p, tile, smem, bars,
+                                                                    consumer / 2);
+    else
+      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, false>(p, tile, smem, bars,
+                                                                     consumer / 2);
+  } else {
+    consume_keys<T, HeadDim, TileM, TileN, Stages, Causal>(p, tile, smem, bars, warpgroup - 1);
+  }
+}
+
+}  // namespace flashjit

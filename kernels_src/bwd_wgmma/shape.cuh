@@ -1,0 +1,125 @@
+// Geometry of the Hopper backward kernels (sm_90a): bwd_wgmma/kernel.cu (dK and dV, key-major)
+// and bwd_wgmma/dq_kernel.cu (dQ, query-major). Plain C++ read by NVRTC and by g++
+// (src/families/bwd_wgmma), so the launches cannot disagree with the kernels.
+//
+// Both kernels are warp-specialized like the forward (wgmma/shape.cuh): warpgroup 0 produces (one
+// thread issues TMA loads into 128-byte-swizzled tiles, [head_dim / 64][rows][64] each, which is
+// both TMA's box and wgmma's canonical layout), the others consume, 64 rows (wgmma M) each.
+#pragma once
+
+#include "common/host_device.cuh"
+#include "common/warpgroup_size.cuh"
+
+namespace flashjit {
+
+struct BwdWgmmaLimits {
+  static constexpr int kRowsPerConsumer = 64;  // wgmma M
+  static constexpr int kRowBytes = 128;        // one swizzle row: 64 16-bit elements
+  static constexpr int kElementBytes = 2;      // bf16 and fp16
+  static constexpr int kMaxBoxRows = 256;      // TMA box limit per dimension
+  static constexpr int kAlignSlack = 1024;     // the kernels align their tiles to the 1024-B atom
+  static constexpr int kMaxSharedBytes = 232448;  // 227 KiB, what an sm_90 block may opt into
+  // 65536 registers an SM: two consumers take 240 and the producer 24 (FlashAttention-3's split);
+  // one consumer could take more, but every default shape has two.
+  static constexpr int kProducerRegisters = 24;
+  static constexpr int kConsumerRegisters = 240;
+  static constexpr int kMaxConsumers = 2;
+};
+
+// dK/dV: a CTA owns tile_n keys of one KV head and streams the query rows that see them, tile_m a
+// step (Q, dO and their row terms lse_log2 and delta), `stages` buffers deep, for every query head
+// of its GQA group. Up to head dim 128 each consumer owns 64 keys and runs all four GEMMs of a
+// step for them, dK and dV in its registers. Beyond (split_roles), dK and dV of 64 keys alone would
+// take 256 registers a thread: two consumers share 64 keys, one computing Sᵀ, Pᵀ and dV, the other
+// dPᵀ, dSᵀ and dK, Pᵀ passing from the first to the second through shared memory (fp32, in the
+// accumulator layout both share); no GEMM is done twice.
+struct BwdWgmmaShape {
+  int head_dim, tile_m, tile_n, stages;
+
+  FLASHJIT_HOST_DEVICE constexpr bool split_roles() const { return head_dim > 128; }
+  FLASHJIT_HOST_DEVICE constexpr int key_groups() const {
+    return tile_n / BwdWgmmaLimits::kRowsPerConsumer;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int consumers() const {
+    return key_groups() * (split_roles() ? 2 : 1);
+  }
+  FLASHJIT_HOST_DEVICE constexpr int consumer_warps() const { return consumers() * 4; }
+  FLASHJIT_HOST_DEVICE constexpr int threads() const {
+    return (consumers() + 1) * kWarpgroupThreads;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int dim_blocks() const { return head_dim / 64; }
+  FLASHJIT_HOST_DEVICE constexpr int kv_bytes() const {
+    return tile_n * head_dim * BwdWgmmaLimits::kElementBytes;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int q_bytes() const {
+    return tile_m * head_dim * BwdWgmmaLimits::kElementBytes;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int terms_bytes() const { return 2 * tile_m * 4; }  // lse, delta
+  // Pᵀ of one key group: 64 keys x tile_m queries, fp32.
+  FLASHJIT_HOST_DEVICE constexpr int exchange_bytes() const {
+    return split_roles() ? key_groups() * BwdWgmmaLimits::kRowsPerConsumer * tile_m * 4 : 0;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const {  // kv_full, full[stages], empty[stages]
+    return (1 + 2 * stages) * 8;
+  }
+  // Shared memory, in order: K and V (the CTA's keys, loaded once), `stages` Q and `stages` dO
+  // tiles, `stages` row-term blocks (lse_log2 then delta, tile_m floats each), the Pᵀ exchange,
+  // the mbarriers; plus the slack the kernel spends aligning its start to 1024 bytes.
+  FLASHJIT_HOST_DEVICE constexpr int k_offset() const { return 0; }
+  FLASHJIT_HOST_DEVICE constexpr int v_offset() const { return kv_bytes(); }
+  FLASHJIT_HOST_DEVICE constexpr int q_offset(int stage) const {
+    return 2 * kv_bytes() + stage * q_bytes();
+  }
+  FLASHJIT_HOST_DEVICE constexpr int do_offset(int stage) const {
+    return 2 * kv_bytes() + (stages + stage) * q_bytes();
+  }
+  FLASHJIT_HOST_DEVICE constexpr int terms_offset(int stage) const {
+    return 2 * kv_bytes() + 2 * stages * q_bytes() + stage * terms_bytes();
+  }
+  FLASHJIT_HOST_DEVICE constexpr int exchange_offset() const { return terms_offset(stages); }
+  FLASHJIT_HOST_DEVICE constexpr int barrier_offset() const {
+    return exchange_offset() + exchange_bytes();
+  }
+  FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
+    return barrier_offset() + barrier_bytes() + BwdWgmmaLimits::kAlignSlack;
+  }
+};
+
+// dQ: a CTA owns tile_m query rows of one head, 64 per consumer, holds their Q and dO tiles and
+// streams the key tiles they see (K and V, `stages` deep), summing dQ in registers.
+struct BwdWgmmaDqShape {
+  int head_dim, tile_m, tile_n, stages;
+
+  FLASHJIT_HOST_DEVICE constexpr int consumers() const {
+    return tile_m / BwdWgmmaLimits::kRowsPerConsumer;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int consumer_warps() const { return consumers() * 4; }
+  FLASHJIT_HOST_DEVICE constexpr int threads() const {
+    return (consumers() + 1) * kWarpgroupThreads;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int dim_blocks() const { return head_dim / 64; }
+  FLASHJIT_HOST_DEVICE constexpr int q_bytes() const {
+    return tile_m * head_dim * BwdWgmmaLimits::kElementBytes;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int kv_bytes() const {
+    return tile_n * head_dim * BwdWgmmaLimits::kElementBytes;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const {  // q_full, full[stages], empty[stages]
+    return (1 + 2 * stages) * 8;
+  }
+  // Q, dO, `stages` K, `stages` V, the mbarriers, and the alignment slack.
+  FLASHJIT_HOST_DEVICE constexpr int q_offset() const { return 0; }
+  FLASHJIT_HOST_DEVICE constexpr int do_offset() const { return q_bytes(); }
+  FLASHJIT_HOST_DEVICE constexpr int k_offset(int stage) const {
+    return 2 * q_bytes() + stage * kv_bytes();
+  }
+  FLASHJIT_HOST_DEVICE constexpr int v_offset(int stage) const {
+    return 2 * q_bytes() + (stages + stage) * kv_bytes();
+  }
+  FLASHJIT_HOST_DEVICE constexpr int barrier_offset() const { return v_offset(stages); }
+  FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
+    return barrier_offset() + barrier_bytes() + BwdWgmmaLimits::kAlignSlack;
+  }
+};
+
+}  // namespace flashjit

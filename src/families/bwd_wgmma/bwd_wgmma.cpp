@@ -1,0 +1,182 @@
+// Host side of kernels_src/bwd_wgmma/ (Hopper, sm_90a only): the dK/dV family bwd_wgmma (a CTA per
+// key tile x KV head x batch) and the dQ family bwd_wgmma_dq (a CTA per query tile x head x
+// batch), each a producer warpgroup and one or two consumers (bwd_wgmma/shape.cuh) reading q, k,
+// v and dO through TMA tensor maps.
+#include "families/bwd_wgmma/bwd_wgmma.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdint>
+
+#include "bwd_rows/shape.cuh"
+#include "bwd_wgmma/shape.cuh"
+#include "families/bwd_wgmma/tiles.hpp"
+#include "families/family.hpp"
+#include "families/registry.hpp"
+#include "families/tma_map.hpp"
+
+namespace flashjit::detail {
+namespace {
+
+using Limits = BwdWgmmaLimits;
+static_assert(kTmaBoxWidth * Limits::kElementBytes == Limits::kRowBytes,
+              "the kernels' swizzle rows are the maps' box rows");
+static_assert(BwdRowsShape::kRowQuantum % 128 == 0,
+              "a tile's row terms lie within the workspace's padded rows");
+
+constexpr BwdWgmmaShape dkdv_shape(const Variant& v) {
+  return {v.head_dim, v.tile_m, v.tile_n, v.stages};
+}
+constexpr BwdWgmmaDqShape dq_shape(const Variant& v) {
+  return {v.head_dim, v.tile_m, v.tile_n, v.stages};
+}
+
+std::string stages_and_bytes(const Variant& v, int shared_bytes) {
+  if (v.stages < 1 || v.stages > 4) return fmt::format("stages {} must be in [1, 4]", v.stages);
+  if (shared_bytes > Limits::kMaxSharedBytes)
+    return fmt::format("needs {} B of shared memory: expected at most {} (what an sm_90 block may use)",
+                       shared_bytes, Limits::kMaxSharedBytes);
+  return {};
+}
+
+// What the kernels' static_asserts require, as errors.
+std::string dkdv_check(const Variant& v) {
+  const BwdWgmmaShape shape = dkdv_shape(v);
+  if (v.tile_m != 64 && v.tile_m != 128)
+    return fmt::format("tile_m {} must be 64 or 128 (query rows a step: a wgmma N of whole "
+                       "swizzle atoms)",
+                       v.tile_m);
+  if (v.tile_n % 64 != 0 || v.tile_n < 64 || shape.consumers() > Limits::kMaxConsumers)
+    return fmt::format("tile_n {} at head_dim {} must be {} (64 keys per consumer warpgroup{}, at "
+                       "most {} consumers)",
+                       v.tile_n, v.head_dim, shape.split_roles() ? "64" : "64 or 128",
+                       shape.split_roles() ? ", two sharing them beyond head_dim 128" : "",
+                       Limits::kMaxConsumers);
+  return stages_and_bytes(v, shape.shared_bytes());
+}
+
+std::string dq_check(const Variant& v) {
+  if (v.tile_m != 64 && v.tile_m != 128)
+    return fmt::format("tile_m {} must be 64 or 128 (one or two consumer warpgroups)", v.tile_m);
+  if (v.tile_n % 16 != 0 || v.tile_n < 16 || v.tile_n > Limits::kMaxBoxRows)
+    return fmt::format("tile_n {} must be a multiple of 16 in [16, {}] (a wgmma N and a TMA box)",
+                       v.tile_n, Limits::kMaxBoxRows);
+  return stages_and_bytes(v, dq_shape(v).shared_bytes());
+}
+
+int dkdv_shared_bytes(const Variant& v) { return dkdv_shape(v).shared_bytes(); }
+int dq_shared_bytes(const Variant& v) { return dq_shape(v).shared_bytes(); }
+
+TileTable dkdv_tiles(std::string_view, int head_dim, bool, bool) {
+  return TileTable::single(bwd_wgmma_tiles_for(head_dim));
+}
+TileTable dq_tiles(std::string_view, int head_dim, bool, bool) {
+  return TileTable::single(bwd_wgmma_dq_tiles_for(head_dim));
+}
+
+std::string tma_unsupported(const ForwardProblem& problem) {
+  const FmhaParams& p = problem.params;
+  for (std::int64_t stride : {p.q_stride_b, p.q_stride_s, p.q_stride_h, p.k_stride_b, p.k_stride_s,
+                              p.k_stride_h, p.v_stride_b, p.v_stride_s, p.v_stride_h})
+    if (stride * Limits::kElementBytes >= kMaxTmaStride)
+      return fmt::format("a stride of {} elements is past TMA's 2^40-byte limit", stride);
+  return {};
+}
+
+// The kernels' maps, in their parameter order: q, k, v, dO, each [head_dim, rows, heads, batch]
+// with boxes of q_box (Q, dO) or kv_box (K, V) rows. With seqlen_q = 0 nothing reads Q or dO (dK
+// and dV are zeros), and TMA cannot encode an empty dimension: those two stay unencoded.
+void add_maps(LaunchPlan& plan, const ForwardProblem& problem, const BackwardParams& params,
+              int q_box, int kv_box) {
+  const FmhaParams& f = params.fwd;
+  const bool rows = problem.seqlen_q > 0;
+  auto map = [&](MapOperand operand, const void* data, int seqlen, int heads, long long stride_s,
+                 long long stride_h, long long stride_b, int box) {
+    return tensor_map(operand, data, problem.dtype, problem.head_dim, seqlen, heads, problem.batch,
+                      stride_s, stride_h, stride_b, box);
+  };
+  plan.maps.push_back(rows ? map(MapOperand::q, f.q, problem.seqlen_q, problem.heads_q,
+                                 f.q_stride_s, f.q_stride_h, f.q_stride_b, q_box)
+                           : TensorMapArg{});
+  plan.maps.push_back(map(MapOperand::k, f.k, problem.seqlen_k, problem.heads_kv, f.k_stride_s,
+                          f.k_stride_h, f.k_stride_b, kv_box));
+  plan.maps.push_back(map(MapOperand::v, f.v, problem.seqlen_k, problem.heads_kv, f.v_stride_s,
+                          f.v_stride_h, f.v_stride_b, kv_box));
+  plan.maps.push_back(rows ? map(MapOperand::dout, params.dout, problem.seqlen_q, problem.heads_q,
+                                 params.do_stride_s, params.do_stride_h, params.do_stride_b, q_box)
+                           : TensorMapArg{});
+}
+
+LaunchPlan dkdv_plan(const Variant& v, const ForwardProblem& problem, const BackwardParams& params,
+                     const DeviceInfo&) {
+  LaunchPlan plan;
+  plan.grid = {static_cast<unsigned>((problem.seqlen_k + v.tile_n - 1) / v.tile_n),
+               static_cast<unsigned>(problem.heads_kv), static_cast<unsigned>(problem.batch)};
+  plan.block = {static_cast<unsigned>(dkdv_shape(v).threads()), 1, 1};
+  plan.shared_bytes = static_cast<unsigned>(dkdv_shared_bytes(v));
+  add_maps(plan, problem, params, v.tile_m, v.tile_n);
+  return plan;
+}
+
+LaunchPlan dq_plan(const Variant& v, const ForwardProblem& problem, const BackwardParams& params,
+                   const DeviceInfo&) {
+  LaunchPlan plan;
+  plan.grid = {static_cast<unsigned>((problem.seqlen_q + v.tile_m - 1) / v.tile_m),
+               static_cast<unsigned>(problem.heads_q), static_cast<unsigned>(problem.batch)};
+  plan.block = {static_cast<unsigned>(dq_shape(v).threads()), 1, 1};
+  plan.shared_bytes = static_cast<unsigned>(dq_shared_bytes(v));
+  add_maps(plan, problem, params, v.tile_m, v.tile_n);
+  return plan;
+}
+
+std::string arguments(const Variant& v) {
+  return fmt::format("{}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages, v.causal);
+}
+
+bool runs_on_sm90a(std::string_view arch) { return arch == "sm_90a"; }
+
+// Multiples of 64: whole 128-byte swizzle rows.
+constexpr int kHeadDims[] = {64, 128, 256};
+
+}  // namespace
+
+constinit extern const KernelFamily kBwdWgmmaFamily = {
+    .role = FamilyRole::backward,
+    .name = "bwd_wgmma",
+    .summary = "backward dK/dV on TMA + wgmma, warp-specialized (dQ by bwd_wgmma_dq, no atomics)",
+    .source_file = "bwd_wgmma/kernel.cu",
+    .kernel_template = "flashjit::bwd_wgmma_kernel",
+    .head_dims = kHeadDims,
+    .runs_on = runs_on_sm90a,
+    .check_tiles = dkdv_check,
+    .shared_bytes = dkdv_shared_bytes,
+    .tile_table = dkdv_tiles,
+    .unsupported_reason = tma_unsupported,
+    .plan = nullptr,
+    .backward_plan = dkdv_plan,
+    .template_arguments = arguments,
+};
+
+constinit extern const KernelFamily kBwdWgmmaDqFamily = {
+    .role = FamilyRole::backward_dq,
+    .name = "bwd_wgmma_dq",
+    .summary = "backward dQ alone on TMA + wgmma, warp-specialized (after bwd_wgmma, both modes)",
+    .source_file = "bwd_wgmma/dq_kernel.cu",
+    .kernel_template = "flashjit::bwd_wgmma_dq_kernel",
+    .head_dims = kHeadDims,
+    .runs_on = runs_on_sm90a,
+    .check_tiles = dq_check,
+    .shared_bytes = dq_shared_bytes,
+    .tile_table = dq_tiles,
+    .unsupported_reason = tma_unsupported,
+    .plan = nullptr,
+    .backward_plan = dq_plan,
+    .template_arguments = arguments,
+};
+
+Variant bwd_wgmma_dq_variant(std::string_view arch, DType dtype, int head_dim, bool causal) {
+  return variant_of(kBwdWgmmaDqFamily, arch, dtype, head_dim, causal,
+                    bwd_wgmma_dq_tiles_for(head_dim));
+}
+
+}  // namespace flashjit::detail
