@@ -337,10 +337,12 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages}.t
       mbarrier_init(&bars->empty[s], kShape.consumer_warps());
     }
     mbarrier_init_fence();
-    tma_prefetch_descriptor(&tma_q);
-    tma_prefetch_descriptor(&tma_k);
-    tma_prefetch_descriptor(&tma_v);
-    tma_prefetch_descriptor(&tma_do);
+    if (tile.steps.count > 0) {  // with seqlen_q = 0 the Q and dO maps are not even encoded
+      tma_prefetch_descriptor(&tma_q);
+      tma_prefetch_descriptor(&tma_k);
+      tma_prefetch_descriptor(&tma_v);
+      tma_prefetch_descriptor(&tma_do);
+    }
   }
   __syncthreads();
 

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <string>
 #include <vector>
 
 #include "api/backward_kernels.hpp"
@@ -15,11 +16,18 @@
 namespace flashjit::detail {
 namespace {
 
-bool runs(const KernelFamily& family, const BackwardProblem& problem, std::string_view arch) {
+// Empty when the dK/dV family runs the problem on `arch`, else why not.
+std::string why_not(const KernelFamily& family, const BackwardProblem& problem,
+                    std::string_view arch) {
   const int d = problem.forward.head_dim;
-  return family.role == FamilyRole::backward && family.runs_on(arch) &&
-         std::find(family.head_dims.begin(), family.head_dims.end(), d) != family.head_dims.end() &&
-         (family.unsupported_reason == nullptr || family.unsupported_reason(problem.forward).empty());
+  if (family.role != FamilyRole::backward || !family.runs_on(arch) ||
+      std::find(family.head_dims.begin(), family.head_dims.end(), d) == family.head_dims.end())
+    return fmt::format("has no kernel for head_dim {} on {}", d, arch);
+  return family.unsupported_reason ? family.unsupported_reason(problem.forward) : std::string();
+}
+
+bool runs(const KernelFamily& family, const BackwardProblem& problem, std::string_view arch) {
+  return why_not(family, problem, arch).empty();
 }
 
 std::vector<std::string_view> dkdv_family_names() {
@@ -55,10 +63,9 @@ Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo
                   fmt::format("options.family '{}' is not a backward dK/dV family: expected one "
                               "of {}",
                               *options.family, fmt::join(dkdv_family_names(), ", ")));
-    if (!runs(*family, problem, device.arch))
+    if (const std::string why = why_not(*family, problem, device.arch); !why.empty())
       throw Error(ErrorCode::invalid_argument,
-                  fmt::format("options.family {} has no kernel for head_dim {} on {}",
-                              family->name, problem.forward.head_dim, device.arch));
+                  fmt::format("options.family {} {}", family->name, why));
     chosen = family;
   } else {
     for (const KernelFamily* family : registered_families())

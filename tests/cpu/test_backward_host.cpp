@@ -137,6 +137,11 @@ TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family a
   CHECK(forced.name() == "bwd_mma.sm90a.bf16.d128.m64n128s2.causal");
   CHECK(detail::backward_finish_variant(exact, forced).name() ==
         "bwd_mma_dq.sm90a.bf16.d128.m64n64s2.causal");
+  args.options.family = "bwd_wgmma";  // Hopper's alone
+  CHECK_THROWS_WITH_AS(detail::select_backward_variant(exact, device_of("sm_80"), args.options),
+                       doctest::Contains("options.family bwd_wgmma has no kernel for head_dim 128 "
+                                         "on sm_80"),
+                       Error);
   args.options.family.reset();
 
   args.options.tiles = TileConfig{64, 64, 1};
