@@ -131,7 +131,7 @@ def _attention_grad(ctx, dout, _dlse):
         # for the LSE (flashjit.attention never needs this).
         _, lse = torch.ops.flashjit.attention(q, k, v, ctx.causal, ctx.softmax_scale, True, -1,
                                               -1, 0.0, None, None, 0, ctx.family, None, [], [],
-                                              0)
+                                              0, False)
     dq, dk, dv = torch.ops.flashjit.attention_backward(q, k, v, out, dout, lse, ctx.causal,
                                                        ctx.softmax_scale, ctx.deterministic)
     return (dq, dk, dv) + tuple(ctx.no_gradients[3:])

@@ -323,9 +323,11 @@ def _attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, softmax_scale: flo
                sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor], sink_tokens: int,
                family: Optional[str], user_functions: Optional[str],
                user_args: List[Optional[Tensor]], user_pointers: List[int],
-               block_mask: int, deterministic: bool = False) -> Tuple[Tensor, Tensor]:
+               block_mask: int, deterministic: bool) -> Tuple[Tensor, Tensor]:
     # deterministic is carried for the autograd formula (flashjit.backward), which runs
-    # flashjit::attention_backward with it.
+    # flashjit::attention_backward with it. No default value: torch 2.11's autograd wrapper
+    # (the dispatcher drops arguments equal to their defaults) then returned one gradient too
+    # many for the inputs' structure.
     out, lse = _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left,
                               window_right, softcap, sink_logits, alibi_slopes, sink_tokens, family,
                               user_functions, user_args, user_pointers, block_mask)
