@@ -120,11 +120,12 @@ struct BackwardArgs {
 }  // namespace
 
 TEST_CASE("backward matches the float64 reference: every head dim, causal or not, around tiles") {
-  // Lengths at, just under and just over the 64- and 128-row tiles, and a single token.
+  // A single token; lengths at, under and over a 64-row tile and over a 128-row one (the tiles
+  // are 32 to 128 rows and keys); several whole tiles and a ragged last one.
   std::vector<BackwardCase> cases;
   for (int d : {32, 64, 96, 128, 192, 256})
     for (bool causal : {false, true})
-      for (int s : {1, 63, 64, 65, 200, 384}) cases.push_back({1, 2, 2, s, s, d, causal});
+      for (int s : {1, 63, 64, 65, 129, 200, 384}) cases.push_back({1, 2, 2, s, s, d, causal});
   check_cases(cases, 100);
 }
 
@@ -166,17 +167,18 @@ TEST_CASE("backward: BHSD layout, fp16 at every head dim, batch > 1, an explicit
 }
 
 TEST_CASE("backward: the dK/dV tile shapes of smaller GPUs, forced on this one") {
-  // The tile table's 163 KB and 99 KB classes (A100, consumer parts) where they differ from
-  // Hopper's: fewer stages, narrower key tiles, 16-row query steps. Run here, their numerics are
-  // checked before any of those GPUs is at hand.
+  // The tile table's (src/families/bwd_mma/tiles.cpp) 163 KB and 99 KB classes (A100,
+  // consumer parts) where they differ from Hopper's: fewer stages, fewer keys per CTA, 16-row
+  // query steps. Run here, their numerics are checked before any of those GPUs is at hand.
   struct Forced {
     int head_dim;
     TileConfig tiles;
   };
   std::vector<BackwardCase> cases;
   for (const Forced& f :
-       {Forced{96, {64, 64, 1}}, Forced{192, {32, 64, 1}}, Forced{192, {32, 32, 1}},
-        Forced{256, {32, 64, 1}}, Forced{256, {16, 32, 1}}})
+       {Forced{64, {64, 64, 2}}, Forced{96, {64, 64, 1}}, Forced{128, {32, 64, 2}},
+        Forced{192, {32, 64, 1}}, Forced{192, {32, 32, 1}}, Forced{256, {32, 64, 1}},
+        Forced{256, {16, 32, 1}}})
     for (bool causal : {false, true}) {
       BackwardCase c{1, 2, 1, 100, 130, f.head_dim, causal};
       c.tiles = f.tiles;
