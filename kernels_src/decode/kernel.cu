@@ -394,19 +394,31 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     const int r = index / kVecs, c = index % kVecs * 8;
     const int row = row0 + r;
     if (row >= rows) continue;
+    float2 state[DecodeShape::kWarps];  // each warp's (max, sum) of the row
     float best = neg_inf();
 #pragma unroll
-    for (int w = 0; w < DecodeShape::kWarps; ++w) best = fmaxf(best, stats[(w * TileM + r) * 2]);
+    for (int w = 0; w < DecodeShape::kWarps; ++w) {
+      state[w] = *reinterpret_cast<const float2*>(stats + (w * TileM + r) * 2);
+      best = fmaxf(best, state[w].x);
+    }
     float total = 0.f, acc[8] = {};
 #pragma unroll
     for (int w = 0; w < DecodeShape::kWarps; ++w) {
-      const float m = stats[(w * TileM + r) * 2];
       const float weight =
-          m == neg_inf() ? 0.f : exp2_ftz((m - best) * p.scale_log2);
-      total += stats[(w * TileM + r) * 2 + 1] * weight;
+          state[w].x == neg_inf() ? 0.f : exp2_ftz((state[w].x - best) * p.scale_log2);
+      total += state[w].y * weight;
+      // 16-byte reads, the second half first in every other group of four threads: the eight
+      // threads of one shared-memory phase (32 bytes apart) then hit eight distinct 16-byte bank
+      // groups. Scalar reads here were 8-way bank conflicts: ~5 us per CTA at 32 rows, 2.3 % of
+      // a batch-64 speculative decode (docs/perf-log.md, session 12).
       const float* from = merged + (w * TileM + r) * kMergePitch + c;
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[e] += from[e] * weight;
+      const bool swap = (threadIdx.x / 4) % 2;
+      const float4 first = *reinterpret_cast<const float4*>(from + (swap ? 4 : 0));
+      const float4 second = *reinterpret_cast<const float4*>(from + (swap ? 0 : 4));
+      const float4 lo = swap ? second : first, hi = swap ? first : second;
+      acc[0] += lo.x * weight, acc[1] += lo.y * weight, acc[2] += lo.z * weight;
+      acc[3] += lo.w * weight, acc[4] += hi.x * weight, acc[5] += hi.y * weight;
+      acc[6] += hi.z * weight, acc[7] += hi.w * weight;
     }
     const int token = row / group;
     const int head = kv_head * group + row % group;
