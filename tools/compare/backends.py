@@ -133,6 +133,7 @@ class SdpaRunner:
         self.layout = None          # 'same' / 'bhsd'
         self.out = None             # output of the trial call, [b, h, s_q, d]
         self.fn = None
+        self.inputs = None          # (q, k, v) as passed to SDPA, [b, h, s, d]
 
         group = case.heads_q // case.heads_kv
         layouts = ["same", "bhsd"] if layout_mode == "same" else ["bhsd"]
@@ -170,6 +171,7 @@ class SdpaRunner:
                             reason = _warning_reasons(caught) or " ".join(str(e).split())[:400]
                             refusals.append(f"{attempt}: {reason}")
                             continue
+                    self.inputs = (qs, kx, vx)  # what SDPA was called on (the backward's)
                     self._accept(fn, out, layout, mask, kv_mode, layout_mode, refusals)
                     return
         self.error = " | ".join(refusals) or "refused"

@@ -2,6 +2,7 @@
 
 from dataclasses import dataclass, field
 
+from .backward_cases import BACKWARD_GRIDS, backward_grid, parse_backward_case
 from .checks import TOLERANCES
 from .masks import CAUSAL_WORDS, visible_pairs
 from .decode_cases import KV_GRIDS, parse_kv_case
@@ -130,17 +131,22 @@ def features_grid():
 GRIDS = {"standard": standard_grid, "features": features_grid}
 
 
-def build_cases(grids, case_texts, limit=None, kv=False):
-    """The cases of the named grids, then the --case ones. kv: also the KV-cache and varlen
-    grids and the kv:... and varlen:... spellings (decode_cases, varlen_cases; compare_sdpa
-    runs them, ab_compare does not)."""
+def build_cases(grids, case_texts, limit=None, kv=False, backward=None):
+    """The cases of the named grids, then the --case ones. kv: also the KV-cache, varlen and
+    backward grids and the kv:..., varlen:... and bwd:... spellings (decode_cases,
+    varlen_cases, backward_cases; compare_sdpa runs them, ab_compare does not). backward:
+    {'dtypes': [...], 'gqa_groups': [...]} for the backward grids (default bf16, MHA)."""
     cases = []
     for name in grids:
+        if kv and name in BACKWARD_GRIDS:
+            cases.extend(backward_grid(name, **(backward or {})))
+            continue
         cases.extend(GRIDS[name]() if name in GRIDS or not kv
                      else {**KV_GRIDS, **VARLEN_GRIDS}[name]())
     for text in case_texts:
         prefix = text.strip().lower().split(":", 1)[0] if kv else ""
-        parse = {"kv": parse_kv_case, "varlen": parse_varlen_case}.get(prefix)
+        parse = {"kv": parse_kv_case, "varlen": parse_varlen_case,
+                 "bwd": parse_backward_case}.get(prefix)
         cases.append(parse(text.strip()) if parse else parse_case(text))
     if not cases:
         cases = standard_grid()

@@ -10,6 +10,10 @@ import flashjit_ctypes as fj
 
 from . import selftest
 from .backends import select_variant
+from .backward_backends import backward_variant_picks
+from .backward_cases import (BACKWARD_GRIDS, DETERMINISTIC_MODES, backward_configs,
+                             is_backward_case, parse_list)
+from .backward_checks import GRADIENT_TOLERANCES
 from .cases import GRIDS, build_cases, parse_families
 from .checks import DEFAULT_CHECK_BUDGET, LSE_TOLERANCE, TOLERANCES
 from .decode_backends import kv_variant_picks
@@ -32,21 +36,40 @@ def build_parser():
         epilog="Example: LD_LIBRARY_PATH=.devpack python3 tools/compare_sdpa.py "
                "--lib .devpack/libflashjit.so.0 --grid standard --out out/compare")
     p.add_argument("--grid", action="append",
-                   choices=sorted(GRIDS) + sorted(KV_GRIDS) + sorted(VARLEN_GRIDS),
+                   choices=sorted(GRIDS) + sorted(KV_GRIDS) + sorted(VARLEN_GRIDS)
+                   + sorted(BACKWARD_GRIDS),
                    default=[], help="case set (repeatable); standard when neither --grid nor "
                    "--case is given; decode, decode-dense and paged are the KV-cache cases "
                    "(vs SDPA cuDNN, SDPA flash and FlashAttention-4); varlen a packed prefill "
                    "batch of 16 lengths (flashjit_forward_varlen vs FA4's varlen call, and both "
-                   "dense on an equal-length batch of the same work)")
+                   "dense on an equal-length batch of the same work); backward the backward "
+                   "pass alone on the standard grid's shapes (flashjit vs SDPA cuDNN, SDPA flash "
+                   "and FA4; --bwd-* below), backward-quick 6 of them")
     p.add_argument("--case", action="append", default=[], metavar="B,HQ,HKV,SQ,SK,D,CAUSAL,DTYPE,LAYOUT",
                    help="one explicit case (repeatable), e.g. 2,32,8,4096,4096,128,1,bf16,bshd; "
                         "a KV case: kv:B,HQ,HKV,SQ,SK,D,CAUSAL[,DTYPE[,dense|nhdN|hndN]], e.g. "
                         "kv:64,32,8,1,8192,128,0,bf16,nhd64; a varlen case: "
                         "varlen:B,HQ,HKV,D,CAUSAL[,DTYPE[,LO-HI[@SEED]|L1/L2/...]], e.g. "
-                        "varlen:16,32,8,128,1,bf16,128-8192@6")
+                        "varlen:16,32,8,128,1,bf16,128-8192@6; a backward case: "
+                        "bwd:B,HQ,HKV,SQ,SK,D,CAUSAL[,DTYPE], e.g. bwd:4,32,8,4096,4096,128,1")
     p.add_argument("--family", default="auto",
                    help="auto (dispatcher's pick, default), all (every family in the library, "
                         "each forced), or a comma list")
+    p.add_argument("--bwd-family", default="auto",
+                   help="backward cases: flashjit's dK/dV families to time, a comma list of auto "
+                        "(the dispatcher's, default) and backward families (flashjit "
+                        "families --backward), each optionally @MxNxS (a forced tile shape), "
+                        "e.g. auto,bwd_mma,bwd_wgmma@64x128x2: one row each, A/B in one run")
+    p.add_argument("--deterministic", choices=sorted(DETERMINISTIC_MODES), default="off",
+                   help="backward cases: flashjit's deterministic mode off (default: dQ by "
+                        "atomics where the family uses them), on, or both (each --bwd-family "
+                        "entry twice, '+det' the deterministic one)")
+    p.add_argument("--bwd-dtype", default="bf16",
+                   help="backward grids: dtypes, a comma list of bf16 and fp16 (default bf16)")
+    p.add_argument("--bwd-gqa", default="1",
+                   help="backward grids: GQA group sizes (heads_q / heads_kv), a comma list "
+                        "(default 1: MHA), e.g. 1,4; a group that does not divide a shape's "
+                        "heads leaves that shape out")
     p.add_argument("--lib", help="libflashjit path (default $FLASHJIT_LIBRARY, else build/libflashjit.so)")
     p.add_argument("--cache-dir", help="flashjit kernel cache directory (default: flashjit's own)")
     p.add_argument("--out", help="directory for results.json, table.txt and the PNG plots")
@@ -104,7 +127,12 @@ def parse_args(parser, argv=None):
     (choose_families)."""
     args = parser.parse_args(argv)
     try:
-        args.cases = build_cases(args.grid, args.case, args.limit, kv=True)
+        backward = {"dtypes": parse_list(args.bwd_dtype, "--bwd-dtype", tuple(TOLERANCES)),
+                    "gqa_groups": parse_list(args.bwd_gqa, "--bwd-gqa", cast=int)}
+        if min(backward["gqa_groups"]) < 1:
+            raise ValueError(f"--bwd-gqa {args.bwd_gqa!r}: group sizes are >= 1")
+        args.cases = build_cases(args.grid, args.case, args.limit, kv=True, backward=backward)
+        args.backward_configs = backward_configs(args.bwd_family, args.deterministic)
     except ValueError as e:
         parser.error(str(e))
     if args.reps < 1 or args.min_reps < 1 or args.warmup < 0:
@@ -117,11 +145,14 @@ def parse_args(parser, argv=None):
     return args
 
 
-def choose_families(parser, args, ladder):
+def choose_families(parser, args, ladder, backward_families=None):
     """args.families from --family; ladder: the families of the library (or the self-test's
-    made-up one), slowest first."""
+    made-up one), slowest first. backward_families: the library's (flashjit_family_is_backward),
+    which --bwd-family is checked against; None: not checked (no library)."""
     try:
         args.families = parse_families(args.family, ladder)
+        args.backward_configs = backward_configs(args.bwd_family, args.deterministic,
+                                                 backward_families)
     except ValueError as e:
         parser.error(str(e))
 
@@ -149,10 +180,12 @@ def main(argv=None):
     try:
         lib = fj.Flashjit(fj.find_library(args.lib))
         ladder = tuple(reversed(lib.families()))  # the optimization ladder, first kernel first
+        backward_families = lib.backward_families()
     except fj.FlashjitLoadError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    choose_families(parser, args, ladder)
+    choose_families(parser, args, ladder,
+                    backward_families if any(map(is_backward_case, args.cases)) else None)
     if args.dry_run:
         return dry_run(args, lib, torch)
     return measure(args, lib, ladder, torch, start)
@@ -160,7 +193,8 @@ def main(argv=None):
 
 def print_cases(cases, out=print):
     out(f"{len(cases)} cases  (TFLOP per call: 4*b*h*s_q*s_k*d, halved for causal; KV and "
-        "varlen cases: 4*d*h_q per (query, key) pair the bottom-right mask lets through)")
+        "varlen cases: 4*d*h_q per (query, key) pair the bottom-right mask lets through; "
+        "backward cases: 2.5x the forward's)")
     w = max([42] + [len(c.label()) for c in cases])
     out(f"{'#':>3}  {'case':{w}}  {'--case spelling':40}  {'group':8}  {'TFLOP':>7}")
     for i, c in enumerate(cases):
@@ -209,6 +243,7 @@ def measure(args, lib, ladder, torch, start):
     env = environment(lib, args.device)
     print_preamble(out, env, args)
     ctx = {"args": args, "engine": engine, "families": args.families, "ladder": ladder,
+           "backward_configs": args.backward_configs,
            "deadline": start + args.deadline, "fa4_off": fa4_off_reason(args),
            **pick_variants(engine, args)}
     print_fa4_line(out, env, args, ctx["fa4_off"])
@@ -217,10 +252,11 @@ def measure(args, lib, ladder, torch, start):
 
     document = {"schema": SCHEMA, "environment": env, "settings": run_settings(args),
                 "compile": compile_info, "cases": [], "kv_cases": [], "varlen_cases": [],
-                "summary": None}
-    results, kv_results, varlen_results = run_cases(ctx, out, out_dir, document)
+                "backward_cases": [], "summary": None}
+    results, kv_results, varlen_results, backward_results = run_cases(ctx, out, out_dir,
+                                                                      document)
     summary = finish_report(ctx, results, kv_results, document, out, out_dir, start,
-                            varlen_results)
+                            varlen_results, backward_results)
     engine.close()
     return 1 if summary["failed_checks_total"] else 0
 
@@ -251,6 +287,10 @@ def run_settings(args):
             "deadline_s": args.deadline, "hbm_tbs": args.hbm_tbs,
             "num_splits": args.num_splits, "burst_ms": args.burst_ms,
             "min_calls": args.min_calls, "fa4": not args.no_fa4,
+            "backward": {"configs": args.backward_configs, "bwd_family": args.bwd_family,
+                         "deterministic": args.deterministic, "dtypes": args.bwd_dtype,
+                         "gqa_groups": args.bwd_gqa, "gradient_tolerances": GRADIENT_TOLERANCES,
+                         "flop_factor": 2.5},
             "reference": "float32 torch ops (matmul without TF32, logsumexp, softmax), "
                          "bottom-right causal mask, on the same bf16/fp16 inputs; first chunk "
                          "cross-checked against SDPA's math backend in fp32"}
@@ -277,6 +317,17 @@ def print_preamble(out, env, args):
             f"floor = (K+V bytes / {args.hbm_tbs:g} TB/s) / time; x best = best peer's time / "
             "flashjit's (> 1: flashjit faster); SDPA only with the bottom-right mask; FA4 "
             f"{env.get('flash_attn_4') or 'not found'} (CuTe DSL {env.get('cutlass_dsl')})")
+    if any(is_backward_case(c) for c in args.cases):
+        out("backward cases: the backward alone, from each implementation's own forward (run "
+            "once, not timed): flashjit_backward through the binding (its out and LSE; "
+            f"configurations {', '.join(args.backward_configs)}), SDPA cuDNN and flash and FA4 "
+            "through torch.autograd.grad(out, inputs, dout, retain_graph=True); bursts as the "
+            f"KV cases' (as many calls as fill {args.burst_ms:g} ms, at least 1) interleaved "
+            f"round-robin, median of {args.reps}; TFLOPS at 2.5x the forward's FLOPs (causal "
+            "halved); x best = the faster of cuDNN and FA4 / flashjit (> 1: flashjit faster); "
+            "check: dq, dk, dv vs autograd of fp32 math attention, max |err| / max |ref| <= "
+            f"{GRADIENT_TOLERANCES['bf16']:g} (bf16) / {GRADIENT_TOLERANCES['fp16']:g} (fp16); "
+            "flashjit's gradients and workspace poisoned before its checked call")
     if any(is_varlen_case(c) for c in args.cases):
         out("varlen cases: flashjit_forward_varlen and FA4 flash_attn_varlen_func on the packed "
             "batch, flashjit and FA4 dense on its dense twin (b x round(sqrt(mean L^2)), about "
@@ -291,7 +342,7 @@ def fa4_off_reason(args):
     flash_attn.cute not importable (tried once, here; the reason ends with FA4_HELP)."""
     if args.no_fa4:
         return NO_FA4
-    if not any(kind_of(c) == "attention" for c in args.cases):
+    if not any(kind_of(c) in ("attention", "backward") for c in args.cases):
         return None
     return load_fa4()[1]
 
@@ -299,7 +350,7 @@ def fa4_off_reason(args):
 def print_fa4_line(out, env, args, off):
     """The dense grids' FA4 line above the table: how it is called and timed, or, once for the
     whole column, why it is off."""
-    if not any(kind_of(c) == "attention" for c in args.cases):
+    if not any(kind_of(c) in ("attention", "backward") for c in args.cases):
         return
     if off:
         out("FA4 column: " + (off if off.startswith("off") else f"off, {off}"))
@@ -319,6 +370,8 @@ def case_picks(engine, case, args):
         return kv_variant_picks(engine, case, args.families, args.num_splits)
     if is_varlen_case(case):
         return varlen_variant_picks(engine, case, args.families)
+    if is_backward_case(case):
+        return backward_variant_picks(engine, case, args.backward_configs)
     return {f: select_variant(engine, case, f) for f in args.families}
 
 
@@ -327,7 +380,7 @@ def pick_variants(engine, args):
     variants, auto_family = {}, {}
     for case in args.cases:
         variants[case.key()] = case_picks(engine, case, args)
-        if is_kv_case(case) or is_varlen_case(case):
+        if is_kv_case(case) or is_varlen_case(case) or is_backward_case(case):
             continue
         auto_variant, _ = select_variant(engine, case, "auto")
         auto_family[case.key()] = auto_variant.split(".")[0] if auto_variant else None
@@ -335,8 +388,12 @@ def pick_variants(engine, args):
 
 
 def precompile_variants(lib, ctx, out):
-    """Compiles every distinct variant the run needs, in parallel, before anything is timed."""
-    names = sorted({v for picks in ctx["variants"].values() for v, _ in picks.values() if v})
+    """Compiles every distinct variant the run needs, in parallel, before anything is timed.
+    The backward cases' are left to their first (untimed) call: a dK/dV variant name does not
+    name the dQ and row kernels that run with it."""
+    backward = {c.key() for c in ctx["args"].cases if is_backward_case(c)}
+    names = sorted({v for key, picks in ctx["variants"].items() if key not in backward
+                    for v, _ in picks.values() if v})
     info = {"variants": names, "seconds": None, "error": None}
     if not names:
         return info

@@ -1,15 +1,20 @@
-"""The run over all cases: each case in turn (attention, KV or varlen), a crash kept as its
-error, results.json rewritten as cases finish; then the summaries, the plots and table.txt."""
+"""The run over all cases: each case in turn (attention, KV, varlen or backward), a crash kept
+as its error, results.json rewritten as cases finish; then the summaries, the plots and
+table.txt."""
 
 import time
 import traceback
 
 from . import gpu
+from .backward_cases import is_backward_case
+from .backward_report import (backward_case_rows, backward_summarize, backward_summary_lines,
+                              backward_table_header, write_backward_csv)
 from .decode_cases import is_kv_case
 from .decode_report import kv_case_rows, kv_summarize, kv_summary_line
 from .plots import plot_results
 from .report import (case_rows, fmt_num, format_row, short, summarize, summary_lines,
                      table_header, write_json)
+from .run_backward import run_backward_case
 from .run_case import case_entry, run_case
 from .run_decode import run_kv_case
 from .run_varlen import run_varlen_case
@@ -19,46 +24,53 @@ from .varlen_report import varlen_case_rows, varlen_summarize, varlen_summary_li
 # kind: (run it, its table lines, the empty cells of a skipped or crashed entry)
 KINDS = {"attention": (run_case, case_rows, lambda: {"flashjit": {}, "sdpa": {}, "fa4": None}),
          "kv": (run_kv_case, kv_case_rows, lambda: {"impls": {}}),
-         "varlen": (run_varlen_case, varlen_case_rows, lambda: {"impls": {}})}
-DOCUMENT_KEYS = {"attention": "cases", "kv": "kv_cases", "varlen": "varlen_cases"}
+         "varlen": (run_varlen_case, varlen_case_rows, lambda: {"impls": {}}),
+         "backward": (run_backward_case, backward_case_rows, lambda: {"impls": {}})}
+DOCUMENT_KEYS = {"attention": "cases", "kv": "kv_cases", "varlen": "varlen_cases",
+                 "backward": "backward_cases"}
+# The kinds whose cases share one table (its header above the first case's rows); the others
+# print a small table per case.
+TABLE_HEADERS = {"attention": table_header, "backward": backward_table_header}
 
 
 def kind_of(case):
+    if is_backward_case(case):
+        return "backward"
     return "kv" if is_kv_case(case) else "varlen" if is_varlen_case(case) else "attention"
 
 
 def run_cases(ctx, out, out_dir, document):
     """Every case in turn, its rows printed and results.json rewritten as it finishes; a case
     after the deadline, or after the CUDA context died, is listed as skipped. Returns the
-    entries of the attention, KV and varlen cases (results.json: cases, kv_cases,
-    varlen_cases)."""
+    entries of the attention, KV, varlen and backward cases (results.json: cases, kv_cases,
+    varlen_cases, backward_cases)."""
     args = ctx["args"]
     entries = {kind: [] for kind in KINDS}
     aborted = None
     for index, case in enumerate(args.cases):
         kind = kind_of(case)
         _, rows, empty = KINDS[kind]
-        if kind == "attention" and not entries["attention"]:
+        if kind in TABLE_HEADERS and not entries[kind]:
             out()
-            for line in table_header():  # above the first attention case's rows
+            for line in TABLE_HEADERS[kind]():  # above the first such case's rows
                 out(line)
         if aborted or time.monotonic() > ctx["deadline"]:
             why = aborted or f"deadline ({args.deadline:g} s) reached"
             r = case_entry(index, case, **empty(), skipped=why, notes=[f"skipped: {why}"])
             entries[kind].append(r)
-            out(rows(r)[0] if kind != "attention"
-                else format_row([str(index), case.label(), "", "skip"]))
+            out(format_row([str(index), case.label(), "", "skip"]) if kind == "attention"
+                else rows(r)[0])
             continue
         r, aborted = run_guarded(index, case, ctx)
         entries[kind].append(r)
-        if kind != "attention":
+        if kind not in TABLE_HEADERS:
             out()
         for line in rows(r):
             out(line)
         if out_dir:
             document.update({DOCUMENT_KEYS[k]: v for k, v in entries.items()})
             write_json(out_dir / "results.json", document)
-    return entries["attention"], entries["kv"], entries["varlen"]
+    return entries["attention"], entries["kv"], entries["varlen"], entries["backward"]
 
 
 def run_guarded(index, case, ctx):
@@ -79,8 +91,10 @@ def run_guarded(index, case, ctx):
         return r, None
 
 
-def finish_report(ctx, results, kv_results, document, out, out_dir, start, varlen_results=()):
-    """Summary, the final results.json, the plots and table.txt; returns the summary."""
+def finish_report(ctx, results, kv_results, document, out, out_dir, start, varlen_results=(),
+                  backward_results=()):
+    """Summary, the final results.json, the plots, table.txt (and backward.csv); returns the
+    summary."""
     families = ctx["families"]
     summary = summarize(results, families, ctx.get("fa4_off"))
     if kv_results:
@@ -89,13 +103,18 @@ def finish_report(ctx, results, kv_results, document, out, out_dir, start, varle
     if varlen_results:
         summary["varlen"] = varlen_summarize(varlen_results)
         summary["failed_checks_total"] += summary["varlen"]["failed_checks"]
+    if backward_results:
+        summary["backward"] = backward_summarize(backward_results, ctx.get("fa4_off"))
+        summary["failed_checks_total"] += summary["backward"]["failed_checks"]
     compile_info = document["compile"]
     first_calls = sum(c.get("first_call_ms", 0) for r in results for c in r["flashjit"].values())
-    first_calls += sum(c.get("first_call_ms", 0) for r in (*kv_results, *varlen_results)
+    first_calls += sum(c.get("first_call_ms", 0)
+                       for r in (*kv_results, *varlen_results, *backward_results)
                        for c in r["impls"].values() if c.get("first_call_ms"))
     compile_info["first_calls_ms"] = first_calls
     document["cases"], document["kv_cases"] = results, kv_results
     document["varlen_cases"] = list(varlen_results)
+    document["backward_cases"] = list(backward_results)
     document["summary"] = summary
     wall = time.monotonic() - start
     document["wall_s"] = wall
@@ -109,11 +128,16 @@ def finish_report(ctx, results, kv_results, document, out, out_dir, start, varle
                     f"flashjit {env['flashjit']}")
         written = plot_results(results, families, ctx["ladder"], out_dir, subtitle) \
             if results else []
+        if backward_results:
+            write_backward_csv(out_dir / "backward.csv", backward_results)
+            written.append(str(out_dir / "backward.csv"))
         out(f"wrote {out_dir / 'results.json'}" + "".join(f", {w}" for w in written))
     if kv_results:
         out(kv_summary_line(summary["kv"]))
     if varlen_results:
         out(varlen_summary_line(summary["varlen"]))
+    for line in backward_summary_lines(summary["backward"]) if backward_results else []:
+        out(line)
     for line in summary_lines(summary, families, compile_info, wall) if results else []:
         out(line)
     if not results:

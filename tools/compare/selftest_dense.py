@@ -205,7 +205,7 @@ def dense_rehearsal(args, out):
                "variants": {c.key(): {"auto": select_variant(engine, c, "auto")}
                             for c in cases},
                "auto_family": {c.key(): "torch" for c in cases}}
-        entries, _, _ = run_cases(ctx, out, None, {"cases": []})
+        entries, _, _, _ = run_cases(ctx, out, None, {"cases": []})
         q, k, v = make_inputs(cases[1], 0)
         copied = Fa4Runner(cases[1], types.SimpleNamespace(q=q, k=k, v=v), 0.1,
                            module=fake_dense_fa4(strict_calls, strict=True))

@@ -212,7 +212,7 @@ def cpu_rehearsal(args):
         ctx = {"args": run_args, "engine": engine, "families": families, "timer": CpuTimer(),
                "deadline": time.monotonic() + 120,
                "variants": {c.key(): kv_variant_picks(engine, c, families) for c in cases}}
-        _, kv, _ = run_cases(ctx, args.rehearsal_out, None, {"cases": []})
+        _, kv, _, _ = run_cases(ctx, args.rehearsal_out, None, {"cases": []})
     problems = []
     for r in kv:
         cells = r["impls"]

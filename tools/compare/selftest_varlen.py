@@ -234,7 +234,7 @@ def varlen_rehearsal(args, out):
         ctx = {"args": run_args, "engine": engine, "families": families, "timer": CpuTimer(),
                "deadline": time.monotonic() + 120,
                "variants": {c.key(): varlen_variant_picks(engine, c, families) for c in cases}}
-        _, _, entries = run_cases(ctx, out, None, {"cases": []})
+        _, _, entries, _ = run_cases(ctx, out, None, {"cases": []})
         problems += engine.problems
         old = TorchVarlenEngine(has_varlen=False)
         ctx_old = dict(ctx, engine=old, families=["auto"],
