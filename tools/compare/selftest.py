@@ -4,18 +4,23 @@ FA4's dense bookkeeping (selftest_dense: skip rows, ratios, geomeans, best-peer 
 column off) is checked on made-up timings every time, and with dense cases a CPU rehearsal of
 run_case with a torch engine and FA4 stand-in runs too. KV cases (selftest_kv) add their
 report, the binding's struct layouts and a CPU rehearsal; varlen cases (selftest_varlen) their
-report and a CPU rehearsal of their own."""
+report and a CPU rehearsal of their own; backward cases (selftest_backward) their report and the
+backward bookkeeping."""
 
 import math
 import random
 
 from pathlib import Path
 
+from .backward_cases import is_backward_case
+from .backward_report import (backward_case_rows, backward_summarize, backward_summary_lines,
+                              backward_table_header, write_backward_csv)
 from .decode_cases import is_kv_case
 from .decode_report import kv_case_rows, kv_summarize, kv_summary_line
 from .report import SCHEMA, Output, case_rows, summarize, summary_lines, table_header, write_json
 from .plots import plot_results
 from .run_case import add_ratios, case_entry, impl_cell
+from .selftest_backward import check_backward_bookkeeping, synthetic_backward_results
 from .selftest_dense import check_fa4_bookkeeping, dense_rehearsal
 from .selftest_kv import check_binding_layout, cpu_rehearsal, synthetic_kv_results
 from .selftest_varlen import synthetic_varlen_results, varlen_rehearsal
@@ -102,8 +107,10 @@ def selftest_report(out_dir, args):
     out = Output()
     kv_cases = [c for c in args.cases if is_kv_case(c)]
     varlen_cases = [c for c in args.cases if is_varlen_case(c)]
+    backward_cases = [c for c in args.cases if is_backward_case(c)]
     results = synthetic_results([c for c in args.cases if not is_kv_case(c)
-                                 and not is_varlen_case(c)], args.families)
+                                 and not is_varlen_case(c) and not is_backward_case(c)],
+                                args.families)
     for line in table_header() if results else []:
         out(line)
     for r in results:
@@ -118,6 +125,12 @@ def selftest_report(out_dir, args):
     for r in varlen_results:
         out()
         for line in varlen_case_rows(r):
+            out(line)
+    backward_results = synthetic_backward_results(backward_cases, args.backward_configs)
+    for line in ([""] + backward_table_header()) if backward_results else []:
+        out(line)
+    for r in backward_results:
+        for line in backward_case_rows(r):
             out(line)
     summary = summarize(results, args.families)
     verdicts = [check_binding_layout(Path(__file__).resolve().parents[2] / "include"),
@@ -139,9 +152,16 @@ def selftest_report(out_dir, args):
         ok, rehearsed, message = varlen_rehearsal(args, out)
         verdicts.append((ok, message))
         summary["varlen_rehearsal"] = varlen_summarize(rehearsed) if rehearsed else None
+    if backward_cases:
+        summary["backward"] = backward_summarize(backward_results)
+        for line in backward_summary_lines(summary["backward"]):
+            out(line)
+        write_backward_csv(out_dir / "backward.csv", backward_results)
+        verdicts.append(check_backward_bookkeeping(out_dir))
     document = {"schema": SCHEMA, "environment": {"synthetic": True}, "settings": {},
                 "compile": {"seconds": 3.2}, "cases": results, "kv_cases": kv_results,
-                "varlen_cases": varlen_results, "summary": summary}
+                "varlen_cases": varlen_results, "backward_cases": backward_results,
+                "summary": summary}
     write_json(out_dir / "results.json", document)
     written = plot_results(results, args.families, LADDER, out_dir,
                            "synthetic numbers (self-test)")
