@@ -7,7 +7,9 @@ reference computed with torch on the same inputs; then flashjit, SDPA-cuDNN, SDP
 when flash_attn.cute imports (--no-fa4: not), FA4 timed with CUDA events, repetitions
 interleaved round-robin, medians compared (x FA4, and x best: the faster of cuDNN and FA4).
 The KV-cache grids (--grid decode, decode-dense, paged) add paged caches, timed in bursts of
-back-to-back calls, against the HBM floor.
+back-to-back calls, against the HBM floor. --grid backward (backward-quick) times the backward
+pass alone (flashjit_backward vs SDPA cuDNN, SDPA flash and FA4 through autograd, in bursts),
+gradients checked against fp32 autograd; --bwd-family and --deterministic A/B flashjit's.
 
     LD_LIBRARY_PATH=.devpack python3 tools/compare_sdpa.py --lib .devpack/libflashjit.so.0 \
         --grid standard --out $OUT/compare

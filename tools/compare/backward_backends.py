@@ -79,7 +79,9 @@ class FlashjitBackwardRunner:
         self.engine = engine
         q, k, v = inputs.detached()
         self.dq, self.dk, self.dv = (torch.empty_like(t) for t in (q, k, v))
-        self.views = _views((q, k, v, forward.out, inputs.dout))
+        # The structs hold raw pointers: keep what they point at alive with the runner.
+        self.forward, self.tensors = forward, (q, k, v, forward.out, inputs.dout)
+        self.views = _views(self.tensors)
         self.grad_views = _views((self.dq, self.dk, self.dv))
         self.lse = forward.lse.data_ptr()
         self.options = engine.backward_options(case.causal, scale, det, family, tiles)

@@ -59,7 +59,7 @@ class BackwardCase:
         return {"batch": self.batch, "heads_q": self.heads_q, "heads_kv": self.heads_kv,
                 "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "head_dim": self.head_dim,
                 "causal": self.causal, "dtype": self.dtype, "layout": self.layout,
-                "group": self.group, "pass": "backward"}
+                "group": self.group, "kind": "backward"}
 
 
 def is_backward_case(case):

@@ -58,8 +58,8 @@ def reference_gradients(case, q, k, v, dout, scale, b, h):
     import torch
     g = case.heads_q // case.heads_kv
     heads = slice(h * g, (h + 1) * g)
-    kf = k[b, :, h].detach().float().unsqueeze(0).requires_grad_(True)  # [1, s_k, d]
-    vf = v[b, :, h].detach().float().unsqueeze(0).requires_grad_(True)
+    kf = k[b, :, h].float().unsqueeze(0).detach().requires_grad_(True)  # [1, s_k, d]
+    vf = v[b, :, h].float().unsqueeze(0).detach().requires_grad_(True)
     qall = q[b, :, heads].detach().float().permute(1, 0, 2)               # [g, s_q, d]
     doall = dout[b, :, heads].detach().float().permute(1, 0, 2)
     rows = max(1, REFERENCE_CHUNK // (g * case.seqlen_k))
