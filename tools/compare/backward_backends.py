@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import flashjit_ctypes as fj
 
 from . import gpu
-from .backends import SdpaRunner, fake_view, make_inputs
+from .backends import FlashjitRunner, SdpaRunner, fake_view, make_inputs
 from .backward_cases import parse_config
 from .fa4 import Fa4Runner, refusal
 
@@ -59,7 +59,6 @@ class FlashjitForward:
     dispatcher's family; not timed)."""
 
     def __init__(self, engine, case, inputs, scale):
-        from .backends import FlashjitRunner
         q, k, v = inputs.detached()
         self.runner = FlashjitRunner(engine, case, q, k, v, "auto", scale)
         self.runner()
