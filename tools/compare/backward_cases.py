@@ -4,25 +4,16 @@
 
 from dataclasses import dataclass, field
 
-from .checks import TOLERANCES
-from .masks import CAUSAL_WORDS, visible_pairs
+from .case import Case, parse_shape
 
 # A backward costs 2.5 forwards (FlashAttention's convention: 5 GEMMs of the forward's 2).
 BACKWARD_FLOP_FACTOR = 2.5
 
 
 @dataclass(frozen=True)
-class BackwardCase:
-    batch: int
-    heads_q: int
-    heads_kv: int
-    seqlen_q: int
-    seqlen_k: int
-    head_dim: int
-    causal: bool  # bottom-right aligned (FlashAttention's), as in every flashjit call
-    dtype: str = "bf16"
+class BackwardCase(Case):
+    """A dense case's problem, differentiated: contiguous BSHD q, k, v, out, dout and gradients."""
     group: str = field(default="backward", compare=False)
-    layout = "bshd"  # q, k, v, out, dout and the gradients: contiguous [b, s, h, d]
 
     def key(self):
         """The --case spelling: bwd:b,hq,hkv,sq,sk,d,causal,dtype."""
@@ -36,30 +27,18 @@ class BackwardCase:
                 + (" causal" if self.causal else ""))
 
     def forward_flops(self):
-        """4*b*h*s_q*s_k*d, halved for causal: the forward grids' count."""
-        f = 4 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
-        return f // 2 if self.causal else f
+        """The forward grids' count (Case.flops)."""
+        return super().flops()
 
     def flops(self):
         """What TFLOPS uses: 2.5x the forward's FLOPs (causal halves them)."""
         return int(BACKWARD_FLOP_FACTOR * self.forward_flops())
 
-    def visible_pairs(self):
-        return visible_pairs(self.seqlen_q, self.seqlen_k, self.causal)
-
     def flops_exact(self):
-        return int(BACKWARD_FLOP_FACTOR * 4 * self.batch * self.heads_q * self.visible_pairs()
-                   * self.head_dim)
-
-    def causal_aligned_same(self):
-        """Whether top-left (PyTorch is_causal) and bottom-right (ours) masks coincide."""
-        return not self.causal or self.seqlen_q == self.seqlen_k
+        return int(BACKWARD_FLOP_FACTOR * super().flops_exact())
 
     def fields(self):
-        return {"batch": self.batch, "heads_q": self.heads_q, "heads_kv": self.heads_kv,
-                "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "head_dim": self.head_dim,
-                "causal": self.causal, "dtype": self.dtype, "layout": self.layout,
-                "group": self.group, "kind": "backward"}
+        return {**super().fields(), "kind": "backward"}
 
 
 def is_backward_case(case):
@@ -74,18 +53,8 @@ def parse_backward_case(text):
     parts = [p.strip() for p in body.split(",")]
     if not 7 <= len(parts) <= 8:
         raise ValueError(usage)
-    try:
-        b, hq, hkv, sq, sk, d = (int(p) for p in parts[:6])
-    except ValueError:
-        raise ValueError(usage) from None
-    if parts[6].lower() not in CAUSAL_WORDS:
-        raise ValueError(f"{usage}; causal is 0/1/true/false, got {parts[6]!r}")
-    dtype = parts[7].lower() if len(parts) > 7 else "bf16"
-    if dtype not in TOLERANCES:
-        raise ValueError(f"{usage}; dtype is bf16 or fp16, got {dtype!r}")
-    if min(b, hq, hkv, sq, sk, d) <= 0 or hq % hkv:
-        raise ValueError(f"{usage}; sizes must be positive and hq a multiple of hkv")
-    return BackwardCase(b, hq, hkv, sq, sk, d, CAUSAL_WORDS[parts[6].lower()], dtype, "case")
+    b, hq, hkv, sq, sk, d, causal, dtype = parse_shape(parts, usage)
+    return BackwardCase(b, hq, hkv, sq, sk, d, causal, dtype, group="case")
 
 
 # (head_dim, causal, seqlen) of each grid, in run order: long sequences last in each head dim,
@@ -112,7 +81,7 @@ def backward_grid(name, dtypes=("bf16",), gqa_groups=(1,)):
                 group = "bwd" + (f"-g{g}" if g > 1 else "") + \
                     (f"-{dtype}" if dtype != "bf16" else "")
                 cases.append(BackwardCase(16384 // s, heads, heads // g, s, s, d, causal, dtype,
-                                          group))
+                                          group=group))
     return cases
 
 

@@ -1,10 +1,8 @@
 """Correctness of the backward: dq, dk, dv against float32 reference gradients on the same
 inputs, computed by autograd through the math attention in float32."""
 
-import math
-
 from . import gpu
-from .checks import REFERENCE_CHUNK, ieee_fp32_matmul
+from .checks import REFERENCE_CHUNK, DiffStats, ieee_fp32_matmul
 
 # Bounds on max |g - ref| / max |ref| per gradient: those of the C++ GPU tests
 # (tests/reference/compare_backward.hpp, kGradientTolerance*), so the harness and the test suite
@@ -77,36 +75,14 @@ def reference_gradients(case, q, k, v, dout, scale, b, h):
     return dq.permute(1, 0, 2), dk, dv
 
 
-class GradientStats:
-    """Accumulated error of one gradient against the reference over the checked heads."""
-
-    def __init__(self, dtype):
-        self.dtype = dtype
-        self.max_abs = self.max_ref = self.sq_diff = self.sq_ref = 0.0
-        self.nonfinite = self.elements = 0
-
-    def add(self, ours, ref):
-        import torch
-        ours = ours.float()
-        finite = torch.isfinite(ours)
-        bad = int((~finite).sum().item())
-        diff = ours - ref
-        if bad:
-            self.nonfinite += bad
-            diff = torch.where(finite, diff, torch.zeros_like(diff))
-        self.sq_diff += float(diff.double().pow(2).sum().item())
-        self.sq_ref += float(ref.double().pow(2).sum().item())
-        if diff.numel():
-            self.max_abs = max(self.max_abs, float(diff.abs().max().item()))
-            self.max_ref = max(self.max_ref, float(ref.abs().max().item()))
-        self.elements += ours.numel()
+class GradientStats(DiffStats):
+    """DiffStats of one gradient over the checked heads, judged by max error / max |ref|."""
 
     def result(self):
         """max_abs_err / max|ref| (what the bound applies to; a reference of zeros: the error
         itself), the relative L2 error (for information), non-finite count, pass."""
         rel_max = self.max_abs / self.max_ref if self.max_ref > 0 else self.max_abs
-        rel_l2 = math.sqrt(self.sq_diff / self.sq_ref) if self.sq_ref > 0 else (
-            0.0 if self.sq_diff == 0 else float("inf"))
+        rel_l2 = self.rel_l2()
         bound = GRADIENT_TOLERANCES[self.dtype]
         return {"rel_max_err": rel_max, "max_abs_err": self.max_abs, "max_abs_ref": self.max_ref,
                 "rel_l2_err": rel_l2, "nonfinite": self.nonfinite, "elements": self.elements,

@@ -5,7 +5,7 @@ configuration), its lines, and backward.csv."""
 import csv
 
 from .case_table import count_outputs
-from .report import fmt_num, geomean, short
+from .report import fmt_num, geomean, peer_tflops, short
 from .run_backward import LABELS, PEERS, is_ours, label
 
 COLUMNS = [  # (title, width, align)
@@ -51,14 +51,6 @@ def _check_word(cell):
     return "-" if chk is None else ("pass" if chk["pass"] else "FAIL")
 
 
-def _peer_tflops(cell):
-    if cell is None:
-        return "-"
-    if cell["status"] != "ok":
-        return {"n/a": "skip"}.get(cell["status"], cell["status"])
-    return fmt_num(cell.get("tflops"), ".1f")
-
-
 def _row(r, i, name):
     cell = r["impls"].get(name)
     chk = (cell or {}).get("check") or {}
@@ -76,7 +68,7 @@ def _row(r, i, name):
         err["dq"], err["dk"], err["dv"],
         fmt_num(cell["median_us"] / 1e3, ".3f") if timed else ("-" if ok or not cell else "n/a"),
         fmt_num(cell.get("tflops"), ".1f") if timed else "-",
-        *[_peer_tflops(peers.get(p)) if first else "" for p in PEERS],
+        *[peer_tflops(peers.get(p)) if first else "" for p in PEERS],
         *[fmt_num(cell.get(f"ratio_{k}"), ".2f") if timed else "-"
           for k in ("best_peer", "flash", "cudnn", "fa4")],
         variant])

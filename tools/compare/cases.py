@@ -1,59 +1,10 @@
 """The cases a run measures: Case, its --case spelling, the grids, and --family parsing."""
 
-from dataclasses import dataclass, field
-
+from .case import Case, parse_shape
 from .backward_cases import BACKWARD_GRIDS, backward_grid, parse_backward_case
-from .checks import TOLERANCES
-from .masks import CAUSAL_WORDS, visible_pairs
+from .masks import CAUSAL_WORDS
 from .decode_cases import KV_GRIDS, parse_kv_case
 from .varlen_cases import VARLEN_GRIDS, parse_varlen_case
-
-
-@dataclass(frozen=True)
-
-class Case:
-    batch: int
-    heads_q: int
-    heads_kv: int
-    seqlen_q: int
-    seqlen_k: int
-    head_dim: int
-    causal: bool
-    dtype: str = "bf16"
-    layout: str = "bshd"
-    group: str = field(default="case", compare=False)  # which part of a grid it belongs to
-
-    def key(self):
-        """The --case spelling: b,hq,hkv,sq,sk,d,causal,dtype,layout."""
-        return (f"{self.batch},{self.heads_q},{self.heads_kv},{self.seqlen_q},{self.seqlen_k},"
-                f"{self.head_dim},{int(self.causal)},{self.dtype},{self.layout}")
-
-    def label(self):
-        heads = f"h{self.heads_q}" + (f":{self.heads_kv}" if self.heads_kv != self.heads_q else "")
-        seq = f"s{self.seqlen_q}" + (f":{self.seqlen_k}" if self.seqlen_k != self.seqlen_q else "")
-        return (f"b{self.batch} {heads} {seq} d{self.head_dim} {self.dtype} {self.layout}"
-                + (" causal" if self.causal else ""))
-
-    def flops(self):
-        """The FlashAttention convention: 4*b*h*s_q*s_k*d, halved for causal (what TFLOPS uses)."""
-        f = 4 * self.batch * self.heads_q * self.seqlen_q * self.seqlen_k * self.head_dim
-        return f // 2 if self.causal else f
-
-    def visible_pairs(self):
-        return visible_pairs(self.seqlen_q, self.seqlen_k, self.causal)
-
-    def flops_exact(self):
-        return 4 * self.batch * self.heads_q * self.visible_pairs() * self.head_dim
-
-    def causal_aligned_same(self):
-        """Whether top-left (PyTorch is_causal) and bottom-right (ours) masks coincide."""
-        return not self.causal or self.seqlen_q == self.seqlen_k
-
-    def fields(self):
-        return {"batch": self.batch, "heads_q": self.heads_q, "heads_kv": self.heads_kv,
-                "seqlen_q": self.seqlen_q, "seqlen_k": self.seqlen_k, "head_dim": self.head_dim,
-                "causal": self.causal, "dtype": self.dtype, "layout": self.layout,
-                "group": self.group}
 
 
 def parse_case(text):
@@ -63,22 +14,12 @@ def parse_case(text):
              "2,32,8,4096,4096,128,1,bf16,bshd")
     if not 7 <= len(parts) <= 9:
         raise ValueError(usage)
-    try:
-        b, hq, hkv, sq, sk, d = (int(p) for p in parts[:6])
-    except ValueError:
-        raise ValueError(usage) from None
     causal_words = {**CAUSAL_WORDS, "yes": True, "no": False, "nc": False}
-    if parts[6].lower() not in causal_words:
-        raise ValueError(f"{usage}; causal is 0/1/true/false, got {parts[6]!r}")
-    dtype = parts[7].lower() if len(parts) > 7 else "bf16"
+    b, hq, hkv, sq, sk, d, causal, dtype = parse_shape(parts, usage, causal_words)
     layout = parts[8].lower() if len(parts) > 8 else "bshd"
-    if dtype not in TOLERANCES:
-        raise ValueError(f"{usage}; dtype is bf16 or fp16, got {dtype!r}")
     if layout not in ("bshd", "bhsd"):
         raise ValueError(f"{usage}; layout is bshd or bhsd, got {layout!r}")
-    if min(b, hq, hkv, sq, sk, d) <= 0 or hq % hkv:
-        raise ValueError(f"{usage}; sizes must be positive and hq a multiple of hkv")
-    return Case(b, hq, hkv, sq, sk, d, causal_words[parts[6].lower()], dtype, layout, "case")
+    return Case(b, hq, hkv, sq, sk, d, causal, dtype, layout, "case")
 
 
 def standard_grid():

@@ -84,23 +84,23 @@ def _merge_ranges(ranges, limit):
     return out
 
 
-class ErrorStats:
-    """Accumulated error of one output against the reference over the checked slice."""
+class DiffStats:
+    """Accumulated difference of one output (or gradient) against the reference over the checked
+    slices: max |ours - ref|, max |ref|, their squared sums, and ours' non-finite elements (left
+    out of the differences)."""
 
-    def __init__(self, dtype, with_lse):
+    def __init__(self, dtype):
         self.dtype = dtype
-        self.with_lse = with_lse
         self.sq_diff = 0.0
         self.sq_ref = 0.0
         self.max_abs = 0.0
         self.max_ref = 0.0
         self.nonfinite = 0
-        self.lse_max_abs = 0.0
-        self.lse_bad = 0  # -inf where the reference is finite or the reverse, or NaN/+inf
         self.elements = 0
 
-    def add(self, ours, ref, ours_lse=None, ref_lse=None):
+    def add(self, ours, ref):
         import torch
+        ours = ours.float()
         finite = torch.isfinite(ours)
         bad = int((~finite).sum().item())
         diff = ours - ref
@@ -112,6 +112,25 @@ class ErrorStats:
         self.max_abs = max(self.max_abs, float(diff.abs().max().item()) if diff.numel() else 0.0)
         self.max_ref = max(self.max_ref, float(ref.abs().max().item()) if ref.numel() else 0.0)
         self.elements += ours.numel()
+
+    def rel_l2(self):
+        """||ours - ref|| / ||ref|| (0 when both are zero, inf when only the reference is)."""
+        return math.sqrt(self.sq_diff / self.sq_ref) if self.sq_ref > 0 else (
+            0.0 if self.sq_diff == 0 else float("inf"))
+
+
+class ErrorStats(DiffStats):
+    """DiffStats of one forward output, and of its LSE when with_lse."""
+
+    def __init__(self, dtype, with_lse):
+        super().__init__(dtype)
+        self.with_lse = with_lse
+        self.lse_max_abs = 0.0
+        self.lse_bad = 0  # -inf where the reference is finite or the reverse, or NaN/+inf
+
+    def add(self, ours, ref, ours_lse=None, ref_lse=None):
+        import torch
+        super().add(ours, ref)
         if self.with_lse and ours_lse is not None:
             ref_empty = torch.isneginf(ref_lse)
             ours_empty = torch.isneginf(ours_lse)
@@ -124,8 +143,7 @@ class ErrorStats:
 
     def result(self):
         tol = TOLERANCES[self.dtype]
-        rel = math.sqrt(self.sq_diff / self.sq_ref) if self.sq_ref > 0 else (
-            0.0 if self.sq_diff == 0 else float("inf"))
+        rel = self.rel_l2()
         abs_bound = tol["abs"] * max(1.0, self.max_ref)
         out = {"rel_err": rel, "max_abs_err": self.max_abs, "max_abs_ref": self.max_ref,
                "rel_bound": tol["rel"], "abs_bound": abs_bound, "nonfinite": self.nonfinite,

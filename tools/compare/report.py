@@ -86,8 +86,9 @@ def _sdpa_tflops(cell):
     return fmt_num(cell.get("tflops"), ".1f") + mark
 
 
-def _fa4_tflops(cell):
-    """FA4's TFLOPS; 'skip' where it refused the case, 'off' when it is off for the run."""
+def peer_tflops(cell):
+    """A peer's TFLOPS cell: 'skip' where it refused the case, 'off' when it is off for the run,
+    '-' where it has no entry."""
     if cell is None:
         return "-"
     if cell["status"] != "ok":
@@ -120,7 +121,7 @@ def _family_row(r, i, family):
         _sdpa_tflops(r["sdpa"].get("flash")) if i == 0 else "",
         fmt_num(cell.get("ratio_cudnn"), ".2f") if ok else "-",
         fmt_num(cell.get("ratio_flash"), ".2f") if ok else "-",
-        _fa4_tflops(r.get("fa4")) if i == 0 else "",
+        peer_tflops(r.get("fa4")) if i == 0 else "",
         fmt_num(cell.get("ratio_fa4"), ".2f") if ok else "-",
         fmt_num(cell.get("ratio_best_peer"), ".2f") if ok else "-",
         variant,

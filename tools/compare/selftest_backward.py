@@ -6,7 +6,6 @@ rows, geomeans and their counts, FA4 off) on made-up timings checked against num
 out here."""
 
 import csv
-import math
 
 from .backward_cases import (BackwardCase, backward_configs, backward_grid, parse_backward_case,
                              parse_config)
@@ -15,6 +14,7 @@ from .backward_report import (COLUMNS, backward_case_rows, backward_summarize,
                               backward_summary_lines, backward_table_header, write_backward_csv)
 from .run_backward import add_ratios, impl_name
 from .run_case import case_entry, impl_cell
+from .selftest_support import close, column, geomean
 
 # (flashjit ms per configuration, cuDNN ms, FA2 ms or None: n/a, FA4 ms or None: refused)
 TIMINGS = [({"auto": 1.0, "bwd_mma": 2.0}, 1.2, 2.0, 0.9),
@@ -46,7 +46,8 @@ def bookkeeping_results(fa4_on=True):
     """The TIMINGS cases as run_backward_case would leave them; case 2's bwd_mma fails dk."""
     results = []
     for i, (ours, cudnn, fa2, fa4) in enumerate(TIMINGS):
-        case = BackwardCase(2, 8, 8, 1024, 1024, 128, i == 1, "bf16", "bookkeeping")
+        case = BackwardCase(2, 8, 8, 1024, 1024, 128, i == 1, "bf16",
+                            group="bookkeeping")
         r = case_entry(i, case, flops_exact=case.flops_exact(),
                        forward_flops=case.forward_flops(), impls={}, notes=[],
                        check={"checked": "all heads, all rows"})
@@ -67,24 +68,6 @@ def bookkeeping_results(fa4_on=True):
         results.append(r)
     return results
 
-
-def _column(line, title):
-    start = 0
-    for t, width, _ in COLUMNS:
-        if t == title:
-            return line[start:start + width].strip()
-        start += width + 2
-    raise KeyError(title)
-
-
-def _close(a, b):
-    if a is None or b is None:
-        return a is None and b is None
-    return math.isclose(a, b, rel_tol=1e-12)
-
-
-def _geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values)) if values else None
 
 
 def check_cases_and_configs():
@@ -146,7 +129,7 @@ def check_backward_bookkeeping(out_dir):
                     "ratio_flash": fa2 / ms if fa2 else None, "ratio_fa4": fa4 / ms if fa4
                     else None}
             for key, value in want.items():
-                if not _close(cell.get(key), value):
+                if not close(cell.get(key), value):
                     problems.append(f"case {r['index']} {config}: {key} {cell.get(key)} != "
                                     f"{value}")
     s = backward_summarize(results)
@@ -154,12 +137,12 @@ def check_backward_bookkeeping(out_dir):
         c = s["configs"][impl_name(config)]
         best = [min([cu] + ([f4] if f4 else [])) / o[config] for o, cu, _, f4 in TIMINGS]
         fa2 = [f2 / o[config] for o, _, f2, _ in TIMINGS if f2]
-        want = {"geomean_ratio_best_peer": _geomean(best), "cases_best_peer": len(best),
+        want = {"geomean_ratio_best_peer": geomean(best), "cases_best_peer": len(best),
                 "cases_at_least_best_peer": sum(1 for x in best if x >= 1.0),
-                "geomean_ratio_flash": _geomean(fa2), "cases_flash": len(fa2),
+                "geomean_ratio_flash": geomean(fa2), "cases_flash": len(fa2),
                 "cases_fa4": sum(1 for t in TIMINGS if t[3])}
         for key, value in want.items():
-            if not _close(c.get(key), value):
+            if not close(c.get(key), value):
                 problems.append(f"summary {config}: {key} {c.get(key)} != {value}")
     if (s["failed_checks"], s["checked"], s["peer_outputs_outside_bounds"]) != (1, 6, 1):
         problems.append(f"summary counts: failed {s['failed_checks']}, checked {s['checked']}, "
@@ -169,7 +152,7 @@ def check_backward_bookkeeping(out_dir):
         lines += backward_case_rows(r)
     lines += backward_summary_lines(s)
     first = [ln for ln in lines if ln[:3].strip().isdigit()]
-    shown = [(_column(ln, "FA4"), _column(ln, "FA2"), _column(ln, "x best")) for ln in first]
+    shown = [tuple(column(ln, t, COLUMNS) for t in ("FA4", "FA2", "x best")) for ln in first]
     want_shown = [(f"{results[0]['impls']['fa4']['tflops']:.1f}",
                    f"{results[0]['impls']['flash']['tflops']:.1f}",
                    f"{results[0]['impls']['flashjit.auto']['ratio_best_peer']:.2f}"),
@@ -183,13 +166,13 @@ def check_backward_bookkeeping(out_dir):
                    "flashjit [bwd_mma] FAILED: dq 8.0e-03, dk 3.2e-02",
                    "FA4 itself is outside our bounds",
                    "BACKWARD SUMMARY 3 cases: failed checks 1 of 6 checked",
-                   f"x best {_geomean([0.9 / 1.0, 0.8 / 1.0, 2.2 / 2.0]):.3f} (3 of 3 cases, "
+                   f"x best {geomean([0.9 / 1.0, 0.8 / 1.0, 2.2 / 2.0]):.3f} (3 of 3 cases, "
                    ">= 1.0x in 1)"):
         if not any(needed in ln for ln in lines):
             problems.append(f"report lacks {needed!r}")
     rows = [ln for r in results for ln in backward_case_rows(r) if "note:" not in ln]
-    if [_column(ln, "flashjit") for ln in rows] != list(CONFIGS) * len(TIMINGS):
-        problems.append(f"the flashjit column: {[_column(ln, 'flashjit') for ln in rows]}")
+    if [column(ln, "flashjit", COLUMNS) for ln in rows] != list(CONFIGS) * len(TIMINGS):
+        problems.append(f"the flashjit column: {[column(ln, 'flashjit', COLUMNS) for ln in rows]}")
     path = out_dir / "backward-bookkeeping.csv"
     write_backward_csv(path, results)
     with open(path, newline="") as f:
@@ -203,7 +186,8 @@ def check_backward_bookkeeping(out_dir):
     if any(r["impls"]["flashjit.auto"].get("ratio_fa4") for r in off) or \
             s_off["configs"]["flashjit.auto"]["cases_fa4"] or \
             not any("cuDNN only: FA4 off" in ln for ln in off_lines) or \
-            any(_column(ln, "FA4") != "off" for ln in off_lines if ln[:3].strip().isdigit()):
+            any(column(ln, "FA4", COLUMNS) != "off"
+                for ln in off_lines if ln[:3].strip().isdigit()):
         problems.append("FA4 off: ratios made, or the table and summary do not say off")
     if problems:
         return False, "backward bookkeeping FAILED: " + "; ".join(problems)

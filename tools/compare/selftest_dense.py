@@ -6,7 +6,6 @@ FA4 stand-in (BSHD and BHSD memory, GQA, fp16, a refused head dim, the copy fall
 
 import functools
 import importlib.util
-import math
 import time
 import types
 
@@ -14,6 +13,7 @@ from .cases import Case
 from .fa4 import FA4_HELP
 from .report import COLUMNS, Output, case_rows, summarize, summary_lines, table_header
 from .run_case import add_ratios, case_entry, impl_cell
+from .selftest_support import close, column, geomean
 
 # (our ms, cuDNN ms, cuDNN top-left?, FA4 ms or None: skipped) per made-up case
 TIMINGS = [(1.0, 1.2, False, 0.9), (1.0, 0.8, False, None), (2.0, 1.5, True, 2.5),
@@ -61,7 +61,7 @@ def check_fa4_bookkeeping():
         want = {"ratio_fa4": fa4 / ours if fa4 else None, "ratio_best_peer": peers[best] / ours,
                 "ratio_cudnn": cudnn / ours}
         for key, value in want.items():
-            if not _close(cell.get(key), value):
+            if not close(cell.get(key), value):
                 problems.append(f"case {i}: {key} {cell.get(key)} != {value}")
         if r["best_peer"] != best:
             problems.append(f"case {i}: best peer {r['best_peer']} != {best}")
@@ -69,19 +69,19 @@ def check_fa4_bookkeeping():
     h = s["headline"]
     fa4_ratios = [f / o for o, _, _, f in TIMINGS if f]
     best_ratios = [min(([] if t else [c]) + ([f] if f else [])) / o for o, c, t, f in TIMINGS]
-    want = {"geomean_ratio_fa4": _geomean(fa4_ratios), "cases_fa4": len(fa4_ratios),
-            "geomean_ratio_best_peer": _geomean(best_ratios), "cases_best_peer": len(best_ratios),
+    want = {"geomean_ratio_fa4": geomean(fa4_ratios), "cases_fa4": len(fa4_ratios),
+            "geomean_ratio_best_peer": geomean(best_ratios), "cases_best_peer": len(best_ratios),
             "cases_at_least_best_peer": sum(1 for x in best_ratios if x >= 1.0),
-            "geomean_ratio_cudnn": _geomean([c / o for o, c, t, _ in TIMINGS if not t]),
+            "geomean_ratio_cudnn": geomean([c / o for o, c, t, _ in TIMINGS if not t]),
             "cases_cudnn": sum(1 for t in TIMINGS if not t[2])}
     for key, value in want.items():
-        if not _close(h.get(key), value):
+        if not close(h.get(key), value):
             problems.append(f"summary {key} {h.get(key)} != {value}")
     if (s["fa4"]["status"], s["fa4"]["ran"], s["fa4"]["skipped"], s["fa4"]["outside_bounds"]) \
             != ("on", len(fa4_ratios), len(TIMINGS) - len(fa4_ratios), 1):
         problems.append(f"summary fa4 {s['fa4']}")
     lines, n = _report_lines(results, s), len(TIMINGS)
-    shown = [(_column(ln, "FA4"), _column(ln, "x FA4"), _column(ln, "x best")) for ln in lines
+    shown = [tuple(column(ln, t, COLUMNS) for t in ("FA4", "x FA4", "x best")) for ln in lines
              if ln[:3].strip().isdigit()]
     want_shown = [("1.0", f"{f / o:.2f}" if f else "-", f"{b:.2f}")
                   for (o, _, _, f), b in zip(TIMINGS, best_ratios)]
@@ -90,8 +90,8 @@ def check_fa4_bookkeeping():
         problems.append(f"table FA4, x FA4, x best: {shown}, wanted {want_shown}")
     for needed in ("note: FA4 skipped: refused: AssertionError: synthetic refusal",
                    "FA4 itself is outside our bounds",
-                   f"x FA4 {_geomean(fa4_ratios):.3f} ({len(fa4_ratios)} of {n} cases)",
-                   f"x best peer (faster of cuDNN and FA4) {_geomean(best_ratios):.3f} ({n} of "
+                   f"x FA4 {geomean(fa4_ratios):.3f} ({len(fa4_ratios)} of {n} cases)",
+                   f"x best peer (faster of cuDNN and FA4) {geomean(best_ratios):.3f} ({n} of "
                    f"{n} cases), flashjit >= 1.0x the best peer in "
                    f"{want['cases_at_least_best_peer']} of {n}", "FA4 skipped 1"):
         if not any(needed in ln for ln in lines):
@@ -110,7 +110,7 @@ def check_fa4_bookkeeping():
     if any(r["flashjit"]["auto"].get("ratio_fa4") for r in off) or \
             s_off["headline"]["cases_fa4"] != 0 or s_off["fa4"]["status"] != "off":
         problems.append("FA4 off: ratios or counts were made")
-    if any(_column(ln, "FA4") != "off" for ln in lines if ln[:3].strip().isdigit()):
+    if any(column(ln, "FA4", COLUMNS) != "off" for ln in lines if ln[:3].strip().isdigit()):
         problems.append("FA4 off: a row's FA4 column does not say off")
     if not any("x FA4 off (not importable)" in ln and "cuDNN only: FA4 off" in ln
                for ln in lines):
@@ -132,25 +132,6 @@ def _report_lines(results, summary):
         lines += case_rows(r)
     return lines + summary_lines(summary, ["auto"], None, 1.0)
 
-
-def _column(line, title):
-    """The text of column `title` in a table line of report.COLUMNS."""
-    start = 0
-    for t, width, _ in COLUMNS:
-        if t == title:
-            return line[start:start + width].strip()
-        start += width + 2
-    raise KeyError(title)
-
-
-def _close(a, b):
-    if a is None or b is None:
-        return a is None and b is None
-    return math.isclose(a, b, rel_tol=1e-12)
-
-
-def _geomean(values):
-    return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
 # --- CPU rehearsal of run_case with FA4 ----------------------------------------------------
