@@ -3,7 +3,8 @@ tools/compare_sdpa.py.
 
 One concern a module, in the order data flows through a run:
 
-    cases        Case, --case parsing, the grids, --family parsing
+    case         Case (one dense problem), parse_shape (the fields every spelling starts with)
+    cases        --case parsing, the grids, --family parsing
     decode_cases KvCase (decode, speculative decode, chunked prefill, paged), kv:... spelling,
                  the KV grids
     varlen_cases VarlenCase (a packed prefill batch of many lengths), varlen:... spelling, the
@@ -36,6 +37,7 @@ One concern a module, in the order data flows through a run:
     selftest_dense  FA4's dense bookkeeping on made-up timings, a CPU rehearsal of run_case
     selftest_kv  the binding's struct layouts, synthetic KV results, a CPU rehearsal of a KV run
     selftest_varlen  synthetic varlen results, a CPU rehearsal of a varlen run
+    selftest_support  reading a table's columns; the self-tests' own geomean and tolerance
     selftest_backward  the backward grids, spellings and configurations, synthetic backward
                  results, their bookkeeping on made-up timings
     cli          the command line and main()

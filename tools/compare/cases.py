@@ -1,4 +1,5 @@
-"""The cases a run measures: Case, its --case spelling, the grids, and --family parsing."""
+"""The cases a run measures: the --case spellings, the grids, and --family parsing (Case itself
+is case.py's)."""
 
 from .case import Case, parse_shape
 from .backward_cases import BACKWARD_GRIDS, backward_grid, parse_backward_case
