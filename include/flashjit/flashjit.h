@@ -207,8 +207,9 @@ typedef struct flashjit_backward_options {
   int32_t causal;      /* the forward's causal mask (bottom-right aligned) */
   /* Nonzero: bitwise repeatable gradients. dQ then comes from a kernel of its own that sums the
    * key tiles of each query tile in a fixed order (about 1.4x the work), instead of fp32 atomic
-   * adds, whose order varies from run to run. dK and dV never use atomics. On sm_90a (the
-   * bwd_wgmma family) dQ always comes from its own kernel: both modes are repeatable. */
+   * adds, whose order varies from run to run. dK and dV never use atomics. On sm_90a the
+   * default up to head_dim 128 (bwd_wgmma_fused) adds dQ up in the dK/dV kernel; with
+   * deterministic, at d256 or with the bwd_wgmma family dQ comes from bwd_wgmma_dq. */
   int32_t deterministic;
   /* All three 0: the family's tile table. Else a forced dK/dV tile shape (tile_m query rows per
    * step, tile_n keys per CTA, stages); one the family cannot build fails with

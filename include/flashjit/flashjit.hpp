@@ -415,8 +415,10 @@ struct BackwardOptions {
   // Bitwise repeatable gradients: dQ comes from a kernel of its own that owns each query tile
   // and sums its key tiles in a fixed order (about 1.4x the work), instead of the default's fp32
   // atomic adds from every key tile, whose order varies from run to run. dK and dV never use
-  // atomics (each key tile, GQA group included, is summed by one CTA). On sm_90a (the bwd_wgmma
-  // family) dQ always comes from its own kernel, so both modes are repeatable.
+  // atomics (each key tile, GQA group included, is summed by one CTA). On sm_90a the default up
+  // to head_dim 128 is bwd_wgmma_fused (dQ added up by bulk reductions in the dK/dV kernel);
+  // deterministic, d256 or with family "bwd_wgmma", dQ comes from bwd_wgmma_dq (repeatable in
+  // both modes).
   bool deterministic = false;
   // Force the dK/dV family by name (tests, benchmarks), one of families() with backward set.
   std::optional<std::string> family;

@@ -13,11 +13,16 @@
 //   dV += Pᵀ dO, dK += dSᵀ Q                         (Pᵀ and dSᵀ straight from the registers)
 // Beyond head dim 128 two consumers share 64 keys (BwdWgmmaShape::split_roles): one computes Sᵀ,
 // Pᵀ and dV, the other dPᵀ, dSᵀ and dK, taking Pᵀ through shared memory.
+// FusedDq (family bwd_wgmma_fused, up to head dim 128): each step also gives dQ of its queries,
+//   dQ = dS K                                        (dS through shared memory, K the CTA's)
+// which the consumers add into the fp32 accumulator with bulk reductions (bwd_convert scales and
+// rounds it afterwards): one kernel of five GEMMs instead of two of seven, and not deterministic.
 #include "bwd_wgmma/shape.cuh"
 #include "bwd_wgmma/warp_roles.cuh"
 #include "common/fast_math.cuh"
 #include "common/params.cuh"
 #include "common/sm90_mbarrier.cuh"
+#include "common/sm90_stmatrix.cuh"
 #include "common/sm90_store_rows.cuh"
 #include "common/sm90_tile_gemm.cuh"
 #include "common/sm90_tma.cuh"
@@ -151,16 +156,64 @@ __device__ __forceinline__ void score_gradients(float (&dp)[TileM / 2], const fl
   }
 }
 
+// Fused dQ: the named barrier at which both consumers have written their columns of a step's dS
+// (0 is __syncthreads'; split roles, which never fuse, use 1 and up too).
+constexpr int kDsWrittenBarrier = 1;
+
+// Fused dQ: dSᵀ's fragments (gemm_fragments of this consumer's 64 keys x TileM queries), stored
+// transposed into the consumer's column block of dS [TileM queries][TileN keys] at `ds_tile`
+// (K-major, 128B-swizzled: block c holds keys 64 c .. 64 c + 63). Fragment kk, matrix m holds
+// keys 16 warp + 8 (m % 2) and queries 16 kk + 8 (m / 2), 8 each; stmatrix's lane 8 m + r gives
+// query row 16 kk + 8 (m / 2) + r, whose 16-byte unit 2 warp + m % 2 the swizzle moves by r.
+template <int TileM>
+__device__ __forceinline__ void store_score_gradients(unsigned ds_tile, int consumer,
+                                                      const unsigned (&dsf)[TileM / 16][4]) {
+  constexpr int kRow = BwdWgmmaLimits::kRowBytes;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  const int unit = 2 * warp + (lane / 8) % 2;
+  const unsigned lane_addr = ds_tile + consumer * TileM * kRow + (8 * (lane / 16) + lane % 8) * kRow +
+                             ((unit ^ (lane % 8)) << 4);
+#pragma unroll
+  for (int kk = 0; kk < TileM / 16; ++kk) stmatrix_x4_trans(lane_addr + kk * 16 * kRow, dsf[kk]);
+}
+
+// Fused dQ: adds this consumer's finished 64 x 64 block of the step's dQ (accumulator layout)
+// into the fp32 accumulator at `accum` (row 0, column 0 of the block; rows HeadDim floats apart).
+// Each warp stages its 16 rows and 16 of its lanes issue one bulk reduction a row, so no warp
+// waits for another; a lane's reductions of the last step have read the staging before it is
+// written again.
+template <int HeadDim>
+__device__ __forceinline__ void add_dq_block(float* accum, unsigned char* stage, const float (&dq)[32]) {
+  constexpr int kPitch = BwdWgmmaShape::kDqStagePitch;
+  const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
+  unsigned char* rows = stage + 16 * warp * kPitch;
+  if (lane < 16) bulk_wait_group_read<0>();
+  __syncwarp();
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      *reinterpret_cast<float2*>(rows + (lane / 4 + 8 * h) * kPitch + (8 * j + 2 * (lane % 4)) * 4) =
+          make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
+  fence_proxy_async_shared();  // the generic-proxy writes, before the bulk copy reads them
+  __syncwarp();
+  if (lane < 16) {
+    bulk_reduce_add_f32(accum + static_cast<long long>(16 * warp + lane) * HeadDim,
+                        smem_u32(rows + lane * kPitch), 64 * 4);
+    bulk_commit_group();
+  }
+}
+
 // ---- consumers --------------------------------------------------------------------------------
 
 // Up to head dim 128: the warpgroup owns keys [key_row0, key_row0 + 64) of the tile and runs the
 // whole step for them.
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool FusedDq>
 __device__ __forceinline__ void consume_keys(const BackwardParams& p,
                                              const KeyTile<Causal, TileM, TileN>& tile,
                                              unsigned char* smem, KeyTileBarriers<Stages>* bars,
                                              int consumer) {
-  constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
+  constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
   constexpr int kRow = BwdWgmmaLimits::kRowBytes;
   const FmhaParams& f = p.fwd;
   const FragmentPosition at;
@@ -197,9 +250,22 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     unsigned dsf[TileM / 16][4];
     gemm_fragments<T, TileM>(dsf, dp);
     gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
+    const unsigned ds_tile = base + kShape.ds_offset(t % 2);
+    if constexpr (FusedDq) store_score_gradients<TileM>(ds_tile, consumer, dsf);
     unsigned pf[TileM / 16][4];
     gemm_fragments<T, TileM>(pf, s);
     gemm_rs_tiles<T, HeadDim, TileM>(dv, pf, do_tile);
+    float dq[FusedDq ? 32 : 1];
+    if constexpr (FusedDq) {
+      // Both consumers' columns of dS are written (their generic-proxy stores made visible to
+      // wgmma's async proxy first); this consumer's dQ block is dS's rows dq_row0.. times K's
+      // columns dq_col0...
+      fence_proxy_async_shared();
+      named_barrier_sync(kDsWrittenBarrier, 2 * kWarpgroupThreads);
+      gemm_ss_tnsp_b_tiles<T, 64, TileN, TileM>(
+          dq, ds_tile + kShape.dq_block_row0(consumer) * kRow,
+          base + kShape.k_offset() + kShape.dq_block_col0(consumer) / 64 * TileN * kRow);
+    }
     wgmma_wait<0>();
     wgmma_fence_operands(dv);
     wgmma_fence_operands(dk);
@@ -207,7 +273,20 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     wgmma_fence_operands(pf);
     wgmma_fence_operands(dsf);
     release_stage(&bars->empty[stage]);
+    if constexpr (FusedDq) {
+      wgmma_fence_operands(dq);
+      const long long accum_row = (static_cast<long long>(tile.batch) * f.heads_q +
+                                   tile.steps.head(t)) * p.seqlen_rows +
+                                  row0 + kShape.dq_block_row0(consumer);
+      add_dq_block<HeadDim>(p.dq_accum + accum_row * HeadDim + kShape.dq_block_col0(consumer),
+                            smem + kShape.dq_stage_offset() +
+                                consumer * BwdWgmmaLimits::kRowsPerConsumer *
+                                    BwdWgmmaShape::kDqStagePitch,
+                            dq);
+    }
   }
+  // Fused dQ: this thread's reductions are done before the CTA (and its staging) goes away.
+  if (FusedDq && threadIdx.x % 32 < 16) bulk_wait_group<0>();
 
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k); keys past seqlen_k are not stored.
   const long long kv_offset = tile.batch * p.dk_stride_b + tile.kv_head * p.dk_stride_h;
@@ -311,13 +390,13 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
 
 // ---- kernel -----------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
-__global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages}.threads(), 1)
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool FusedDq>
+__global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, FusedDq}.threads(), 1)
     bwd_wgmma_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
                      const __grid_constant__ TmaDescriptor tma_k,
                      const __grid_constant__ TmaDescriptor tma_v,
                      const __grid_constant__ TmaDescriptor tma_do) {
-  constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
+  constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
   static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 64 == 0, "whole swizzled tiles");
   static_assert(TileM <= BwdWgmmaLimits::kMaxBoxRows && TileN <= BwdWgmmaLimits::kMaxBoxRows,
                 "one TMA box per column block");
@@ -325,6 +404,9 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages}.t
                 "one or two consumer warpgroups");
   static_assert(kShape.shared_bytes() <= BwdWgmmaLimits::kMaxSharedBytes, "fits shared memory");
   static_assert(sizeof(KeyTileBarriers<Stages>) == kShape.barrier_bytes(), "barrier bytes");
+  static_assert(!FusedDq || (!kShape.split_roles() && kShape.consumers() == 2 &&
+                             kShape.dq_blocks() == kShape.consumers()),
+                "fused dQ: two consumers of 64 keys, one 64 x 64 dQ block each");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_tiles(smem_raw);
   auto* bars = reinterpret_cast<KeyTileBarriers<Stages>*>(smem + kShape.barrier_offset());
@@ -351,7 +433,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages}.t
     if (threadIdx.x == 0)
       produce<T, HeadDim, TileM, TileN, Stages, Causal>(p, tile, &tma_q, &tma_k, &tma_v, &tma_do,
                                                         smem, bars);
-  } else if constexpr (kShape.split_roles()) {
+  } else if constexpr (kShape.split_roles() && !FusedDq) {
     const int consumer = warpgroup - 1;
     if (consumer % 2 == 0)
       consume_split<T, HeadDim, TileM, TileN, Stages, Causal, true>(p, tile, smem, bars,
@@ -360,7 +442,8 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages}.t
       consume_split<T, HeadDim, TileM, TileN, Stages, Causal, false>(p, tile, smem, bars,
                                                                      consumer / 2);
   } else {
-    consume_keys<T, HeadDim, TileM, TileN, Stages, Causal>(p, tile, smem, bars, warpgroup - 1);
+    consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, FusedDq>(p, tile, smem, bars,
+                                                                    warpgroup - 1);
   }
 }
 

@@ -35,6 +35,11 @@ struct BwdWgmmaLimits {
 // accumulator layout both share); no GEMM is done twice.
 struct BwdWgmmaShape {
   int head_dim, tile_m, tile_n, stages;
+  // The fused form (family bwd_wgmma_fused): each step also computes dQ = dS·K for its queries
+  // and adds it into the fp32 accumulator by bulk reductions, so no dQ kernel follows. dS goes
+  // through shared memory (each consumer writes its keys' columns, both read all of them); each
+  // consumer computes one 64 x 64 block of the step's dQ (dq_block_row0 / dq_block_col0).
+  bool fused_dq = false;
 
   FLASHJIT_HOST_DEVICE constexpr bool split_roles() const { return head_dim > 128; }
   FLASHJIT_HOST_DEVICE constexpr int key_groups() const {
@@ -62,9 +67,29 @@ struct BwdWgmmaShape {
   FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const {  // kv_full, full[stages], empty[stages]
     return (1 + 2 * stages) * 8;
   }
+  // Fused dQ: the step's 64 x 64 dQ blocks (tile_m / 64 down, head_dim / 64 across), one per
+  // consumer; dS [tile_m queries][tile_n keys] in two buffers (steps alternate, so a consumer
+  // writing the next never waits for the other to finish reading the last), K-major and swizzled
+  // like TMA's tiles; and a staging block per consumer for the bulk reductions, rows padded by 32
+  // bytes so a warp's float2 writes of 8 rows take the minimum two wavefronts.
+  FLASHJIT_HOST_DEVICE constexpr int dq_blocks() const { return tile_m / 64 * (head_dim / 64); }
+  FLASHJIT_HOST_DEVICE constexpr int dq_block_row0(int consumer) const {
+    return consumer % (tile_m / 64) * 64;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int dq_block_col0(int consumer) const {
+    return consumer / (tile_m / 64) * 64;
+  }
+  static constexpr int kDqStagePitch = (64 + 8) * 4;  // bytes per staged row of 64 floats
+  FLASHJIT_HOST_DEVICE constexpr int ds_bytes() const {
+    return fused_dq ? tile_m * tile_n * BwdWgmmaLimits::kElementBytes : 0;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int dq_stage_bytes() const {
+    return fused_dq ? consumers() * BwdWgmmaLimits::kRowsPerConsumer * kDqStagePitch : 0;
+  }
   // Shared memory, in order: K and V (the CTA's keys, loaded once), `stages` Q and `stages` dO
   // tiles, `stages` row-term blocks (lse_log2 then delta, tile_m floats each), the Pᵀ exchange,
-  // the mbarriers; plus the slack the kernel spends aligning its start to 1024 bytes.
+  // (fused dQ) two dS buffers from the next 1024-byte boundary and the dQ staging, the mbarriers;
+  // plus the slack the kernel spends aligning its start to 1024 bytes.
   FLASHJIT_HOST_DEVICE constexpr int k_offset() const { return 0; }
   FLASHJIT_HOST_DEVICE constexpr int v_offset() const { return kv_bytes(); }
   FLASHJIT_HOST_DEVICE constexpr int q_offset(int stage) const {
@@ -77,8 +102,13 @@ struct BwdWgmmaShape {
     return 2 * kv_bytes() + 2 * stages * q_bytes() + stage * terms_bytes();
   }
   FLASHJIT_HOST_DEVICE constexpr int exchange_offset() const { return terms_offset(stages); }
+  FLASHJIT_HOST_DEVICE constexpr int ds_offset(int buffer) const {
+    const int end = exchange_offset() + exchange_bytes();
+    return (fused_dq ? (end + 1023) / 1024 * 1024 : end) + buffer * ds_bytes();
+  }
+  FLASHJIT_HOST_DEVICE constexpr int dq_stage_offset() const { return ds_offset(2); }
   FLASHJIT_HOST_DEVICE constexpr int barrier_offset() const {
-    return exchange_offset() + exchange_bytes();
+    return dq_stage_offset() + dq_stage_bytes();
   }
   FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
     return barrier_offset() + barrier_bytes() + BwdWgmmaLimits::kAlignSlack;

@@ -13,4 +13,14 @@ __device__ __forceinline__ void stmatrix_x4(unsigned smem_addr, const unsigned (
                : "memory");
 }
 
+// The same four matrices stored transposed: the address of lane 8 m + r receives column r of
+// matrix m (its 8 rows, 16 bytes), so an accumulator whose rows are keys lands with queries as
+// rows.
+__device__ __forceinline__ void stmatrix_x4_trans(unsigned smem_addr, const unsigned (&w)[4]) {
+  asm volatile(
+      "stmatrix.sync.aligned.m8n8.x4.trans.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(smem_addr),
+      "r"(w[0]), "r"(w[1]), "r"(w[2]), "r"(w[3])
+      : "memory");
+}
+
 }  // namespace flashjit

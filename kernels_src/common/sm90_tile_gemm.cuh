@@ -1,8 +1,9 @@
 // Whole-tile wgmma GEMMs of one warpgroup over tiles as TMA's SWIZZLE_128B writes them: a tile of
 // R rows and C columns (16-bit) is C / 64 column blocks of [R][64], 128 bytes a row, each block
-// 1024-byte aligned. The two forms the attention kernels use: D = A·Bᵀ with both operands in
-// shared memory (rows of both are their K-index runs: S = Q·Kᵀ), and D += A·B with A in registers
-// and B's rows indexed by K (O += P·V). Each call issues and commits one group, not waited on.
+// 1024-byte aligned. The forms the attention kernels use: D = A·Bᵀ with both operands in shared
+// memory (rows of both are their K-index runs: S = Q·Kᵀ), D += A·B with A in registers and B's
+// rows indexed by K (O += P·V), and D = A·B with both in shared memory, B's rows indexed by K
+// (the backward's dQ = dS·K). Each call issues and commits one group, not waited on.
 #pragma once
 
 #include "common/sm90_wgmma.cuh"
@@ -43,6 +44,28 @@ __device__ __forceinline__ void gemm_rs_tiles(float (&d)[N / 2], const unsigned 
 #pragma unroll
   for (int kk = 0; kk < K / 16; ++kk)
     wgmma_rs_tnsp_b<T, N>(d, a[kk], smem_desc_advance(b_desc, kk * 16 * 128));
+  wgmma_commit();
+}
+
+// d = A·B with both operands in shared memory: A = 64 rows at `a_rows` of a tile of ARows rows
+// and K columns (K-major, as gemm_ss_tiles's A), B = a tile of K rows and N columns at `b_tile`
+// (N-major, as gemm_rs_tiles's B; N at most 64: one column block).
+template <typename T, int N, int K, int ARows>
+__device__ __forceinline__ void gemm_ss_tnsp_b_tiles(float (&d)[N / 2], unsigned a_rows,
+                                                     unsigned b_tile) {
+  static_assert(N % 16 == 0 && N <= 64 && K % 64 == 0 && ARows % 64 == 0, "whole swizzled blocks");
+  wgmma_fence();
+  const unsigned long long a_desc = smem_desc_sw128(a_rows, 16, 1024);
+  const unsigned long long b_desc = smem_desc_sw128(b_tile, K * 128, 1024);
+#pragma unroll
+  for (int kk = 0; kk < K / 16; ++kk) {
+    const unsigned long long da = smem_desc_advance(a_desc, (kk / 4) * ARows * 128 + (kk % 4) * 32);
+    const unsigned long long db = smem_desc_advance(b_desc, kk * 16 * 128);
+    if (kk == 0)
+      wgmma_ss_tnsp_b<T, N, false>(d, da, db);
+    else
+      wgmma_ss_tnsp_b<T, N, true>(d, da, db);
+  }
   wgmma_commit();
 }
 

@@ -32,6 +32,16 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDescriptor* map,
       : "memory");
 }
 
+// Starts fetching the box at coordinates (c0 .. c3) of a rank-4 map into L2, copying nothing into
+// shared memory: a later tma_load_4d of it then waits on L2, not on DRAM and address translation.
+__device__ __forceinline__ void tma_prefetch_l2_4d(const TmaDescriptor* map, int c0, int c1,
+                                                   int c2, int c3) {
+  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(
+                   reinterpret_cast<unsigned long long>(map)),
+               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+               : "memory");
+}
+
 // Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) of contiguous global memory to
 // shared memory at `dst`, no tensor map; completion adds the bytes to `bar` like a box's.
 __device__ __forceinline__ void bulk_load(void* dst, const void* src, unsigned bytes,

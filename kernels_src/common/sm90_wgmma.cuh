@@ -151,12 +151,27 @@ __device__ __forceinline__ void wgmma_fence_operands(unsigned (&fragments)[N][4]
                : FLASHJIT_WGMMA_OUT_##G(d)                                                     \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 
+// D (+)= A·B, A (64 x 16) K-major and B (16 x N) N-major, both in shared memory (dQ = dS·K).
+#define FLASHJIT_WGMMA_SS_TNSP_B(G, N, TYPE, SCALE_D)                                          \
+  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #SCALE_D ", 0;\n"                           \
+               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE                 \
+               " {" FLASHJIT_WGMMA_ACC_##G "}, " FLASHJIT_WGMMA_SS_##G ", p, 1, 1, 0, 1;\n}"   \
+               : FLASHJIT_WGMMA_OUT_##G(d)                                                     \
+               : "l"(desc_a), "l"(desc_b))
+
 #define FLASHJIT_WGMMA_SS_CASE(G, N)                                              \
   else if constexpr (kN == N) {                                                   \
     if constexpr (kBf16 && Accumulate) FLASHJIT_WGMMA_SS(G, N, "bf16", 1);        \
     else if constexpr (kBf16) FLASHJIT_WGMMA_SS(G, N, "bf16", 0);                 \
     else if constexpr (Accumulate) FLASHJIT_WGMMA_SS(G, N, "f16", 1);             \
     else FLASHJIT_WGMMA_SS(G, N, "f16", 0);                                       \
+  }
+#define FLASHJIT_WGMMA_SS_TNSP_B_CASE(G, N)                                        \
+  else if constexpr (kN == N) {                                                   \
+    if constexpr (kBf16 && Accumulate) FLASHJIT_WGMMA_SS_TNSP_B(G, N, "bf16", 1); \
+    else if constexpr (kBf16) FLASHJIT_WGMMA_SS_TNSP_B(G, N, "bf16", 0);          \
+    else if constexpr (Accumulate) FLASHJIT_WGMMA_SS_TNSP_B(G, N, "f16", 1);      \
+    else FLASHJIT_WGMMA_SS_TNSP_B(G, N, "f16", 0);                                \
   }
 #define FLASHJIT_WGMMA_RS_CASE(G, N)                                              \
   else if constexpr (kN == N) {                                                   \
@@ -181,6 +196,18 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], unsigned long long 
   if constexpr (false) {
   }
   FLASHJIT_WGMMA_ALL_N(FLASHJIT_WGMMA_SS_CASE)
+}
+
+// Issues d (+)= A·B for one k16 slice: A = 64 x 16 K-major, B = 16 x N stored N-major (rows of
+// B are the K index, N contiguous, as K's keys in dQ = dS·K), both in 128B-swizzled shared memory.
+template <typename T, int kN, bool Accumulate>
+__device__ __forceinline__ void wgmma_ss_tnsp_b(float (&d)[kN / 2], unsigned long long desc_a,
+                                                unsigned long long desc_b) {
+  static_assert(kN % 16 == 0 && kN >= 16 && kN <= 256, "wgmma N: a multiple of 16 up to 256");
+  constexpr bool kBf16 = kIsBf16<T>;
+  if constexpr (false) {
+  }
+  FLASHJIT_WGMMA_ALL_N(FLASHJIT_WGMMA_SS_TNSP_B_CASE)
 }
 
 // Issues d += A·B for one k16 slice: A = the 64 x 16 slice of P in registers (four packed pairs

@@ -23,6 +23,8 @@ std::string why_not(const KernelFamily& family, const BackwardProblem& problem,
   if (family.role != FamilyRole::backward || !family.runs_on(arch) ||
       std::find(family.head_dims.begin(), family.head_dims.end(), d) == family.head_dims.end())
     return fmt::format("has no kernel for head_dim {} on {}", d, arch);
+  if (family.always_accumulates_dq && problem.deterministic)
+    return "adds dQ up with atomics: not deterministic (options.deterministic is set)";
   return family.unsupported_reason ? family.unsupported_reason(problem.forward) : std::string();
 }
 
@@ -68,11 +70,23 @@ Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo
                   fmt::format("options.family {} {}", family->name, why));
     chosen = family;
   } else {
-    for (const KernelFamily* family : registered_families())
-      if (runs(*family, problem, device.arch)) {
+    // The first family that runs the problem, and with options.tiles the first that also builds
+    // them (bwd_wgmma_fused takes only its own shapes; bwd_wgmma after it takes more); when none
+    // builds them, the first one's reason is the error below.
+    const KernelFamily* first = nullptr;
+    for (const KernelFamily* family : registered_families()) {
+      if (!runs(*family, problem, device.arch)) continue;
+      if (first == nullptr) first = family;
+      if (!options.tiles ||
+          family->check_tiles(variant_of(*family, device.arch, problem.forward.dtype,
+                                         problem.forward.head_dim, problem.forward.causal,
+                                         *options.tiles))
+              .empty()) {
         chosen = family;
         break;
       }
+    }
+    if (chosen == nullptr) chosen = first;
     if (chosen == nullptr)
       throw Error(ErrorCode::unsupported,
                   fmt::format("no backward family runs head_dim {} on {}",
@@ -89,6 +103,8 @@ Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo
 }
 
 Variant backward_finish_variant(const BackwardProblem& problem, const Variant& dkdv) {
+  if (family_named(dkdv.family, "family").always_accumulates_dq)
+    return bwd_convert_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim);
   if (dkdv.family == "bwd_wgmma")
     return bwd_wgmma_dq_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal);
   if (!problem.deterministic)

@@ -25,7 +25,7 @@ struct KernelHandle {
 };
 
 struct BackwardKernels {
-  Variant dkdv;    // bwd_wgmma or bwd_mma (or the forced family), chosen for the problem
+  Variant dkdv;    // bwd_wgmma_fused, bwd_wgmma or bwd_mma (or the forced family), for the problem
   Variant finish;  // bwd_convert, or a dQ kernel (bwd_wgmma_dq, the deterministic bwd_mma_dq)
   bool dq_accumulator = false;  // uses_dq_accumulator(finish)
   KernelHandle prep, main, last;
@@ -40,8 +40,9 @@ BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
 // family's tile table, checked like any variant.
 Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo& device,
                                 const BackwardOptions& options);
-// The kernel that computes or finishes dQ after it: bwd_wgmma's dQ kernel (both modes: no
-// atomics anywhere), else bwd_convert, or in the deterministic mode bwd_mma's dQ kernel.
+// The kernel that computes or finishes dQ after it: bwd_convert after a family that always adds
+// dQ up (bwd_wgmma_fused); bwd_wgmma's dQ kernel after bwd_wgmma (both modes: no atomics
+// anywhere); after bwd_mma bwd_convert, or in the deterministic mode bwd_mma's dQ kernel.
 Variant backward_finish_variant(const BackwardProblem& problem, const Variant& dkdv);
 // Whether the workspace holds the fp32 dQ accumulator for kernels ending with `finish`: only
 // bwd_convert reads one (the dK/dV kernel summed dQ there by atomics); a dQ kernel writes dq

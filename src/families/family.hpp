@@ -97,6 +97,9 @@ struct KernelFamily {
   // True: per-sequence lengths (varlen batches, seqused_k) are compiled into variants of their own
   // (Variant::varlen), so dense batches run kernels without that code.
   bool varlen_variants = false;
+  // Backward dK/dV families that also add dQ into the fp32 accumulator with atomics in every
+  // mode (bwd_convert finishes it): never chosen for BackwardOptions::deterministic.
+  bool always_accumulates_dq = false;
   // Split-KV families: how many splits a problem gets on this GPU (problem.num_splits, when set,
   // was already checked and wins). Null: never splits.
   int (*num_splits)(const Variant& variant, const ForwardProblem& problem,

@@ -12,7 +12,7 @@
 // kernel under kernels_src/<family>/, and its entry here.
 #define FLASHJIT_FAMILIES(X) \
   X(kDecodeTmaFamily) X(kWgmmaFamily) X(kDecodeFamily) X(kMmaFamily) X(kSimtFamily) X(kMergeFamily) \
-  X(kBlockMaskFamily) X(kBwdWgmmaFamily) X(kBwdWgmmaDqFamily) X(kBwdMmaFamily) X(kBwdMmaDqFamily) \
+  X(kBlockMaskFamily) X(kBwdWgmmaFusedFamily) X(kBwdWgmmaFamily) X(kBwdWgmmaDqFamily) X(kBwdMmaFamily) X(kBwdMmaDqFamily) \
   X(kBwdPrepFamily) X(kBwdConvertFamily)
 
 namespace flashjit::detail {

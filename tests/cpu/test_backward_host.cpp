@@ -109,11 +109,12 @@ TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family a
   BackwardArgs args;
   args.options.causal = true;
   const detail::BackwardProblem problem = args.validate();
-  // Hopper: the wgmma backward, finished by its own dQ kernel in both modes (no atomics).
+  // Hopper: the fused wgmma backward (dQ by bulk reductions, finished by bwd_convert); in the
+  // deterministic mode the wgmma dK/dV kernel and its own dQ kernel (below).
   const Variant chosen = detail::select_backward_variant(problem, device_of("sm_90a"), args.options);
-  CHECK(chosen.name() == "bwd_wgmma.sm90a.bf16.d128.m64n128s2.causal");
+  CHECK(chosen.name() == "bwd_wgmma_fused.sm90a.bf16.d128.m64n128s2.causal");
   CHECK(detail::backward_finish_variant(problem, chosen).name() ==
-        "bwd_wgmma_dq.sm90a.bf16.d128.m128n64s2.causal");
+        "bwd_convert.sm90a.bf16.d128.m8n1s1");
   // Earlier GPUs: mma.sync, dQ by atomics finished by bwd_convert, or deterministic its dQ kernel.
   const Variant ampere = detail::select_backward_variant(problem, device_of("sm_80"), args.options);
   CHECK(ampere.name() == "bwd_mma.sm80.bf16.d128.m64n128s2.causal");
@@ -127,8 +128,22 @@ TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family a
         "bwd_mma");
   args.options.deterministic = true;
   const detail::BackwardProblem exact = args.validate();
-  CHECK(detail::backward_finish_variant(exact, chosen).name() ==
+  const Variant repeatable = detail::select_backward_variant(exact, device_of("sm_90a"), args.options);
+  CHECK(repeatable.name() == "bwd_wgmma.sm90a.bf16.d128.m64n128s2.causal");
+  CHECK(detail::backward_finish_variant(exact, repeatable).name() ==
         "bwd_wgmma_dq.sm90a.bf16.d128.m128n64s2.causal");
+  // The fused family, forced, refuses the deterministic mode, and shapes it cannot build.
+  args.options.family = "bwd_wgmma_fused";
+  CHECK_THROWS_WITH_AS(detail::select_backward_variant(exact, device_of("sm_90a"), args.options),
+                       doctest::Contains("options.family bwd_wgmma_fused adds dQ up with atomics: "
+                                         "not deterministic"),
+                       Error);
+  args.options.tiles = TileConfig{64, 64, 2};
+  CHECK_THROWS_WITH_AS(detail::select_backward_variant(problem, device_of("sm_90a"), args.options),
+                       doctest::Contains("expected tile_n 128 (two consumers of 64 keys) and "
+                                         "tile_m 64"),
+                       Error);
+  args.options.tiles.reset();
   CHECK(detail::backward_finish_variant(exact, ampere).name() ==
         "bwd_mma_dq.sm80.bf16.d128.m64n64s2.causal");
   // bwd_mma stays the forced family's choice on Hopper.
@@ -169,7 +184,7 @@ TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family a
   args.options.family = "mma";
   CHECK_THROWS_WITH_AS(detail::select_backward_variant(problem, device_of("sm_90a"), args.options),
                        doctest::Contains("options.family 'mma' is not a backward dK/dV family: "
-                                         "expected one of bwd_wgmma, bwd_mma"),
+                                         "expected one of bwd_wgmma_fused, bwd_wgmma, bwd_mma"),
                        Error);
 }
 
@@ -188,8 +203,10 @@ TEST_CASE("the dQ accumulator is in the workspace only for kernels that sum dQ b
   const std::size_t terms = 2 * (rows * 4);
   CHECK(workspace("sm_80", false) == terms + rows * 128 * 4);  // bwd_mma's atomics
   CHECK(workspace("sm_80", true) == terms);                    // bwd_mma_dq
+  CHECK(workspace("sm_90a", false) == terms + rows * 128 * 4);  // bwd_wgmma_fused's reductions
+  CHECK(workspace("sm_90a", true) == terms);                   // bwd_wgmma_dq
+  args.options.family = "bwd_wgmma";
   CHECK(workspace("sm_90a", false) == terms);                  // bwd_wgmma_dq, both modes
-  CHECK(workspace("sm_90a", true) == terms);
   args.options.family = "bwd_mma";
   CHECK(workspace("sm_90a", false) == terms + rows * 128 * 4);
 }
@@ -201,7 +218,7 @@ TEST_CASE("backward families are listed and their default variants are named") {
       ++backward;
       CHECK_FALSE(family.attention);
     }
-  CHECK(backward == 6);
+  CHECK(backward == 7);
   int bwd_variants = 0, wgmma_variants = 0;
   for (const Variant& v : default_variants("sm_90a")) {
     if (v.family.rfind("bwd_", 0) != 0) continue;
@@ -211,8 +228,8 @@ TEST_CASE("backward families are listed and their default variants are named") {
     if (v.family == "bwd_prep" || v.family == "bwd_convert") CHECK_FALSE(v.causal);
   }
   // 2 dtypes x 6 head dims: dK/dV and dQ causal or not, the row passes once; and the Hopper
-  // families' 3 head dims, dK/dV and dQ causal or not.
-  CHECK(wgmma_variants == 2 * 3 * (2 + 2));
+  // families' 3 head dims, dK/dV and dQ causal or not, and the fused kernel's 2, causal or not.
+  CHECK(wgmma_variants == 2 * 3 * (2 + 2) + 2 * 2 * 2);
   CHECK(bwd_variants == 2 * 6 * (2 + 2 + 1 + 1) + wgmma_variants);
   for (const Variant& v : default_variants("sm_80")) CHECK(v.family.rfind("bwd_wgmma", 0) != 0);
 }

@@ -1,7 +1,8 @@
-// The Hopper backward (bwd_wgmma for dK and dV, bwd_wgmma_dq for dQ) against bwd_mma, the
-// mma.sync backward checked against float64: the same gradients up to 16-bit rounding over head
-// dims, masks, GQA and uneven lengths (causal rows that see no key included), every row written,
-// and the same bits on every run in the default mode too (no atomics anywhere).
+// The Hopper backward against bwd_mma, the mma.sync backward checked against float64: the same
+// gradients up to 16-bit rounding over head dims, masks, GQA and uneven lengths (causal rows that
+// see no key included), every row written. bwd_wgmma_fused (the default up to head dim 128: dQ
+// added up in the same kernel) and bwd_wgmma + bwd_wgmma_dq (d256, the deterministic mode, and
+// forced: the same bits on every run, no atomics anywhere).
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -123,7 +124,7 @@ Difference compare(DType dtype, const std::vector<std::uint16_t>& a,
 
 }  // namespace
 
-TEST_CASE("bwd_wgmma computes bwd_mma's gradients, and the same bits on every run") {
+TEST_CASE("bwd_wgmma(_fused) compute bwd_mma's gradients; bwd_wgmma the same bits on every run") {
   if (!on_hopper()) {
     MESSAGE("not an sm_90a GPU: bwd_wgmma tests not run");
     return;
@@ -144,23 +145,29 @@ TEST_CASE("bwd_wgmma computes bwd_mma's gradients, and the same bits on every ru
   for (const Case& c : cases) {
     CAPTURE(c.describe());
     const Inputs in(c, rng);
-    const BackwardOptions hopper = in.options(nullptr, false);
+    const BackwardOptions fast = in.options(nullptr, false);
+    const bool fuses = c.head_dim <= 128;
     CHECK(shared_engine()
-              .select_backward_variant(in.q.view(), in.k.view(), in.v.view(), hopper)
-              .family == "bwd_wgmma");
-    const Gradients first = in.backward(hopper);
-    const Gradients again = in.backward(hopper);
+              .select_backward_variant(in.q.view(), in.k.view(), in.v.view(), fast)
+              .family == (fuses ? "bwd_wgmma_fused" : "bwd_wgmma"));
+    const Gradients fastest = in.backward(fast);
+    const BackwardOptions unfused = in.options("bwd_wgmma", false);
+    const Gradients first = in.backward(unfused);
+    const Gradients again = in.backward(unfused);
     CHECK(first.dq == again.dq);  // no atomics: the same bits in the default mode
     CHECK(first.dk == again.dk);
     CHECK(first.dv == again.dv);
     const Gradients exact = in.backward(in.options(nullptr, true));
     CHECK(exact.dq == first.dq);  // and the deterministic mode runs the same kernels
+    // The fused kernel's dK and dV are the same GEMMs in the same order: the same bits.
+    CHECK(fastest.dk == first.dk);
+    CHECK(fastest.dv == first.dv);
     const Gradients mma = in.backward(in.options("bwd_mma", true));
     const double tolerance = c.dtype == DType::bf16 ? 2e-2 : 5e-3;
-    const char* names[] = {"dq", "dk", "dv"};
-    const std::vector<std::uint16_t>* ours[] = {&first.dq, &first.dk, &first.dv};
-    const std::vector<std::uint16_t>* theirs[] = {&mma.dq, &mma.dk, &mma.dv};
-    for (int g = 0; g < 3; ++g) {
+    const char* names[] = {"dq", "dk", "dv", "dq fused"};
+    const std::vector<std::uint16_t>* ours[] = {&first.dq, &first.dk, &first.dv, &fastest.dq};
+    const std::vector<std::uint16_t>* theirs[] = {&mma.dq, &mma.dk, &mma.dv, &mma.dq};
+    for (int g = 0; g < 4; ++g) {
       const Difference d = compare(c.dtype, *ours[g], *theirs[g]);
       INFO(names[g], ": max |wgmma - mma| / max |mma| = ", d.relative_max);
       CHECK(d.all_finite);

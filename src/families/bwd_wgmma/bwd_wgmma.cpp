@@ -1,5 +1,6 @@
-// Host side of kernels_src/bwd_wgmma/ (Hopper, sm_90a only): the dK/dV family bwd_wgmma (a CTA per
-// key tile x KV head x batch) and the dQ family bwd_wgmma_dq (a CTA per query tile x head x
+// Host side of kernels_src/bwd_wgmma/ (Hopper, sm_90a only): the dK/dV families bwd_wgmma_fused
+// (dQ too, added into the fp32 accumulator) and bwd_wgmma (a CTA per key tile x KV head x batch
+// each: one kernel template), and the dQ family bwd_wgmma_dq (a CTA per query tile x head x
 // batch), each a producer warpgroup and one or two consumers (bwd_wgmma/shape.cuh) reading q, k,
 // v and dO through TMA tensor maps.
 #include "families/bwd_wgmma/bwd_wgmma.hpp"
@@ -24,8 +25,10 @@ static_assert(kTmaBoxWidth * Limits::kElementBytes == Limits::kRowBytes,
 static_assert(BwdRowsShape::kRowQuantum % 128 == 0,
               "a tile's row terms lie within the workspace's padded rows");
 
+constexpr std::string_view kFusedName = "bwd_wgmma_fused";
+
 constexpr BwdWgmmaShape dkdv_shape(const Variant& v) {
-  return {v.head_dim, v.tile_m, v.tile_n, v.stages};
+  return {v.head_dim, v.tile_m, v.tile_n, v.stages, v.family == kFusedName};
 }
 constexpr BwdWgmmaDqShape dq_shape(const Variant& v) {
   return {v.head_dim, v.tile_m, v.tile_n, v.stages};
@@ -53,6 +56,18 @@ std::string dkdv_check(const Variant& v) {
                        shape.split_roles() ? ", two sharing them beyond head_dim 128" : "",
                        Limits::kMaxConsumers);
   return stages_and_bytes(v, shape.shared_bytes());
+}
+
+// The fused kernel's dQ: two consumers of 64 keys each (dS's two column blocks), each computing
+// one 64 x 64 block of a step's tile_m x head_dim dQ.
+std::string fused_check(const Variant& v) {
+  if (std::string why = dkdv_check(v); !why.empty()) return why;
+  const BwdWgmmaShape shape = dkdv_shape(v);
+  if (v.tile_n != 128 || shape.dq_blocks() != shape.consumers())
+    return fmt::format("tile_n {} and tile_m {} at head_dim {}: expected tile_n 128 (two consumers "
+                       "of 64 keys) and tile_m {} (one 64 x 64 dQ block each)",
+                       v.tile_n, v.tile_m, v.head_dim, 2 * 64 * 64 / v.head_dim);
+  return {};
 }
 
 std::string dq_check(const Variant& v) {
@@ -132,13 +147,37 @@ LaunchPlan dq_plan(const Variant& v, const ForwardProblem& problem, const Backwa
 std::string arguments(const Variant& v) {
   return fmt::format("{}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages, v.causal);
 }
+std::string dkdv_arguments(const Variant& v) {
+  return fmt::format("{}, {}", arguments(v), v.family == kFusedName);
+}
 
 bool runs_on_sm90a(std::string_view arch) { return arch == "sm_90a"; }
 
 // Multiples of 64: whole 128-byte swizzle rows.
 constexpr int kHeadDims[] = {64, 128, 256};
+// Beyond 128 two consumers share 64 keys (split roles): no room for a dQ block.
+constexpr int kFusedHeadDims[] = {64, 128};
 
 }  // namespace
+
+constinit extern const KernelFamily kBwdWgmmaFusedFamily = {
+    .role = FamilyRole::backward,
+    .name = kFusedName,
+    .summary = "backward dK/dV and dQ in one kernel on TMA + wgmma, warp-specialized (dQ added up "
+               "by bulk reductions: not deterministic)",
+    .source_file = "bwd_wgmma/kernel.cu",
+    .kernel_template = "flashjit::bwd_wgmma_kernel",
+    .head_dims = kFusedHeadDims,
+    .runs_on = runs_on_sm90a,
+    .check_tiles = fused_check,
+    .shared_bytes = dkdv_shared_bytes,
+    .tile_table = dkdv_tiles,
+    .unsupported_reason = tma_unsupported,
+    .plan = nullptr,
+    .backward_plan = dkdv_plan,
+    .template_arguments = dkdv_arguments,
+    .always_accumulates_dq = true,
+};
 
 constinit extern const KernelFamily kBwdWgmmaFamily = {
     .role = FamilyRole::backward,
@@ -154,7 +193,7 @@ constinit extern const KernelFamily kBwdWgmmaFamily = {
     .unsupported_reason = tma_unsupported,
     .plan = nullptr,
     .backward_plan = dkdv_plan,
-    .template_arguments = arguments,
+    .template_arguments = dkdv_arguments,
 };
 
 constinit extern const KernelFamily kBwdWgmmaDqFamily = {
