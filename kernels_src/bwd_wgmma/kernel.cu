@@ -15,7 +15,7 @@
 // Pᵀ and dV, the other dPᵀ, dSᵀ and dK, taking Pᵀ through shared memory.
 // FusedDq (family bwd_wgmma_fused, up to head dim 128): each step also gives dQ of its queries,
 //   dQ = dS K                                        (dS through shared memory, K the CTA's)
-// which the consumers add into the fp32 accumulator with bulk reductions (bwd_convert scales and
+// which the consumers add into the fp32 accumulator with TMA reductions (bwd_convert scales and
 // rounds it afterwards): one kernel of five GEMMs instead of two of seven, and not deterministic.
 #include "bwd_wgmma/shape.cuh"
 #include "bwd_wgmma/warp_roles.cuh"
@@ -178,28 +178,36 @@ __device__ __forceinline__ void store_score_gradients(unsigned ds_tile, int cons
 }
 
 // Fused dQ: adds this consumer's finished 64 x 64 block of the step's dQ (accumulator layout)
-// into the fp32 accumulator at `accum` (row 0, column 0 of the block; rows HeadDim floats apart).
-// Each warp stages its 16 rows and 16 of its lanes issue one bulk reduction a row, so no warp
-// waits for another; a lane's reductions of the last step have read the staging before it is
-// written again.
-template <int HeadDim>
-__device__ __forceinline__ void add_dq_block(float* accum, unsigned char* stage, const float (&dq)[32]) {
-  constexpr int kPitch = BwdWgmmaShape::kDqStagePitch;
+// into the fp32 accumulator at rows accum_row.., columns col0.. of `tma_dq`. Each warp stages its
+// 16 rows as two 128B-swizzled boxes of 32 columns at `stage` (1024-byte aligned) and its lane 0
+// reduces them with one tensor op each, so no warp waits for another; lane 0's ops of the last
+// step have read the staging before it is written again.
+__device__ __forceinline__ void add_dq_block(const TmaDescriptor* tma_dq, long long accum_row,
+                                             int col0, unsigned char* stage,
+                                             const float (&dq)[32]) {
+  constexpr int kBoxBytes = BwdWgmmaShape::kDqBoxBytes;
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  unsigned char* rows = stage + 16 * warp * kPitch;
-  if (lane < 16) bulk_wait_group_read<0>();
+  unsigned char* boxes = stage + 2 * kBoxBytes * warp;
+  if (lane == 0) bulk_wait_group_read<0>();
   __syncwarp();
+  // Element (r, c): box c / 32, 128-byte row r, 16-byte unit (c % 32) / 4 moved by r % 8.
 #pragma unroll
   for (int j = 0; j < 8; ++j)
 #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      *reinterpret_cast<float2*>(rows + (lane / 4 + 8 * h) * kPitch + (8 * j + 2 * (lane % 4)) * 4) =
+    for (int h = 0; h < 2; ++h) {
+      const int r = lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4);
+      *reinterpret_cast<float2*>(boxes + (c / 32) * kBoxBytes + r * 128 +
+                                 ((((c % 32) / 4) ^ (r % 8)) << 4) + (c % 4) * 4) =
           make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
+    }
   fence_proxy_async_shared();  // the generic-proxy writes, before the bulk copy reads them
   __syncwarp();
-  if (lane < 16) {
-    bulk_reduce_add_f32(accum + static_cast<long long>(16 * warp + lane) * HeadDim,
-                        smem_u32(rows + lane * kPitch), 64 * 4);
+  if (lane == 0) {
+    const int row = static_cast<int>(accum_row) + BwdWgmmaShape::kDqBoxRows * warp;
+#pragma unroll
+    for (int b = 0; b < 2; ++b)
+      tma_reduce_add_2d(tma_dq, smem_u32(boxes + b * kBoxBytes),
+                        col0 + b * BwdWgmmaShape::kDqBoxCols, row);
     bulk_commit_group();
   }
 }
@@ -212,7 +220,7 @@ template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal
 __device__ __forceinline__ void consume_keys(const BackwardParams& p,
                                              const KeyTile<Causal, TileM, TileN>& tile,
                                              unsigned char* smem, KeyTileBarriers<Stages>* bars,
-                                             int consumer) {
+                                             int consumer, const TmaDescriptor* tma_dq) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
   constexpr int kRow = BwdWgmmaLimits::kRowBytes;
   const FmhaParams& f = p.fwd;
@@ -278,15 +286,13 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       const long long accum_row = (static_cast<long long>(tile.batch) * f.heads_q +
                                    tile.steps.head(t)) * p.seqlen_rows +
                                   row0 + kShape.dq_block_row0(consumer);
-      add_dq_block<HeadDim>(p.dq_accum + accum_row * HeadDim + kShape.dq_block_col0(consumer),
-                            smem + kShape.dq_stage_offset() +
-                                consumer * BwdWgmmaLimits::kRowsPerConsumer *
-                                    BwdWgmmaShape::kDqStagePitch,
-                            dq);
+      add_dq_block(tma_dq, accum_row, kShape.dq_block_col0(consumer),
+                   smem + kShape.dq_stage_offset() + consumer * 4 * 2 * BwdWgmmaShape::kDqBoxBytes,
+                   dq);
     }
   }
   // Fused dQ: this thread's reductions are done before the CTA (and its staging) goes away.
-  if (FusedDq && threadIdx.x % 32 < 16) bulk_wait_group<0>();
+  if (FusedDq && threadIdx.x % 32 == 0) bulk_wait_group<0>();
 
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k); keys past seqlen_k are not stored.
   const long long kv_offset = tile.batch * p.dk_stride_b + tile.kv_head * p.dk_stride_h;
@@ -395,7 +401,8 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
     bwd_wgmma_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
                      const __grid_constant__ TmaDescriptor tma_k,
                      const __grid_constant__ TmaDescriptor tma_v,
-                     const __grid_constant__ TmaDescriptor tma_do) {
+                     const __grid_constant__ TmaDescriptor tma_do,
+                     const __grid_constant__ TmaDescriptor tma_dq) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
   static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 64 == 0, "whole swizzled tiles");
   static_assert(TileM <= BwdWgmmaLimits::kMaxBoxRows && TileN <= BwdWgmmaLimits::kMaxBoxRows,
@@ -424,6 +431,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
       tma_prefetch_descriptor(&tma_k);
       tma_prefetch_descriptor(&tma_v);
       tma_prefetch_descriptor(&tma_do);
+      if (FusedDq) tma_prefetch_descriptor(&tma_dq);
     }
   }
   __syncthreads();
@@ -443,7 +451,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
                                                                      consumer / 2);
   } else {
     consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, FusedDq>(p, tile, smem, bars,
-                                                                    warpgroup - 1);
+                                                                    warpgroup - 1, &tma_dq);
   }
 }
 

@@ -70,8 +70,7 @@ struct BwdWgmmaShape {
   // Fused dQ: the step's 64 x 64 dQ blocks (tile_m / 64 down, head_dim / 64 across), one per
   // consumer; dS [tile_m queries][tile_n keys] in two buffers (steps alternate, so a consumer
   // writing the next never waits for the other to finish reading the last), K-major and swizzled
-  // like TMA's tiles; and a staging block per consumer for the bulk reductions, rows padded by 32
-  // bytes so a warp's float2 writes of 8 rows take the minimum two wavefronts.
+  // like TMA's tiles; and the staging of the reductions (below).
   FLASHJIT_HOST_DEVICE constexpr int dq_blocks() const { return tile_m / 64 * (head_dim / 64); }
   FLASHJIT_HOST_DEVICE constexpr int dq_block_row0(int consumer) const {
     return consumer % (tile_m / 64) * 64;
@@ -79,12 +78,16 @@ struct BwdWgmmaShape {
   FLASHJIT_HOST_DEVICE constexpr int dq_block_col0(int consumer) const {
     return consumer / (tile_m / 64) * 64;
   }
-  static constexpr int kDqStagePitch = (64 + 8) * 4;  // bytes per staged row of 64 floats
+  // A warp stages its 16 rows of the block as two TMA boxes of 16 rows x 32 floats (128 bytes,
+  // 128B-swizzled like every tile here) and reduces each into the accumulator with one tensor
+  // op: 16 ops a step for the CTA, where row-by-row bulk copies took 128.
+  static constexpr int kDqBoxCols = 32, kDqBoxRows = 16;
+  static constexpr int kDqBoxBytes = kDqBoxCols * kDqBoxRows * 4;
   FLASHJIT_HOST_DEVICE constexpr int ds_bytes() const {
     return fused_dq ? tile_m * tile_n * BwdWgmmaLimits::kElementBytes : 0;
   }
-  FLASHJIT_HOST_DEVICE constexpr int dq_stage_bytes() const {
-    return fused_dq ? consumers() * BwdWgmmaLimits::kRowsPerConsumer * kDqStagePitch : 0;
+  FLASHJIT_HOST_DEVICE constexpr int dq_stage_bytes() const {  // two boxes per consumer warp
+    return fused_dq ? consumer_warps() * 2 * kDqBoxBytes : 0;
   }
   // Shared memory, in order: K and V (the CTA's keys, loaded once), `stages` Q and `stages` dO
   // tiles, `stages` row-term blocks (lse_log2 then delta, tile_m floats each), the Pᵀ exchange,

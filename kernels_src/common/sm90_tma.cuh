@@ -32,14 +32,16 @@ __device__ __forceinline__ void tma_load_4d(void* dst, const TmaDescriptor* map,
       : "memory");
 }
 
-// Starts fetching the box at coordinates (c0 .. c3) of a rank-4 map into L2, copying nothing into
-// shared memory: a later tma_load_4d of it then waits on L2, not on DRAM and address translation.
-__device__ __forceinline__ void tma_prefetch_l2_4d(const TmaDescriptor* map, int c0, int c1,
-                                                   int c2, int c3) {
-  asm volatile("cp.async.bulk.prefetch.tensor.4d.L2.global.tile [%0, {%1, %2, %3, %4}];" ::"l"(
-                   reinterpret_cast<unsigned long long>(map)),
-               "r"(c0), "r"(c1), "r"(c2), "r"(c3)
-               : "memory");
+// Adds the fp32 box in shared memory at `src` into global memory at coordinates (c0 innermost, c1)
+// of a rank-2 map, element by element and atomically, in this thread's bulk async-group;
+// out-of-range elements are skipped.
+__device__ __forceinline__ void tma_reduce_add_2d(const TmaDescriptor* map, unsigned src, int c0,
+                                                  int c1) {
+  asm volatile(
+      "cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%1, %2}], [%3];" ::"l"(
+          reinterpret_cast<unsigned long long>(map)),
+      "r"(c0), "r"(c1), "r"(src)
+      : "memory");
 }
 
 // Copies `bytes` (a multiple of 16; both addresses 16-byte aligned) of contiguous global memory to

@@ -150,10 +150,6 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     return __ldg(p.page_table + batch * p.page_table_stride + page_of(p, key, page_shift));
   };
   int next_page = 0;
-  // The same for box b of the tile kL2Ahead tiles past the next one, whose boxes each load_tile
-  // prefetches into L2 (DecodeShape::kL2Ahead*).
-  constexpr int kL2Ahead = Paged ? DecodeShape::kL2AheadPaged : DecodeShape::kL2AheadDense;
-  int ahead_page = 0;
   // Issues the copies of key tile range.tile(v) into ring stage `stage`; keys past the sequence
   // are zero-filled (reading nothing), so padding never brings NaN into P·V.
   auto load_tile = [&](int v, int stage) {
@@ -171,23 +167,15 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
                                                     DecodeShape::kBoxWidth * 2 * 2);  // K and V
       }
       __syncwarp();
-      const int page = next_page, page_ahead = ahead_page;
-      if (Paged) {
-        next_page = read_page(range.tile(v + 1));
-        if (kL2Ahead > 0) ahead_page = read_page(range.tile(v + 1 + kL2Ahead));
-      }
+      const int page = next_page;
+      if (Paged) next_page = read_page(range.tile(v + 1));
       static_assert(TileN / 8 <= 32, "a box per lane (boxes hold at least 8 rows)");
-      if (lane >= boxes) return;
-      // Where box `lane` of tile `t` starts; false past the sequence.
-      auto box_at = [&](int t, int entry, KvRow& at) {
-        const int key = t * TileN + lane * box_rows;
-        at = {k_block, k_start + key};
-        if (Paged) at = {entry, key - page_of(p, key, page_shift) * p.page_size};
-        return key < seqlen;
-      };
-      KvRow at;
-      if (box_at(tile, page, at)) {
+      if (lane < boxes) {
         const int r = lane * box_rows;
+        const int key = tile * TileN + r;
+        if (key >= seqlen) return;
+        KvRow at{k_block, k_start + key};
+        if (Paged) at = {page, key - page_of(p, key, page_shift) * p.page_size};
 #pragma unroll
         for (int c = 0; c < kChunks; ++c) {
           const int offset = (c * TileN + r) * DecodeShape::kBoxWidth;
@@ -195,15 +183,6 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
                       kv_head, static_cast<int>(at.block));
           tma_load_4d(v_smem + offset, &v_map, &full[stage], c * DecodeShape::kBoxWidth, at.row,
                       kv_head, static_cast<int>(at.block));
-        }
-      }
-      if (kL2Ahead > 0 && v + kL2Ahead < tile_end && box_at(range.tile(v + kL2Ahead), page_ahead, at)) {
-#pragma unroll
-        for (int c = 0; c < kChunks; ++c) {
-          tma_prefetch_l2_4d(&k_map, c * DecodeShape::kBoxWidth, at.row, kv_head,
-                             static_cast<int>(at.block));
-          tma_prefetch_l2_4d(&v_map, c * DecodeShape::kBoxWidth, at.row, kv_head,
-                             static_cast<int>(at.block));
         }
       }
       return;
@@ -237,10 +216,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
     __syncthreads();  // the barriers are initialized before anyone uses them
     if (warp == 0) {
-      if (Paged) {
-        next_page = read_page(range.tile(tile_begin));
-        if (kL2Ahead > 0) ahead_page = read_page(range.tile(tile_begin + kL2Ahead));
-      }
+      if (Paged) next_page = read_page(range.tile(tile_begin));
 #pragma unroll
       for (int i = 0; i < Stages - 1; ++i)
         if (tile_begin + i < tile_end) load_tile(tile_begin + i, i);

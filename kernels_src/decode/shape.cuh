@@ -20,12 +20,6 @@ struct DecodeShape {
   static constexpr int kBoxWidth = 64;          // TMA: elements per swizzled chunk row (128 B)
   static constexpr int kSwizzleAlign = 1024;    // TMA: the swizzle pattern's period
 
-  // TMA: tiles ahead of the one being loaded whose boxes are prefetched into L2, so DRAM latency
-  // and address translation (every page of a paged cache is a new place) overlap more than the
-  // ring's one tile in flight. 0: none.
-  static constexpr int kL2AheadDense = 0;
-  static constexpr int kL2AheadPaged = 1;
-
   // Elements per shared Q row (and cp.async K/V row): 16 bytes of padding put the 8 rows of one
   // ldmatrix phase in 8 distinct bank groups.
   FLASHJIT_HOST_DEVICE constexpr int pitch() const { return head_dim + 8; }

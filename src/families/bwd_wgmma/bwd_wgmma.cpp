@@ -130,6 +130,16 @@ LaunchPlan dkdv_plan(const Variant& v, const ForwardProblem& problem, const Back
   plan.block = {static_cast<unsigned>(dkdv_shape(v).threads()), 1, 1};
   plan.shared_bytes = static_cast<unsigned>(dkdv_shared_bytes(v));
   add_maps(plan, problem, params, v.tile_m, v.tile_n);
+  // The fused kernel's fifth map: the fp32 dQ accumulator [head_dim, batch x heads_q x
+  // seqlen_rows] it reduces into (absent when nothing reads it: no queries, or bwd_wgmma).
+  const bool reduces = v.family == kFusedName && params.dq_accum != nullptr;
+  plan.maps.push_back(reduces ? accumulator_map(MapOperand::dq_accum, params.dq_accum,
+                                                problem.head_dim,
+                                                static_cast<std::int64_t>(problem.batch) *
+                                                    problem.heads_q * params.seqlen_rows,
+                                                BwdWgmmaShape::kDqBoxCols,
+                                                BwdWgmmaShape::kDqBoxRows)
+                              : TensorMapArg{});
   return plan;
 }
 
