@@ -58,7 +58,7 @@ def build_parser():
     p.add_argument("--bwd-family", default="auto",
                    help="backward cases: flashjit's dK/dV families to time, a comma list of auto "
                         "(the dispatcher's, default) and the library's dK/dV families (e.g. "
-                        "bwd_wgmma, bwd_mma), each optionally @MxNxS (a forced tile shape), "
+                        "bwd_wgmma_fused, bwd_wgmma, bwd_mma), each optionally @MxNxS (a forced tile shape), "
                         "e.g. auto,bwd_mma,bwd_wgmma@64x128x2: one row each, A/B in one run")
     p.add_argument("--deterministic", choices=sorted(DETERMINISTIC_MODES), default="off",
                    help="backward cases: flashjit's deterministic mode off (default: dQ by "
