@@ -62,9 +62,9 @@ __device__ __forceinline__ void gemm_ss_tnsp_b_tiles(float (&d)[N / 2], unsigned
     const unsigned long long da = smem_desc_advance(a_desc, (kk / 4) * ARows * 128 + (kk % 4) * 32);
     const unsigned long long db = smem_desc_advance(b_desc, kk * 16 * 128);
     if (kk == 0)
-      wgmma_ss_tnsp_b<T, N, false>(d, da, db);
+      wgmma_ss<T, N, false, true>(d, da, db);
     else
-      wgmma_ss_tnsp_b<T, N, true>(d, da, db);
+      wgmma_ss<T, N, true, true>(d, da, db);
   }
   wgmma_commit();
 }

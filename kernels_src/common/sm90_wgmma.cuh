@@ -136,11 +136,12 @@ __device__ __forceinline__ void wgmma_fence_operands(unsigned (&fragments)[N][4]
   "+f"(d[i]), "+f"(d[i + 1]), "+f"(d[i + 2]), "+f"(d[i + 3]), "+f"(d[i + 4]), "+f"(d[i + 5]), \
       "+f"(d[i + 6]), "+f"(d[i + 7])
 
-// D (+)= A·B, A (64 x 16) and B (16 x N) both K-major in shared memory (S = Q·Kᵀ).
-#define FLASHJIT_WGMMA_SS(G, N, TYPE, SCALE_D)                                                 \
+// D (+)= A·B, A (64 x 16) K-major and B (16 x N) K-major (TRANS_B 0: S = Q·Kᵀ) or N-major
+// (TRANS_B 1: dQ = dS·K), both in shared memory.
+#define FLASHJIT_WGMMA_SS(G, N, TYPE, SCALE_D, TRANS_B)                                        \
   asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #SCALE_D ", 0;\n"                           \
                "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE                 \
-               " {" FLASHJIT_WGMMA_ACC_##G "}, " FLASHJIT_WGMMA_SS_##G ", p, 1, 1, 0, 0;\n}"   \
+               " {" FLASHJIT_WGMMA_ACC_##G "}, " FLASHJIT_WGMMA_SS_##G ", p, 1, 1, 0, " #TRANS_B ";\n}" \
                : FLASHJIT_WGMMA_OUT_##G(d)                                                     \
                : "l"(desc_a), "l"(desc_b))
 // D += A·B, A from registers, B (16 x N) N-major in shared memory (O += P·V).
@@ -151,27 +152,17 @@ __device__ __forceinline__ void wgmma_fence_operands(unsigned (&fragments)[N][4]
                : FLASHJIT_WGMMA_OUT_##G(d)                                                     \
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b))
 
-// D (+)= A·B, A (64 x 16) K-major and B (16 x N) N-major, both in shared memory (dQ = dS·K).
-#define FLASHJIT_WGMMA_SS_TNSP_B(G, N, TYPE, SCALE_D)                                          \
-  asm volatile("{\n.reg .pred p;\nsetp.ne.b32 p, " #SCALE_D ", 0;\n"                           \
-               "wgmma.mma_async.sync.aligned.m64n" #N "k16.f32." TYPE "." TYPE                 \
-               " {" FLASHJIT_WGMMA_ACC_##G "}, " FLASHJIT_WGMMA_SS_##G ", p, 1, 1, 0, 1;\n}"   \
-               : FLASHJIT_WGMMA_OUT_##G(d)                                                     \
-               : "l"(desc_a), "l"(desc_b))
-
+#define FLASHJIT_WGMMA_SS_TYPES(G, N, TRANS_B)                                           \
+  {                                                                                       \
+    if constexpr (kBf16 && Accumulate) FLASHJIT_WGMMA_SS(G, N, "bf16", 1, TRANS_B);     \
+    else if constexpr (kBf16) FLASHJIT_WGMMA_SS(G, N, "bf16", 0, TRANS_B);              \
+    else if constexpr (Accumulate) FLASHJIT_WGMMA_SS(G, N, "f16", 1, TRANS_B);          \
+    else FLASHJIT_WGMMA_SS(G, N, "f16", 0, TRANS_B);                                    \
+  }
 #define FLASHJIT_WGMMA_SS_CASE(G, N)                                              \
   else if constexpr (kN == N) {                                                   \
-    if constexpr (kBf16 && Accumulate) FLASHJIT_WGMMA_SS(G, N, "bf16", 1);        \
-    else if constexpr (kBf16) FLASHJIT_WGMMA_SS(G, N, "bf16", 0);                 \
-    else if constexpr (Accumulate) FLASHJIT_WGMMA_SS(G, N, "f16", 1);             \
-    else FLASHJIT_WGMMA_SS(G, N, "f16", 0);                                       \
-  }
-#define FLASHJIT_WGMMA_SS_TNSP_B_CASE(G, N)                                        \
-  else if constexpr (kN == N) {                                                   \
-    if constexpr (kBf16 && Accumulate) FLASHJIT_WGMMA_SS_TNSP_B(G, N, "bf16", 1); \
-    else if constexpr (kBf16) FLASHJIT_WGMMA_SS_TNSP_B(G, N, "bf16", 0);          \
-    else if constexpr (Accumulate) FLASHJIT_WGMMA_SS_TNSP_B(G, N, "f16", 1);      \
-    else FLASHJIT_WGMMA_SS_TNSP_B(G, N, "f16", 0);                                \
+    if constexpr (TransposeB) FLASHJIT_WGMMA_SS_TYPES(G, N, 1)                     \
+    else FLASHJIT_WGMMA_SS_TYPES(G, N, 0)                                          \
   }
 #define FLASHJIT_WGMMA_RS_CASE(G, N)                                              \
   else if constexpr (kN == N) {                                                   \
@@ -186,9 +177,11 @@ __device__ __forceinline__ void wgmma_fence_operands(unsigned (&fragments)[N][4]
 template <typename T> constexpr bool kIsBf16 = false;
 template <> constexpr bool kIsBf16<bf16> = true;
 
-// Issues d (+)= A·B for one k16 slice: A = 64 x 16 rows of Q, B = N keys x 16, both K-major in
-// 128B-swizzled shared memory. Accumulate = false overwrites d (the first slice of a tile).
-template <typename T, int kN, bool Accumulate>
+// Issues d (+)= A·B for one k16 slice, both operands in 128B-swizzled shared memory: A = 64 x 16
+// K-major (rows of Q, of dS), B = N x 16 K-major (keys of K in S = Q·Kᵀ), or with TransposeB
+// 16 x N stored N-major (rows of B are the K index, N contiguous, as K's keys in dQ = dS·K).
+// Accumulate = false overwrites d (the first slice of a tile).
+template <typename T, int kN, bool Accumulate, bool TransposeB = false>
 __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], unsigned long long desc_a,
                                          unsigned long long desc_b) {
   static_assert(kN % 16 == 0 && kN >= 16 && kN <= 256, "wgmma N: a multiple of 16 up to 256");
@@ -196,18 +189,6 @@ __device__ __forceinline__ void wgmma_ss(float (&d)[kN / 2], unsigned long long 
   if constexpr (false) {
   }
   FLASHJIT_WGMMA_ALL_N(FLASHJIT_WGMMA_SS_CASE)
-}
-
-// Issues d (+)= A·B for one k16 slice: A = 64 x 16 K-major, B = 16 x N stored N-major (rows of
-// B are the K index, N contiguous, as K's keys in dQ = dS·K), both in 128B-swizzled shared memory.
-template <typename T, int kN, bool Accumulate>
-__device__ __forceinline__ void wgmma_ss_tnsp_b(float (&d)[kN / 2], unsigned long long desc_a,
-                                                unsigned long long desc_b) {
-  static_assert(kN % 16 == 0 && kN >= 16 && kN <= 256, "wgmma N: a multiple of 16 up to 256");
-  constexpr bool kBf16 = kIsBf16<T>;
-  if constexpr (false) {
-  }
-  FLASHJIT_WGMMA_ALL_N(FLASHJIT_WGMMA_SS_TNSP_B_CASE)
 }
 
 // Issues d += A·B for one k16 slice: A = the 64 x 16 slice of P in registers (four packed pairs

@@ -168,43 +168,40 @@ constexpr int kHeadDims[] = {64, 128, 256};
 // Beyond 128 two consumers share 64 keys (split roles): no room for a dQ block.
 constexpr int kFusedHeadDims[] = {64, 128};
 
+// The two dK/dV families: one kernel template, told apart by their names (dkdv_shape).
+constexpr KernelFamily dkdv_family(std::string_view name, std::string_view summary,
+                                   std::span<const int> head_dims,
+                                   std::string (*check)(const Variant&), bool accumulates_dq) {
+  return {
+      .role = FamilyRole::backward,
+      .name = name,
+      .summary = summary,
+      .source_file = "bwd_wgmma/kernel.cu",
+      .kernel_template = "flashjit::bwd_wgmma_kernel",
+      .head_dims = head_dims,
+      .runs_on = runs_on_sm90a,
+      .check_tiles = check,
+      .shared_bytes = dkdv_shared_bytes,
+      .tile_table = dkdv_tiles,
+      .unsupported_reason = tma_unsupported,
+      .plan = nullptr,
+      .backward_plan = dkdv_plan,
+      .template_arguments = dkdv_arguments,
+      .always_accumulates_dq = accumulates_dq,
+  };
+}
+
 }  // namespace
 
-constinit extern const KernelFamily kBwdWgmmaFusedFamily = {
-    .role = FamilyRole::backward,
-    .name = kFusedName,
-    .summary = "backward dK/dV and dQ in one kernel on TMA + wgmma, warp-specialized (dQ added up "
-               "by bulk reductions: not deterministic)",
-    .source_file = "bwd_wgmma/kernel.cu",
-    .kernel_template = "flashjit::bwd_wgmma_kernel",
-    .head_dims = kFusedHeadDims,
-    .runs_on = runs_on_sm90a,
-    .check_tiles = fused_check,
-    .shared_bytes = dkdv_shared_bytes,
-    .tile_table = dkdv_tiles,
-    .unsupported_reason = tma_unsupported,
-    .plan = nullptr,
-    .backward_plan = dkdv_plan,
-    .template_arguments = dkdv_arguments,
-    .always_accumulates_dq = true,
-};
+constinit extern const KernelFamily kBwdWgmmaFusedFamily = dkdv_family(
+    kFusedName,
+    "backward dK/dV and dQ in one kernel on TMA + wgmma, warp-specialized (dQ added up by bulk "
+    "reductions: not deterministic)",
+    kFusedHeadDims, fused_check, true);
 
-constinit extern const KernelFamily kBwdWgmmaFamily = {
-    .role = FamilyRole::backward,
-    .name = "bwd_wgmma",
-    .summary = "backward dK/dV on TMA + wgmma, warp-specialized (dQ by bwd_wgmma_dq, no atomics)",
-    .source_file = "bwd_wgmma/kernel.cu",
-    .kernel_template = "flashjit::bwd_wgmma_kernel",
-    .head_dims = kHeadDims,
-    .runs_on = runs_on_sm90a,
-    .check_tiles = dkdv_check,
-    .shared_bytes = dkdv_shared_bytes,
-    .tile_table = dkdv_tiles,
-    .unsupported_reason = tma_unsupported,
-    .plan = nullptr,
-    .backward_plan = dkdv_plan,
-    .template_arguments = dkdv_arguments,
-};
+constinit extern const KernelFamily kBwdWgmmaFamily = dkdv_family(
+    "bwd_wgmma", "backward dK/dV on TMA + wgmma, warp-specialized (dQ by bwd_wgmma_dq, no atomics)",
+    kHeadDims, dkdv_check, false);
 
 constinit extern const KernelFamily kBwdWgmmaDqFamily = {
     .role = FamilyRole::backward_dq,
