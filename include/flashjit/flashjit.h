@@ -223,6 +223,17 @@ typedef struct flashjit_backward_options {
    * needs it (run a shape once before capturing it in a CUDA graph, or pass one). */
   void* workspace;
   uint64_t workspace_bytes;
+  /* The forward's score variants, as in flashjit_forward_options (BackwardOptions: same values,
+   * same checks; a zero-initialized struct has none). sink_logits: the forward's learnable sinks
+   * (its LSE holds them); d_sink_logits, device fp32 [heads_q] or NULL, receives their gradient
+   * (needs sink_logits). The pointers come first, so no padding lies between the fields. */
+  const float* alibi_slopes;
+  const float* sink_logits;
+  float* d_sink_logits;
+  float softcap;
+  int32_t sliding_window; /* nonzero applies window_left / window_right */
+  int32_t window_left, window_right;
+  int32_t sink_tokens;
 } flashjit_backward_options;
 
 /* Gradients of flashjit_forward(q, k, v, out) (Engine::backward): given dout = dL/dout, writes

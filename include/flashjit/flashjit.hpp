@@ -412,6 +412,21 @@ struct ForwardOptions {
 struct BackwardOptions {
   std::optional<float> softmax_scale;  // the forward's; default 1/sqrt(head_dim)
   bool causal = false;                 // the forward's causal mask (bottom-right aligned)
+  // The forward's score variants, as in ForwardOptions (same values, same checks): the backward
+  // recomputes its probabilities with them, in kernels built for them (Variant::softcap, window,
+  // alibi). A soft-cap's gradient includes its 1 - tanh² factor; ALiBi slopes and sink logits are
+  // constants to it (no gradient for the slopes).
+  float softcap = 0.f;
+  int window_left = -1;
+  int window_right = -1;
+  int sink_tokens = 0;
+  const float* alibi_slopes = nullptr;
+  // The forward's learnable sinks (device fp32 [heads_q]): its LSE holds them, so dq, dk and dv
+  // need nothing more. d_sink_logits (device fp32 [heads_q], needs sink_logits) receives their
+  // gradient, dL/dsink_h = -Σ over batch and rows of exp(sink_h - lse) · rowsum(dO ∘ O), summed
+  // in a fixed order (bitwise repeatable); null: not computed.
+  const float* sink_logits = nullptr;
+  float* d_sink_logits = nullptr;
   // Bitwise repeatable gradients: dQ comes from a kernel of its own that owns each query tile
   // and sums its key tiles in a fixed order (about 1.4x the work), instead of the default's fp32
   // atomic adds from every key tile, whose order varies from run to run. dK and dV never use

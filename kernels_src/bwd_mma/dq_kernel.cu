@@ -5,6 +5,7 @@
 //   S = Q Kᵀ, P = exp2(scale_log2 S - lse_log2), dP = dO Vᵀ, dS = P ∘ (dP - delta), dQ += dS K
 // K and V stream through `Stages` buffers by cp.async, one group per key tile.
 #include "bwd_mma/shape.cuh"
+#include "common/bwd_scores.cuh"
 #include "common/fast_math.cuh"
 #include "common/masking.cuh"
 #include "common/mma_attention.cuh"
@@ -15,7 +16,8 @@
 
 namespace flashjit {
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
+          bool Window, bool Alibi>
 __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.threads())
     bwd_mma_dq_kernel(const BackwardParams p) {
   constexpr BwdMmaDqShape kShape{HeadDim, TileM, TileN, Stages};
@@ -43,7 +45,7 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
                           f.k_stride_s);
   const KvStream v_stream(static_cast<const T*>(f.v) + batch * f.v_stride_b + kv_head * f.v_stride_h,
                           f.v_stride_s);
-  const TileRange range = kv_tile_range<Causal, false, TileM, TileN>(f, f, row0);
+  const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(f, f, row0);
   const int n_tiles = range.count();
   auto load_tile = [&](int j) {  // key tile j into buffer j % Stages
     k_stream.copy(base + kShape.k_offset(j % Stages), range.tile(j) * TileN, f.seqlen_k,
@@ -67,7 +69,8 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
       (static_cast<long long>(batch) * f.heads_q + head) * p.seqlen_rows + row0 + warp_row0 + lane / 4;
   const float lse[2] = {p.lse_log2[terms], p.lse_log2[terms + 8]};
   const float delta[2] = {p.delta[terms], p.delta[terms + 8]};
-  const int lane_row = row0 + warp_row0 + lane / 4, diagonal = f.seqlen_k - f.seqlen_q;
+  const int lane_row = row0 + warp_row0 + lane / 4;
+  const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, head);
 
   const unsigned q_addr = base + ((warp_row0 + lane % 16) * kPitch + (lane / 16) * 8) * 2;
   const unsigned do_addr = q_addr + kShape.q_bytes();
@@ -99,7 +102,8 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
     gemm_qk<T, HeadDim, 1, NT, kPitch>(dp, do_addr, v_tile + kv_rows);
     // Keys past seqlen_k are zero rows of K and V: their dS meets a zero row of K in dQ.
     const int key0 = range.tile(j) * TileN;
-    const bool on_diagonal = Causal && key0 + TileN - 1 > row0 + warp_row0 + diagonal;
+    const bool masked =
+        scores.any_masked(row0 + warp_row0, row0 + warp_row0 + 15, key0, key0 + TileN - 1);
     unsigned ds[1][NT / 2][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)
@@ -109,9 +113,10 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = key0 + nt * 8 + (lane % 4) * 2 + e;
-          float prob = exp2_ftz(fmaf(s[0][nt][2 * h + e], f.scale_log2, -lse[h]));
-          if (on_diagonal && key > lane_row + h * 8 + diagonal) prob = 0.f;
-          d[e] = prob * (dp[0][nt][2 * h + e] - delta[h]);
+          float tanh_score = 0.f;
+          const float prob =
+              scores.prob(s[0][nt][2 * h + e], lse[h], lane_row + h * 8, key, masked, tanh_score);
+          d[e] = decltype(scores)::gradient(prob, dp[0][nt][2 * h + e], delta[h], tanh_score);
         }
         ds[0][nt / 2][(nt % 2) * 2 + h] = pack2<T>(d[0], d[1]);
       }
@@ -120,7 +125,7 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
   cp_async_wait<0>();
 
   T* out = static_cast<T*>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h;
-  const float scale = f.softmax_scale;
+  const float scale = p.dscore_scale;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = lane_row + h * 8;

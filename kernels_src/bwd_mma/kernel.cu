@@ -13,6 +13,7 @@
 // delta and lse_log2) stream through `Stages` buffers by cp.async; rows are padded by 16 bytes
 // (no bank conflicts in ldmatrix, as in mma/kernel.cu).
 #include "bwd_mma/shape.cuh"
+#include "common/bwd_scores.cuh"
 #include "common/fast_math.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
@@ -70,7 +71,8 @@ __device__ __forceinline__ void to_a_operand(unsigned (&packed)[1][NQ / 2][4],
       packed[0][nt / 2][(nt % 2) * 2 + h] = pack2<T>(x[0][nt][2 * h], x[0][nt][2 * h + 1]);
 }
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
+          bool Window, bool Alibi>
 __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, false}.threads())
     bwd_mma_kernel(const BackwardParams p) {
   constexpr BwdMmaShape kShape{HeadDim, TileM, TileN, Stages, bulk_dq_reduce(__CUDA_ARCH__ / 10)};
@@ -100,11 +102,13 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
       static_cast<const T*>(f.v) + batch * f.v_stride_b + kv_head * f.v_stride_h, f.v_stride_s)
       .copy(base + kShape.v_offset(), key0, f.seqlen_k, f.v_stride_s);
 
-  // The rows that see a key of this tile (causal: from the first whose diagonal reaches key0),
-  // for each head of the group: step t is head t / m_tiles, query tile m_first + t % m_tiles.
-  const int diagonal = f.seqlen_k - f.seqlen_q;
-  const int m_first = (Causal ? max(0, key0 - diagonal) : 0) / TileM;
-  const int m_tiles = max(0, (f.seqlen_q + TileM - 1) / TileM - m_first);
+  // The rows that see a key of this tile (causal: from the first whose diagonal reaches key0; a
+  // window: up to the last its left side reaches), for each head of the group: step t is head
+  // t / m_tiles, query tile m_first + t % m_tiles.
+  const RowsSeeingKeys<Causal, Window> seeing(f, key0, key0 + TileN - 1);
+  const int m_first = seeing.first / TileM;
+  const int m_tiles = Window ? (seeing.last < seeing.first ? 0 : seeing.last / TileM + 1 - m_first)
+                             : max(0, (f.seqlen_q + TileM - 1) / TileM - m_first);
   const int steps = m_tiles * f.heads_per_kv;
   auto step_head = [&](int t) { return kv_head * f.heads_per_kv + t / m_tiles; };
   auto step_row0 = [&](int t) { return (m_first + t % m_tiles) * TileM; };
@@ -188,9 +192,10 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
 
     // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ. Keys past seqlen_k are zero-filled rows of K and V:
     // their probabilities reach only dK and dV rows that are never stored, and dQ through a zero
-    // row of K, so only the causal diagonal needs a mask.
+    // row of K, so only the causal and window masks apply.
     const float* terms = reinterpret_cast<const float*>(smem + kShape.rows_offset(stage));
-    const bool on_diagonal = Causal && key0 + TileN - 1 > row0 + diagonal;
+    const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, step_head(t));
+    const bool masked = scores.any_masked(row0, row0 + TileM - 1, key0, key0 + TileN - 1);
 #pragma unroll
     for (int nt = 0; nt < NQ; ++nt) {
       const int col = nt * 8 + (lane % 4) * 2;
@@ -199,10 +204,12 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = lane_key + (e / 2) * 8, row = row0 + col + e % 2;
-        float prob = exp2_ftz(fmaf(s[0][nt][e], f.scale_log2, -(e % 2 ? lse.y : lse.x)));
-        if (on_diagonal && key > row + diagonal) prob = 0.f;
+        float tanh_score = 0.f;
+        const float prob =
+            scores.prob(s[0][nt][e], e % 2 ? lse.y : lse.x, row, key, masked, tanh_score);
         s[0][nt][e] = prob;
-        dp[0][nt][e] = prob * (dp[0][nt][e] - (e % 2 ? delta.y : delta.x));
+        dp[0][nt][e] =
+            decltype(scores)::gradient(prob, dp[0][nt][e], e % 2 ? delta.y : delta.x, tanh_score);
       }
     }
     unsigned packed[1][NQ / 2][4];
@@ -271,7 +278,7 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k), dV as summed; keys past seqlen_k not stored.
   T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h;
   T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h;
-  const float scale = f.softmax_scale;
+  const float scale = p.dscore_scale;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = lane_key + h * 8;

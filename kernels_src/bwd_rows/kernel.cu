@@ -2,7 +2,9 @@
 //  - bwd_prep_kernel, before the dK/dV and dQ kernels: delta = rowsum(dO ∘ O), the LSE in exp2
 //    units (+inf where the row saw no key or does not exist, so its probabilities are exactly
 //    0), and a zeroed fp32 dQ accumulator row for the atomic mode;
-//  - bwd_convert_kernel, after them: dq = softmax_scale · the accumulator, in the element type.
+//  - bwd_convert_kernel, after them: dq = softmax_scale · the accumulator, in the element type;
+//  - bwd_sink_kernel, after bwd_prep, one CTA per query head (learnable sinks whose gradient is
+//    asked for): dsink = -Σ over batch and rows of exp(sink - lse) · delta, in a fixed order.
 #include "bwd_rows/shape.cuh"
 #include "common/fast_math.cuh"
 #include "common/params.cuh"
@@ -52,6 +54,32 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_prep_kernel(const 
   }
 }
 
+// The sink joins each row's softmax as one more logit with no value: P_sink = exp(sink - lse),
+// and dL/dsink = Σ_rows P_sink (0 - delta). Rows past seqlen_q have lse_log2 = +inf (P_sink 0);
+// a row that saw no key has O = 0, so delta 0. Each thread sums a fixed stride of the rows, then
+// a fixed tree: the same bits every run.
+template <typename T, int HeadDim>
+__global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_sink_kernel(const BackwardParams p) {
+  const int head = blockIdx.x;
+  const float sink_log2 = __ldg(p.fwd.sink_logits + head) * kLog2e;
+  float sum = 0.f;
+  for (int b = 0; b < p.fwd.batch; ++b) {
+    const long long first = (static_cast<long long>(b) * p.fwd.heads_q + head) * p.seqlen_rows;
+    for (int row = threadIdx.x; row < p.fwd.seqlen_q; row += BwdRowsShape::kThreads)
+      sum = fmaf(exp2_ftz(sink_log2 - p.lse_log2[first + row]), p.delta[first + row], sum);
+  }
+  __shared__ float warp_sums[BwdRowsShape::kWarps];
+  sum = warp_sum(sum);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sum;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < BwdRowsShape::kWarps; ++w) total += warp_sums[w];
+    p.dsink[head] = 0.f - total;  // +0, not -0, when no row counts
+  }
+}
+
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(BwdRowsShape::kThreads)
     bwd_convert_kernel(const BackwardParams p) {
@@ -61,7 +89,7 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads)
   const float* acc = p.dq_accum + workspace_row(p, row) * HeadDim;
   T* dq = static_cast<T*>(p.dq) + batch * p.dq_stride_b + row * p.dq_stride_s +
           head * p.dq_stride_h;
-  const float scale = p.fwd.softmax_scale;
+  const float scale = p.dscore_scale;
 #pragma unroll
   for (int c = 2 * lane; c < HeadDim; c += 64) {
     const float2 pair = *reinterpret_cast<const float2*>(acc + c);

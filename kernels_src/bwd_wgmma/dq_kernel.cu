@@ -12,6 +12,7 @@
 // and writes dq = softmax_scale · dQ at the end.
 #include "bwd_wgmma/shape.cuh"
 #include "bwd_wgmma/warp_roles.cuh"
+#include "common/bwd_scores.cuh"
 #include "common/fast_math.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
@@ -31,8 +32,9 @@ struct QueryTileBarriers {
   unsigned long long full[Stages], empty[Stages];  // a key tile's K and V
 };
 
-// Where the CTA works: its rows and the key tiles they see (common/masking.cuh).
-template <bool Causal, int TileM, int TileN>
+// Where the CTA works: its rows and the key tiles they see (common/masking.cuh; a window's
+// band and sink tiles only).
+template <bool Causal, bool Window, int TileM, int TileN>
 struct QueryTile {
   int row0, head, kv_head, batch;
   TileRange keys;
@@ -42,13 +44,13 @@ struct QueryTile {
         head(blockIdx.y),
         kv_head(blockIdx.y / f.heads_per_kv),
         batch(blockIdx.z),
-        keys(kv_tile_range<Causal, false, TileM, TileN>(f, f, row0)) {}
+        keys(kv_tile_range<Causal, Window, TileM, TileN>(f, f, row0)) {}
 };
 
 // ---- producer ---------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
-__device__ __forceinline__ void produce(const QueryTile<Causal, TileM, TileN>& tile,
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window>
+__device__ __forceinline__ void produce(const QueryTile<Causal, Window, TileM, TileN>& tile,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
                                         const TmaDescriptor* tma_v, const TmaDescriptor* tma_do,
                                         unsigned char* smem, QueryTileBarriers<Stages>* bars) {
@@ -82,9 +84,10 @@ __device__ __forceinline__ void produce(const QueryTile<Causal, TileM, TileN>& t
 
 // ---- consumer ---------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
+          bool Window, bool Alibi>
 __device__ __forceinline__ void consume(const BackwardParams& p,
-                                        const QueryTile<Causal, TileM, TileN>& tile,
+                                        const QueryTile<Causal, Window, TileM, TileN>& tile,
                                         unsigned char* smem, QueryTileBarriers<Stages>* bars,
                                         int consumer) {
   constexpr BwdWgmmaDqShape kShape{HeadDim, TileM, TileN, Stages};
@@ -96,7 +99,7 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
   const unsigned do_rows = base + kShape.do_offset() + consumer * 64 * kRow;
   const int wg_row0 = tile.row0 + consumer * 64;
   const int lane_row = wg_row0 + at.row;  // the accumulators' rows: + 0, + 8
-  const int diagonal = f.seqlen_k - f.seqlen_q;
+  const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, tile.head);
   // The two rows' terms (the workspace's rows are padded to whole tiles: no bounds check).
   const long long terms =
       (static_cast<long long>(tile.batch) * f.heads_q + tile.head) * p.seqlen_rows + lane_row;
@@ -115,25 +118,30 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
     float s[TileN / 2], dp[TileN / 2];
     gemm_ss_tiles<T, HeadDim, TileM, TileN>(s, q_rows, k_tile);
     gemm_ss_tiles<T, HeadDim, TileM, TileN>(dp, do_rows, v_tile);
-    wgmma_wait<1>();  // S is ready; dP may still run
-    wgmma_fence_operands(s);
     // Keys past seqlen_k are zero rows of K and V, which would give them P = exp2(-lse_log2):
-    // masked with the diagonal, so no overflow there can reach dQ as inf · 0.
+    // masked with the others, so no overflow there can reach dQ as inf · 0.
     const int key0 = tile.keys.tile(j) * TileN;
-    const bool masked =
-        (Causal && key0 + TileN - 1 > wg_row0 + diagonal) || key0 + TileN > f.seqlen_k;
+    const bool past_end = key0 + TileN > f.seqlen_k;
+    const bool masked = scores.any_masked(wg_row0, wg_row0 + 63, key0, key0 + TileN - 1);
+    // Soft-capped: dS needs each score's t, so both GEMMs first and one pass over the scores.
+    wgmma_wait<Softcap ? 0 : 1>();  // S is ready; dP may still run
+    wgmma_fence_operands(s);
+    if (Softcap) wgmma_fence_operands(dp);
 #pragma unroll
     for (int e = 0; e < TileN / 2; ++e) {
       const int key = key0 + 8 * (e / 4) + at.col + e % 2, h = (e / 2) % 2;
-      float prob = exp2_ftz(fmaf(s[e], f.scale_log2, -lse[h]));
-      if (masked && ((Causal && key > lane_row + 8 * h + diagonal) || key >= f.seqlen_k))
-        prob = 0.f;
+      float t = 0.f;
+      float prob = scores.prob(s[e], lse[h], lane_row + 8 * h, key, masked, t);
+      if (past_end && key >= f.seqlen_k) prob = 0.f;
+      if constexpr (Softcap) dp[e] = decltype(scores)::gradient(prob, dp[e], delta[h], t);
       s[e] = prob;
     }
-    wgmma_wait<0>();
-    wgmma_fence_operands(dp);
+    if constexpr (!Softcap) {
+      wgmma_wait<0>();
+      wgmma_fence_operands(dp);
 #pragma unroll
-    for (int e = 0; e < TileN / 2; ++e) dp[e] = s[e] * (dp[e] - delta[(e / 2) % 2]);
+      for (int e = 0; e < TileN / 2; ++e) dp[e] = s[e] * (dp[e] - delta[(e / 2) % 2]);
+    }
     unsigned dsf[TileN / 16][4];
     gemm_fragments<T, TileN>(dsf, dp);
     gemm_rs_tiles<T, HeadDim, TileN>(dq, dsf, k_tile);
@@ -145,12 +153,13 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
 
   store_accumulator_rows<T, HeadDim>(
       static_cast<T*>(p.dq) + tile.batch * p.dq_stride_b + tile.head * p.dq_stride_h,
-      p.dq_stride_s, wg_row0, f.seqlen_q, dq, f.softmax_scale);
+      p.dq_stride_s, wg_row0, f.seqlen_q, dq, p.dscore_scale);
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
+          bool Window, bool Alibi>
 __global__ void __launch_bounds__(BwdWgmmaDqShape{HeadDim, TileM, TileN, Stages}.threads(), 1)
     bwd_wgmma_dq_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
                         const __grid_constant__ TmaDescriptor tma_k,
@@ -167,7 +176,7 @@ __global__ void __launch_bounds__(BwdWgmmaDqShape{HeadDim, TileM, TileN, Stages}
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_tiles(smem_raw);
   auto* bars = reinterpret_cast<QueryTileBarriers<Stages>*>(smem + kShape.barrier_offset());
-  const QueryTile<Causal, TileM, TileN> tile(p.fwd);
+  const QueryTile<Causal, Window, TileM, TileN> tile(p.fwd);
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bars->q_full, 1);
@@ -186,10 +195,11 @@ __global__ void __launch_bounds__(BwdWgmmaDqShape{HeadDim, TileM, TileN, Stages}
   const int warpgroup = enter_role();
   if (warpgroup == 0) {
     if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal>(tile, &tma_q, &tma_k, &tma_v, &tma_do,
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Window>(tile, &tma_q, &tma_k, &tma_v, &tma_do,
                                                         smem, bars);
   } else {
-    consume<T, HeadDim, TileM, TileN, Stages, Causal>(p, tile, smem, bars, warpgroup - 1);
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi>(p, tile, smem, bars,
+                                                                          warpgroup - 1);
   }
 }
 

@@ -19,6 +19,7 @@
 // rounds it afterwards): one kernel of five GEMMs instead of two of seven, and not deterministic.
 #include "bwd_wgmma/shape.cuh"
 #include "bwd_wgmma/warp_roles.cuh"
+#include "common/bwd_scores.cuh"
 #include "common/fast_math.cuh"
 #include "common/params.cuh"
 #include "common/sm90_mbarrier.cuh"
@@ -42,14 +43,21 @@ struct KeyTileBarriers {
 // its keys, for each query head of the KV head's group. Step t is head first_head + t / m_tiles,
 // query tile m_first + t % m_tiles. Causal: row i sees key j iff j <= i + seqlen_k - seqlen_q, so
 // the rows start where the diagonal reaches key0 (every key is seen by the last row: m_tiles >= 1
-// whenever seqlen_q > 0).
-template <bool Causal, int TileM>
+// whenever seqlen_q > 0). A window also ends them where its left side leaves the tile's last key
+// (common/bwd_scores.cuh), so time scales with the window.
+template <bool Causal, bool Window, int TileM, int TileN>
 struct QuerySteps {
   int m_first, m_tiles, count, first_head;
 
   __device__ __forceinline__ QuerySteps(const FmhaParams& f, int key0, int kv_head) {
-    m_first = (Causal ? max(0, key0 - (f.seqlen_k - f.seqlen_q)) : 0) / TileM;
-    m_tiles = max(0, (f.seqlen_q + TileM - 1) / TileM - m_first);
+    if constexpr (Window) {
+      const RowsSeeingKeys<Causal, Window> rows(f, key0, key0 + TileN - 1);
+      m_first = rows.first / TileM;
+      m_tiles = rows.last < rows.first ? 0 : rows.last / TileM + 1 - m_first;
+    } else {
+      m_first = (Causal ? max(0, key0 - (f.seqlen_k - f.seqlen_q)) : 0) / TileM;
+      m_tiles = max(0, (f.seqlen_q + TileM - 1) / TileM - m_first);
+    }
     count = m_tiles * f.heads_per_kv;
     first_head = kv_head * f.heads_per_kv;
   }
@@ -58,10 +66,10 @@ struct QuerySteps {
 };
 
 // Where the CTA works, and how many steps.
-template <bool Causal, int TileM, int TileN>
+template <bool Causal, bool Window, int TileM, int TileN>
 struct KeyTile {
   int key0, kv_head, batch;
-  QuerySteps<Causal, TileM> steps;
+  QuerySteps<Causal, Window, TileM, TileN> steps;
 
   __device__ __forceinline__ explicit KeyTile(const FmhaParams& f)
       : key0(blockIdx.x * TileN),
@@ -72,9 +80,9 @@ struct KeyTile {
 
 // ---- producer ---------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window>
 __device__ __forceinline__ void produce(const BackwardParams& p,
-                                        const KeyTile<Causal, TileM, TileN>& tile,
+                                        const KeyTile<Causal, Window, TileM, TileN>& tile,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
                                         const TmaDescriptor* tma_v, const TmaDescriptor* tma_do,
                                         unsigned char* smem, KeyTileBarriers<Stages>* bars) {
@@ -115,25 +123,38 @@ __device__ __forceinline__ void produce(const BackwardParams& p,
 
 // ---- consumer pieces --------------------------------------------------------------------------
 
+// What probabilities() leaves in its second array besides Pᵀ: nothing, dSᵀ (from dPᵀ there:
+// soft-capped variants, whose dS needs each score's t), or Pᵀ ∘ (1 - t²), what the split roles'
+// gradient warpgroup multiplies by dPᵀ - delta to get dSᵀ (Pᵀ itself without a cap).
+enum class AlsoOut { nothing, gradients, capped_probs };
+
 // Sᵀ -> Pᵀ in place: columns are queries row0 + 8 (e / 4) + at.col + e % 2, whose lse_log2 come
 // from the step's terms. Keys past seqlen_k are zero rows of K and V: their probabilities reach
-// only dK and dV rows that are never stored, so only the causal diagonal needs a mask (`masked`:
-// some key of the warpgroup lies right of some query's diagonal).
-template <int TileM, bool Causal>
-__device__ __forceinline__ void probabilities(float (&s)[TileM / 2], const float* terms,
-                                              const FragmentPosition& at, float scale_log2,
-                                              bool masked, int lane_key, int row0, int diagonal) {
+// only dK and dV rows that are never stored, so only the causal and window masks apply
+// (`masked`: some score of the warpgroup's block is masked).
+template <int TileM, AlsoOut Also, typename Scores>
+__device__ __forceinline__ void probabilities(float (&s)[TileM / 2], float (&also)[TileM / 2],
+                                              const float* terms, const FragmentPosition& at,
+                                              const Scores& scores, bool masked, int lane_key,
+                                              int row0) {
 #pragma unroll
   for (int j = 0; j < TileM / 8; ++j) {
     const int col = 8 * j + at.col;
     const float2 lse = *reinterpret_cast<const float2*>(terms + col);
+    const float2 delta = Also == AlsoOut::gradients
+                             ? *reinterpret_cast<const float2*>(terms + TileM + col)
+                             : make_float2(0.f, 0.f);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         const int e = 4 * j + 2 * h + b;
-        float prob = exp2_ftz(fmaf(s[e], scale_log2, -(b ? lse.y : lse.x)));
-        if (Causal && masked && lane_key + 8 * h > row0 + col + b + diagonal) prob = 0.f;
+        float t = 0.f;
+        const float prob =
+            scores.prob(s[e], b ? lse.y : lse.x, row0 + col + b, lane_key + 8 * h, masked, t);
+        if constexpr (Also == AlsoOut::gradients)
+          also[e] = Scores::gradient(prob, also[e], b ? delta.y : delta.x, t);
+        if constexpr (Also == AlsoOut::capped_probs) also[e] = Scores::gradient(prob, 1.f, 0.f, t);
         s[e] = prob;
       }
   }
@@ -216,9 +237,10 @@ __device__ __forceinline__ void add_dq_block(const TmaDescriptor* tma_dq, long l
 
 // Up to head dim 128: the warpgroup owns keys [key_row0, key_row0 + 64) of the tile and runs the
 // whole step for them.
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool FusedDq>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
+          bool Window, bool Alibi, bool FusedDq>
 __device__ __forceinline__ void consume_keys(const BackwardParams& p,
-                                             const KeyTile<Causal, TileM, TileN>& tile,
+                                             const KeyTile<Causal, Window, TileM, TileN>& tile,
                                              unsigned char* smem, KeyTileBarriers<Stages>* bars,
                                              int consumer, const TmaDescriptor* tma_dq) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
@@ -229,7 +251,6 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
   const int key_row0 = consumer * 64;
   const unsigned k_rows = base + kShape.k_offset() + key_row0 * kRow;  // this warpgroup's keys
   const unsigned v_rows = base + kShape.v_offset() + key_row0 * kRow;
-  const int diagonal = f.seqlen_k - f.seqlen_q;
   const int lane_key = tile.key0 + key_row0 + at.row;  // the accumulators' rows: + 0, + 8
   float dk[HeadDim / 2], dv[HeadDim / 2];
 #pragma unroll
@@ -244,14 +265,23 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     float s[TileM / 2], dp[TileM / 2];
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(s, k_rows, q_tile);
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(dp, v_rows, do_tile);
-    wgmma_wait<1>();  // Sᵀ is ready; dPᵀ may still run
-    wgmma_fence_operands(s);
     const int row0 = tile.steps.row0(t);
-    const bool masked = Causal && tile.key0 + key_row0 + 63 > row0 + diagonal;
-    probabilities<TileM, Causal>(s, terms, at, f.scale_log2, masked, lane_key, row0, diagonal);
-    wgmma_wait<0>();  // dPᵀ is ready
-    wgmma_fence_operands(dp);
-    score_gradients<TileM>(dp, terms, at, [&](int e) { return s[e]; });
+    const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, tile.steps.head(t));
+    const bool masked = scores.any_masked(row0, row0 + TileM - 1, lane_key - at.row,
+                                          lane_key - at.row + 63);
+    if constexpr (Softcap) {  // dSᵀ needs each score's t: both GEMMs first, then one pass
+      wgmma_wait<0>();
+      wgmma_fence_operands(s);
+      wgmma_fence_operands(dp);
+      probabilities<TileM, AlsoOut::gradients>(s, dp, terms, at, scores, masked, lane_key, row0);
+    } else {
+      wgmma_wait<1>();  // Sᵀ is ready; dPᵀ may still run
+      wgmma_fence_operands(s);
+      probabilities<TileM, AlsoOut::nothing>(s, dp, terms, at, scores, masked, lane_key, row0);
+      wgmma_wait<0>();  // dPᵀ is ready
+      wgmma_fence_operands(dp);
+      score_gradients<TileM>(dp, terms, at, [&](int e) { return s[e]; });
+    }
     // dK's GEMM first: dPᵀ's registers free up as its fragments are packed, then Sᵀ's as Pᵀ's
     // are (dV's GEMM first would hold Pᵀ's fragments, Sᵀ and dPᵀ at once: d64 with 128 queries
     // spilled 48 bytes).
@@ -297,7 +327,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k); keys past seqlen_k are not stored.
   const long long kv_offset = tile.batch * p.dk_stride_b + tile.kv_head * p.dk_stride_h;
   store_accumulator_rows<T, HeadDim>(static_cast<T*>(p.dk) + kv_offset, p.dk_stride_s,
-                                     tile.key0 + key_row0, f.seqlen_k, dk, f.softmax_scale);
+                                     tile.key0 + key_row0, f.seqlen_k, dk, p.dscore_scale);
   store_accumulator_rows<T, HeadDim>(
       static_cast<T*>(p.dv) + tile.batch * p.dv_stride_b + tile.kv_head * p.dv_stride_h,
       p.dv_stride_s, tile.key0 + key_row0, f.seqlen_k, dv, 1.f);
@@ -310,9 +340,10 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
 // layout, so thread i of the second reads exactly its own elements, and consecutive threads touch
 // consecutive 16 bytes. Named barriers 1 + 2g (Pᵀ written) and 2 + 2g (Pᵀ read, the buffer free)
 // pass it over, both warpgroups' 256 threads counting.
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Probs>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
+          bool Window, bool Alibi, bool Probs>
 __device__ __forceinline__ void consume_split(const BackwardParams& p,
-                                              const KeyTile<Causal, TileM, TileN>& tile,
+                                              const KeyTile<Causal, Window, TileM, TileN>& tile,
                                               unsigned char* smem, KeyTileBarriers<Stages>* bars,
                                               int group) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
@@ -345,15 +376,35 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
                                               q_tile);
       wgmma_wait<0>();
       wgmma_fence_operands(x);
-      const int row0 = tile.steps.row0(t), diagonal = f.seqlen_k - f.seqlen_q;
-      const bool masked = Causal && tile.key0 + key_row0 + 63 > row0 + diagonal;
-      probabilities<TileM, Causal>(x, terms, at, f.scale_log2, masked,
-                                   tile.key0 + key_row0 + at.row, row0, diagonal);
-      named_barrier_sync(free, kPairThreads);  // the partner has read the last step's Pᵀ
+      const int row0 = tile.steps.row0(t), lane_key = tile.key0 + key_row0 + at.row;
+      const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, tile.steps.head(t));
+      const bool masked =
+          scores.any_masked(row0, row0 + TileM - 1, tile.key0 + key_row0, tile.key0 + key_row0 + 63);
+      if constexpr (Softcap) {
+        // The partner's dSᵀ is Pᵀ (1 - t²) ∘ (dPᵀ - delta): that goes over, written as each
+        // group of four is computed (no second array of registers), Pᵀ stays for dV.
+        named_barrier_sync(free, kPairThreads);  // the partner has read the last step's
 #pragma unroll
-      for (int i = 0; i < TileM / 8; ++i)
-        exchange[i * kWarpgroupThreads] =
-            make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+        for (int i = 0; i < TileM / 8; ++i) {
+          float capped[4];
+#pragma unroll
+          for (int q = 0; q < 4; ++q) {
+            const int e = 4 * i + q, col = 8 * i + at.col + q % 2;
+            float tanh_score = 0.f;
+            x[e] = scores.prob(x[e], terms[col], row0 + col, lane_key + 8 * (q / 2), masked,
+                               tanh_score);
+            capped[q] = decltype(scores)::gradient(x[e], 1.f, 0.f, tanh_score);
+          }
+          exchange[i * kWarpgroupThreads] = make_float4(capped[0], capped[1], capped[2], capped[3]);
+        }
+      } else {
+        probabilities<TileM, AlsoOut::nothing>(x, x, terms, at, scores, masked, lane_key, row0);
+        named_barrier_sync(free, kPairThreads);  // the partner has read the last step's Pᵀ
+#pragma unroll
+        for (int i = 0; i < TileM / 8; ++i)
+          exchange[i * kWarpgroupThreads] =
+              make_float4(x[4 * i], x[4 * i + 1], x[4 * i + 2], x[4 * i + 3]);
+      }
       named_barrier_arrive(written, kPairThreads);
       gemm_fragments<T, TileM>(frag, x);
       gemm_rs_tiles<T, HeadDim, TileM>(acc, frag, do_tile);
@@ -391,12 +442,13 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
   else
     store_accumulator_rows<T, HeadDim>(
         static_cast<T*>(p.dk) + tile.batch * p.dk_stride_b + tile.kv_head * p.dk_stride_h,
-        p.dk_stride_s, tile.key0 + key_row0, f.seqlen_k, acc, f.softmax_scale);
+        p.dk_stride_s, tile.key0 + key_row0, f.seqlen_k, acc, p.dscore_scale);
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool FusedDq>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
+          bool Window, bool Alibi, bool FusedDq>
 __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, FusedDq}.threads(), 1)
     bwd_wgmma_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
                      const __grid_constant__ TmaDescriptor tma_k,
@@ -417,7 +469,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_tiles(smem_raw);
   auto* bars = reinterpret_cast<KeyTileBarriers<Stages>*>(smem + kShape.barrier_offset());
-  const KeyTile<Causal, TileM, TileN> tile(p.fwd);
+  const KeyTile<Causal, Window, TileM, TileN> tile(p.fwd);
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bars->kv_full, 1);
@@ -439,18 +491,21 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
   const int warpgroup = enter_role();
   if (warpgroup == 0) {
     if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal>(p, tile, &tma_q, &tma_k, &tma_v, &tma_do,
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Window>(p, tile, &tma_q, &tma_k, &tma_v, &tma_do,
                                                         smem, bars);
   } else if constexpr (kShape.split_roles() && !FusedDq) {
     const int consumer = warpgroup - 1;
     if (consumer % 2 == 0)
-      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, true>(p, tile, smem, bars,
+      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, true>(
+          p, tile, smem, bars,
                                                                     consumer / 2);
     else
-      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, false>(p, tile, smem, bars,
+      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, false>(
+          p, tile, smem, bars,
                                                                      consumer / 2);
   } else {
-    consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, FusedDq>(p, tile, smem, bars,
+    consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, FusedDq>(
+        p, tile, smem, bars,
                                                                     warpgroup - 1, &tma_dq);
   }
 }

@@ -116,6 +116,12 @@ struct BackwardParams {
   float* lse_log2;
   float* dq_accum;
   int seqlen_rows;
+  // d score / d(q·k) before a soft-cap's own factor: the forward's softmax_scale (fwd's is 1 for
+  // soft-capped variants, whose scores come out scaled); dK and dQ are dscore_scale · dS K / Q.
+  float dscore_scale;
+  // Optional fp32 [heads_q] (learnable sinks, BackwardOptions::d_sink_logits): bwd_sink writes
+  // dL/dsink = -Σ_rows exp(sink - lse) · delta there; nullptr: not computed.
+  float* dsink;
 };
 
 // Merges num_states partial attention results per row (split-KV partials, or the public

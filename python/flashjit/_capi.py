@@ -122,6 +122,15 @@ class FlashjitBackwardOptions(ctypes.Structure):
         ("family", ctypes.c_char_p),  # None: the dispatcher's dK/dV family
         ("workspace", ctypes.c_void_p),
         ("workspace_bytes", ctypes.c_uint64),
+        # The forward's score variants (as FlashjitForwardOptions'), the sinks' gradient.
+        ("alibi_slopes", ctypes.c_void_p),
+        ("sink_logits", ctypes.c_void_p),
+        ("d_sink_logits", ctypes.c_void_p),
+        ("softcap", ctypes.c_float),
+        ("sliding_window", ctypes.c_int32),
+        ("window_left", ctypes.c_int32),
+        ("window_right", ctypes.c_int32),
+        ("sink_tokens", ctypes.c_int32),
     ]
 
 
@@ -828,13 +837,16 @@ class Engine:
     # --- backward (flashjit_backward and friends; FlashjitLoadError on older builds) ----------
 
     def backward_options(self, causal=False, softmax_scale=0.0, deterministic=False, family=None,
-                         tiles=None, workspace=None, workspace_bytes=0):
+                         tiles=None, workspace=None, workspace_bytes=0, softcap=0.0,
+                         window=(-1, -1), sink=None, alibi=None, sink_tokens=0, d_sink=None):
         """A FlashjitBackwardOptions: causal and softmax_scale those of the forward (0.0 for
         1/sqrt(head_dim)); deterministic: bitwise repeatable gradients (dQ without atomics);
         family: None for the dispatcher's dK/dV family, else one of backward_families() (checked
         here; the library refuses one that is not a dK/dV family); tiles: None or (tile_m,
         tile_n, stages); workspace: a device pointer of workspace_bytes, a torch tensor (its size
-        is used), or None for the engine's own."""
+        is used), or None for the engine's own; softcap, window, sink, alibi, sink_tokens: the
+        forward's (as options()); d_sink: fp32 [heads_q] (device pointer or torch tensor) for the
+        sink logits' gradient, or None."""
         if family and family not in self.owner.backward_families():
             raise ValueError(f"family {family!r}: the backward families of {self.owner.path} are "
                              f"{', '.join(self.owner.backward_families()) or 'none'} (or None "
@@ -851,6 +863,14 @@ class Engine:
             workspace = workspace.data_ptr()
         o.workspace = int(workspace) if workspace else None
         o.workspace_bytes = int(workspace_bytes) if workspace else 0
+        o.softcap = float(softcap)
+        left, right = (int(x) for x in window)
+        o.sliding_window = 1 if (left, right) != (-1, -1) else 0
+        o.window_left, o.window_right = left, right
+        o.sink_logits = _address(sink, "sink", "torch.float32", 1) or None
+        o.alibi_slopes = _address(alibi, "alibi", "torch.float32", 1) or None
+        o.d_sink_logits = _address(d_sink, "d_sink", "torch.float32", 1) or None
+        o.sink_tokens = int(sink_tokens)
         return o
 
     def backward_raw(self, q, k, v, out, dout, lse, dq, dk, dv, options, stream=None):

@@ -1,7 +1,8 @@
 // Engine::backward: validate -> (first time for this key: choose and load the kernels) -> on the
-// caller's stream, bwd_prep (row terms, and a zeroed dQ accumulator where one is used), the dK/dV
-// kernel, then the dQ kernel (bwd_wgmma's in both modes, bwd_mma's when deterministic), or
-// bwd_convert turning the accumulator bwd_mma's atomics summed into dq.
+// caller's stream, bwd_prep (row terms, and a zeroed dQ accumulator where one is used), bwd_sink
+// where the sinks' gradient is asked for, the dK/dV kernel, then the dQ kernel (bwd_wgmma's in
+// both modes, bwd_mma's when deterministic), or bwd_convert turning the accumulator the dK/dV
+// kernel's atomics summed into dq.
 #include <fmt/format.h>
 
 #include "api/engine_impl.hpp"
@@ -25,6 +26,12 @@ const detail::BackwardKernels& Engine::Impl::backward_kernels(
   kernels.prep = load(context, prep);
   kernels.main = load(context, kernels.dkdv);
   kernels.last = load(context, kernels.finish);
+  if (problem.params.dsink != nullptr) {
+    const Variant sink = detail::bwd_sink_variant(device.arch, problem.forward.dtype,
+                                                  problem.forward.head_dim);
+    kernels.sink = load(context, sink);
+    record(sink);
+  }
   record(prep);
   record(kernels.dkdv);
   record(kernels.finish);
@@ -52,6 +59,9 @@ void Engine::backward(const TensorView& q, const TensorView& k, const TensorView
     return detail::backward_launch_plan(variant, forward, params, impl_->device);
   };
   if (forward.seqlen_q == 0) {  // no row sees a key: dk and dv are zero, written by dK/dV alone
+    if (problem.params.dsink != nullptr)  // no rows: bwd_sink writes zeros, reading nothing
+      detail::launch(kernels.sink.function, detail::bwd_sink_plan(forward.heads_q),
+                     problem.params, stream);
     detail::launch(kernels.main.function, plan_of(kernels.dkdv, problem.params), problem.params,
                    stream);
     return;
@@ -63,6 +73,8 @@ void Engine::backward(const TensorView& q, const TensorView& k, const TensorView
   const detail::LaunchPlan rows =
       detail::bwd_rows_plan(params.seqlen_rows, forward.heads_q, forward.batch);
   detail::launch(kernels.prep.function, rows, params, stream);
+  if (params.dsink != nullptr)
+    detail::launch(kernels.sink.function, detail::bwd_sink_plan(forward.heads_q), params, stream);
   detail::launch(kernels.main.function, plan_of(kernels.dkdv, params), params, stream);
   detail::launch(kernels.last.function,
                  kernels.dq_accumulator ? rows : plan_of(kernels.finish, params), params, stream);

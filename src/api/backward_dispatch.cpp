@@ -25,11 +25,27 @@ std::string why_not(const KernelFamily& family, const BackwardProblem& problem,
     return fmt::format("has no kernel for head_dim {} on {}", d, arch);
   if (family.always_accumulates_dq && problem.deterministic)
     return "adds dQ up with atomics: not deterministic (options.deterministic is set)";
+  const ForwardProblem& forward = problem.forward;
+  if (forward.softcap > 0.f && !(family.features & kFeatureSoftcap))
+    return "has no soft-capped variants (options.softcap)";
+  if (forward.window && !(family.features & kFeatureWindow))
+    return "has no sliding-window variants (options.window_left / window_right)";
+  if (forward.alibi && !(family.features & kFeatureAlibi))
+    return "has no ALiBi variants (options.alibi_slopes)";
   return family.unsupported_reason ? family.unsupported_reason(problem.forward) : std::string();
 }
 
 bool runs(const KernelFamily& family, const BackwardProblem& problem, std::string_view arch) {
   return why_not(family, problem, arch).empty();
+}
+
+// The family's dK/dV variant for the problem: its masks and score variants (not the learnable
+// sinks: the forward's LSE holds them).
+Variant dkdv_variant(const KernelFamily& family, const BackwardProblem& problem,
+                     std::string_view arch, TileConfig tiles) {
+  const ForwardProblem& forward = problem.forward;
+  return variant_of(family, arch, forward.dtype, forward.head_dim, forward.causal, tiles, false,
+                    false, forward.softcap > 0.f, forward.window, false, forward.alibi);
 }
 
 std::vector<std::string_view> dkdv_family_names() {
@@ -48,6 +64,10 @@ BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
           problem.forward.dtype,
           problem.forward.head_dim,
           problem.forward.causal,
+          problem.forward.softcap > 0.f,
+          problem.forward.window,
+          problem.forward.alibi,
+          problem.params.dsink != nullptr,
           problem.deterministic,
           options.family.value_or(std::string()),
           tiles.tile_m,
@@ -77,11 +97,9 @@ Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo
     for (const KernelFamily* family : registered_families()) {
       if (!runs(*family, problem, device.arch)) continue;
       if (first == nullptr) first = family;
-      if (!options.tiles ||
-          family->check_tiles(variant_of(*family, device.arch, problem.forward.dtype,
-                                         problem.forward.head_dim, problem.forward.causal,
-                                         *options.tiles))
-              .empty()) {
+      if (!options.tiles || family->check_tiles(dkdv_variant(*family, problem, device.arch,
+                                                             *options.tiles))
+                                .empty()) {
         chosen = family;
         break;
       }
@@ -96,8 +114,7 @@ Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo
       options.tiles.value_or(chosen->tile_table(device.arch, problem.forward.head_dim,
                                                 problem.forward.causal, false)
                                  .pick(problem.forward));
-  const Variant variant = variant_of(*chosen, device.arch, problem.forward.dtype,
-                                     problem.forward.head_dim, problem.forward.causal, tiles);
+  const Variant variant = dkdv_variant(*chosen, problem, device.arch, tiles);
   check_variant(variant);
   return variant;
 }
@@ -105,11 +122,10 @@ Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo
 Variant backward_finish_variant(const BackwardProblem& problem, const Variant& dkdv) {
   if (family_named(dkdv.family, "family").always_accumulates_dq)
     return bwd_convert_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim);
-  if (dkdv.family == "bwd_wgmma")
-    return bwd_wgmma_dq_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal);
+  if (dkdv.family == "bwd_wgmma") return bwd_wgmma_dq_variant(dkdv);
   if (!problem.deterministic)
     return bwd_convert_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim);
-  return bwd_mma_dq_variant(dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal);
+  return bwd_mma_dq_variant(dkdv);
 }
 
 bool uses_dq_accumulator(const Variant& finish) {

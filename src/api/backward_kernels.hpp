@@ -1,5 +1,5 @@
-// What Engine::backward loads once per (context, dtype, head dim, mask, mode, forced family and
-// tiles): its three kernels, and the dK/dV variant it reports (backward.cpp).
+// What Engine::backward loads once per (context, dtype, head dim, mask, score variants, mode,
+// forced family and tiles): its three kernels, and the dK/dV variant it reports (backward.cpp).
 #pragma once
 
 #include <cuda.h>
@@ -29,9 +29,13 @@ struct BackwardKernels {
   Variant finish;  // bwd_convert, or a dQ kernel (bwd_wgmma_dq, the deterministic bwd_mma_dq)
   bool dq_accumulator = false;  // uses_dq_accumulator(finish)
   KernelHandle prep, main, last;
+  KernelHandle sink;  // bwd_sink, where BackwardOptions::d_sink_logits is set
 };
 
-using BackwardKey = std::tuple<CUcontext, DType, int, bool, bool, std::string, int, int, int>;
+// (context, dtype, head_dim, causal, softcap, window, alibi, deterministic, family, tiles).
+// The sinks' gradient adds a kernel: `bool` d_sink_logits set.
+using BackwardKey = std::tuple<CUcontext, DType, int, bool, bool, bool, bool, bool, bool,
+                               std::string, int, int, int>;
 BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
                          const BackwardOptions& options);
 

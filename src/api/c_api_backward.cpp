@@ -20,6 +20,15 @@ flashjit::BackwardOptions options_of(const flashjit_backward_options* o) {
     options.tiles = flashjit::TileConfig{o->tile_m, o->tile_n, o->stages};
   options.workspace = o->workspace;
   options.workspace_bytes = static_cast<std::size_t>(o->workspace_bytes);
+  options.alibi_slopes = o->alibi_slopes;
+  options.sink_logits = o->sink_logits;
+  options.d_sink_logits = o->d_sink_logits;
+  options.softcap = o->softcap;
+  if (o->sliding_window != 0) {
+    options.window_left = o->window_left;
+    options.window_right = o->window_right;
+  }
+  options.sink_tokens = o->sink_tokens;
   return options;
 }
 

@@ -23,6 +23,12 @@ ForwardOptions forward_options(const BackwardOptions& options, const float* lse)
   forward.softmax_scale = options.softmax_scale;
   forward.causal = options.causal;
   forward.lse = const_cast<float*>(lse);  // read, never written, by backward
+  forward.softcap = options.softcap;
+  forward.window_left = options.window_left;
+  forward.window_right = options.window_right;
+  forward.sink_tokens = options.sink_tokens;
+  forward.alibi_slopes = options.alibi_slopes;
+  forward.sink_logits = options.sink_logits;
   return forward;
 }
 
@@ -39,6 +45,15 @@ BackwardProblem problem_of(const ForwardProblem& forward, const BackwardOptions&
   problem.dq_accumulator = !options.deterministic;
   problem.params.fwd = forward.params;
   problem.params.seqlen_rows = BwdRowsShape::padded_rows(forward.seqlen_q);
+  problem.params.dscore_scale = forward.softmax_scale;  // the forward's, whatever a cap made fwd's
+  if (options.d_sink_logits != nullptr) {
+    if (options.sink_logits == nullptr)
+      reject("d_sink_logits is set but sink_logits is null: expected the forward's sink logits "
+             "(device fp32 [heads_q]) whose gradient it receives");
+    if (reinterpret_cast<std::uintptr_t>(options.d_sink_logits) % 4 != 0)
+      reject("d_sink_logits is not 4-byte aligned: expected a device buffer of heads_q floats");
+  }
+  problem.params.dsink = options.d_sink_logits;
   return problem;
 }
 

@@ -3,6 +3,7 @@
 // caller, and the finishing dQ kernel from the dK/dV family.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <cstdint>
 #include <string>
 
@@ -218,7 +219,7 @@ TEST_CASE("backward families are listed and their default variants are named") {
       ++backward;
       CHECK_FALSE(family.attention);
     }
-  CHECK(backward == 7);
+  CHECK(backward == 8);
   int bwd_variants = 0, wgmma_variants = 0;
   for (const Variant& v : default_variants("sm_90a")) {
     if (v.family.rfind("bwd_", 0) != 0) continue;
@@ -227,9 +228,71 @@ TEST_CASE("backward families are listed and their default variants are named") {
     CHECK(Variant::parse(v.name()) == v);
     if (v.family == "bwd_prep" || v.family == "bwd_convert") CHECK_FALSE(v.causal);
   }
-  // 2 dtypes x 6 head dims: dK/dV and dQ causal or not, the row passes once; and the Hopper
+  // 2 dtypes x 6 head dims: dK/dV and dQ causal or not, the 3 row passes once; and the Hopper
   // families' 3 head dims, dK/dV and dQ causal or not, and the fused kernel's 2, causal or not.
   CHECK(wgmma_variants == 2 * 3 * (2 + 2) + 2 * 2 * 2);
-  CHECK(bwd_variants == 2 * 6 * (2 + 2 + 1 + 1) + wgmma_variants);
+  CHECK(bwd_variants == 2 * 6 * (2 + 2 + 1 + 1 + 1) + wgmma_variants);
   for (const Variant& v : default_variants("sm_80")) CHECK(v.family.rfind("bwd_wgmma", 0) != 0);
+}
+
+TEST_CASE("backward score variants: checked like the forward's, named, and carried to dQ") {
+  auto variants = [](const BackwardArgs& args, const char* arch) {
+    const detail::BackwardProblem problem = args.validate();
+    const Variant dkdv = detail::select_backward_variant(problem, device_of(arch), args.options);
+    return std::pair{dkdv, detail::backward_finish_variant(problem, dkdv)};
+  };
+  BackwardArgs a;
+  a.options.causal = true;
+  a.options.softcap = 30.f;
+  a.options.window_left = 256;
+  a.options.window_right = 0;
+  a.options.sink_tokens = 4;
+  a.options.alibi_slopes = static_cast<const float*>(fake(0xa00000));
+  a.options.sink_logits = static_cast<const float*>(fake(0xb00000));
+  a.options.d_sink_logits = static_cast<float*>(fake(0xc00000));
+  const detail::BackwardProblem problem = a.validate();
+  CHECK(problem.params.dsink == a.options.d_sink_logits);
+  // The original scale for the chain rule, though the capped forward params carry 1.
+  CHECK(problem.params.dscore_scale == doctest::Approx(1 / std::sqrt(128.f)));
+  CHECK(problem.params.fwd.softmax_scale == 1.f);
+  CHECK(problem.params.fwd.window_right == 0);
+  {
+    const auto [dkdv, finish] = variants(a, "sm_90a");
+    CHECK(dkdv.name() == "bwd_wgmma_fused.sm90a.bf16.d128.m64n128s2.causal.softcap.window.alibi");
+    CHECK(finish.family == "bwd_convert");
+  }
+  a.options.deterministic = true;  // the dQ kernels take the same variants
+  CHECK(variants(a, "sm_90a").second.name() ==
+        "bwd_wgmma_dq.sm90a.bf16.d128.m128n64s2.causal.softcap.window.alibi");
+  const auto [mma, mma_dq] = variants(a, "sm_80");
+  CHECK(mma.name().find("bwd_mma.sm80.bf16.d128.") == 0);
+  CHECK(mma.name().ends_with(".causal.softcap.window.alibi"));
+  CHECK(mma_dq.name().find("bwd_mma_dq.sm80.bf16.d128.") == 0);
+  CHECK(mma_dq.name().ends_with(".causal.softcap.window.alibi"));
+
+  // The forward's checks, with its argument names.
+  BackwardArgs b;
+  b.options.causal = true;
+  b.options.window_right = 5;
+  CHECK(rejection(b).find("window_right is 5 with causal") != std::string::npos);
+  BackwardArgs c;
+  c.options.sink_tokens = 2;
+  CHECK(rejection(c).find("sink_tokens is 2 with window_left -1") != std::string::npos);
+  BackwardArgs d;
+  d.options.softcap = -1.f;
+  CHECK(rejection(d).find("softcap is -1") != std::string::npos);
+  BackwardArgs e;
+  e.options.d_sink_logits = static_cast<float*>(fake(0xc00000));
+  CHECK(rejection(e).find("d_sink_logits is set but sink_logits is null") != std::string::npos);
+  BackwardArgs f;
+  f.options.sink_logits = static_cast<const float*>(fake(0xb00000));
+  f.options.d_sink_logits = static_cast<float*>(fake(0xc00002));
+  CHECK(rejection(f).find("d_sink_logits is not 4-byte aligned") != std::string::npos);
+  BackwardArgs g;
+  g.options.alibi_slopes = static_cast<const float*>(fake(0xa00001));
+  CHECK(rejection(g).find("alibi_slopes is not 4-byte aligned") != std::string::npos);
+  // Sinks alone need no variant of the gradient kernels: the forward's LSE holds them.
+  BackwardArgs h;
+  h.options.sink_logits = static_cast<const float*>(fake(0xb00000));
+  CHECK(variants(h, "sm_90a").first.name() == "bwd_wgmma_fused.sm90a.bf16.d128.m64n128s2");
 }

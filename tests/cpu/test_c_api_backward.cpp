@@ -39,8 +39,20 @@ TEST_CASE("flashjit_backward_options: zero is the default, and no padding lies b
   CHECK(offsetof(O, family) == 24);
   CHECK(offsetof(O, workspace) == offsetof(O, family) + sizeof(void*));
   CHECK(offsetof(O, workspace_bytes) == offsetof(O, workspace) + sizeof(void*));
-  CHECK(sizeof(O) == offsetof(O, workspace_bytes) + sizeof(std::uint64_t));
-  if (sizeof(void*) == 8) CHECK(sizeof(O) == 48);
+  CHECK(offsetof(O, alibi_slopes) == offsetof(O, workspace_bytes) + sizeof(std::uint64_t));
+  CHECK(offsetof(O, sink_logits) == offsetof(O, alibi_slopes) + sizeof(void*));
+  CHECK(offsetof(O, d_sink_logits) == offsetof(O, sink_logits) + sizeof(void*));
+  CHECK(offsetof(O, softcap) == offsetof(O, d_sink_logits) + sizeof(void*));
+  CHECK(offsetof(O, sliding_window) == offsetof(O, softcap) + 4);
+  CHECK(offsetof(O, window_left) == offsetof(O, sliding_window) + 4);
+  CHECK(offsetof(O, window_right) == offsetof(O, window_left) + 4);
+  CHECK(offsetof(O, sink_tokens) == offsetof(O, window_right) + 4);
+  CHECK(sizeof(O) >= offsetof(O, sink_tokens) + 4);
+  if (sizeof(void*) == 8) CHECK(sizeof(O) == 96);
+  CHECK(options.softcap == 0.f);  // no variant
+  CHECK(options.sliding_window == 0);
+  CHECK(options.alibi_slopes == nullptr);
+  CHECK(options.d_sink_logits == nullptr);
 }
 
 TEST_CASE("flashjit_family_is_backward reads FamilyInfo::backward; no family is both kinds") {

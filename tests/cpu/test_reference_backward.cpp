@@ -35,10 +35,14 @@ struct Problem {
   int batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim;
   bool causal, bhsd;
   double scale;
+  ScoreMods mods{};  // window, sink tokens, softcap, ALiBi, learnable sinks
   std::string describe() const {
-    return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} scale {}", batch, heads_q, heads_kv,
-                       seqlen_q, seqlen_k, head_dim, causal ? "causal" : "full",
-                       bhsd ? "bhsd" : "bshd", scale);
+    return fmt::format("b{} hq{} hkv{} sq{} sk{} d{} {} {} scale {} window ({}, {}) sink tokens "
+                       "{} softcap {} alibi {} sinks {}",
+                       batch, heads_q, heads_kv, seqlen_q, seqlen_k, head_dim,
+                       causal ? "causal" : "full", bhsd ? "bhsd" : "bshd", scale,
+                       mods.window_left, mods.window_right, mods.sink_tokens, mods.softcap,
+                       !mods.alibi_slopes.empty(), !mods.sink_logits.empty());
   }
 };
 
@@ -57,7 +61,7 @@ Inputs random_inputs(const Problem& p, unsigned seed) {
 
 // L = Σ out∘dout: the loss whose gradients Engine::backward computes when given dout.
 double loss(const Inputs& in, const Problem& p) {
-  const Reference ref = reference_attention(in.q, in.k, in.v, p.scale, p.causal);
+  const Reference ref = reference_attention(in.q, in.k, in.v, p.scale, p.causal, p.mods);
   double sum = 0;
   std::size_t flat = 0;  // ref.out is contiguous [b, s, h, d]
   const auto& shape = in.dout.view.shape;
@@ -108,10 +112,26 @@ void check_against_finite_differences(const Problem& p, unsigned seed) {
   CAPTURE(p.describe());
   Inputs in = random_inputs(p, seed);
   const ReferenceGradients g =
-      reference_attention_backward(in.q, in.k, in.v, in.dout, p.scale, p.causal);
+      reference_attention_backward(in.q, in.k, in.v, in.dout, p.scale, p.causal, p.mods);
   CHECK(check_gradient("dq", in, in.q, g.dq, p) > 0.05);
   CHECK(check_gradient("dk", in, in.k, g.dk, p) > 0.05);
   CHECK(check_gradient("dv", in, in.v, g.dv, p) > 0.05);
+  // The sink logits are doubles: central differences on them directly.
+  REQUIRE(g.dsink.size() == p.mods.sink_logits.size());
+  double largest = 0;
+  for (std::size_t h = 0; h < g.dsink.size(); ++h) {
+    Problem moved = p;
+    auto loss_at = [&](double step) {
+      moved.mods.sink_logits[h] = p.mods.sink_logits[h] + step;
+      return loss(in, moved);
+    };
+    auto central = [&](double step) { return (loss_at(step) - loss_at(-step)) / (2 * step); };
+    const double numeric = (4 * central(kStep) - central(2 * kStep)) / 3;
+    CAPTURE(h);
+    CHECK(std::abs(g.dsink[h] - numeric) <= kTolerance);
+    largest = std::max(largest, std::abs(g.dsink[h]));
+  }
+  if (!g.dsink.empty()) CHECK(largest > 1e-3);
 }
 
 }  // namespace
@@ -125,6 +145,29 @@ TEST_CASE("reference backward: gradients match finite differences of the forward
     check_against_finite_differences({2, 2, 2, 2, 5, 4, causal, true, 0.5}, seed++);
     // MQA 3:1 on a square problem, a large scale (peaked softmax).
     check_against_finite_differences({1, 3, 1, 4, 4, 3, causal, false, 1.7}, seed++);
+  }
+}
+
+TEST_CASE("reference backward: soft-capping, windows, sink tokens, ALiBi and learnable sinks") {
+  unsigned seed = 71;
+  for (bool causal : {false, true}) {
+    ScoreMods capped;
+    capped.softcap = 0.8;  // small: the 1 - tanh² factor matters
+    check_against_finite_differences({1, 2, 1, 5, 6, 4, causal, false, 1.3, capped}, seed++);
+    ScoreMods window;  // rows see 2 keys left (+ the first as a sink token), 1 right unless causal
+    window.window_left = 2;
+    window.window_right = 1;
+    window.sink_tokens = 1;
+    check_against_finite_differences({1, 2, 2, 6, 7, 4, causal, false, 0.7, window}, seed++);
+    ScoreMods biased;
+    biased.alibi_slopes = {0.5, 0.125};
+    biased.sink_logits = {0.3, -0.4};
+    check_against_finite_differences({1, 2, 1, 4, 5, 4, causal, true, 0.9, biased}, seed++);
+    ScoreMods all = window;
+    all.softcap = 1.1;
+    all.alibi_slopes = {0.25, 0.0625};
+    all.sink_logits = {1.5, -0.2};
+    check_against_finite_differences({2, 2, 1, 5, 5, 3, causal, false, 1.0, all}, seed++);
   }
 }
 

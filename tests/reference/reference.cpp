@@ -52,17 +52,12 @@ void HostTensor::fill_random(std::mt19937& rng, double scale) {
 
 void HostTensor::fill(std::uint16_t pattern) { std::fill(bits.begin(), bits.end(), pattern); }
 
-namespace {
-
-// Whether query position `at` (bottom-right aligned) sees key j.
-bool visible(const ScoreMods& mods, bool causal, std::int64_t at, std::int64_t j) {
+bool visible_by_masks(const ScoreMods& mods, bool causal, std::int64_t at, std::int64_t j) {
   const std::int64_t right = causal ? 0 : mods.window_right;  // causal: no key past the query
   if (right >= 0 && j > at + right) return false;
   if (j < mods.sink_tokens) return true;
   return mods.window_left < 0 || j >= at - mods.window_left;
 }
-
-}  // namespace
 
 Reference reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                               double softmax_scale, bool causal, const ScoreMods& mods) {
@@ -87,7 +82,7 @@ Reference reference_attention(const HostTensor& q, const HostTensor& k, const Ho
           const int kv_idx = static_cast<int>(j);
           // The masks come after score_mod but do not depend on the score: a masked key's score
           // is not computed.
-          if (!visible(mods, causal, at, j) ||
+          if (!visible_by_masks(mods, causal, at, j) ||
               (mods.mask_mod && !mods.mask_mod(batch, head, q_idx, kv_idx))) {
             scores[j] = kNegInf;
             continue;

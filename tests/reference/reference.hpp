@@ -69,4 +69,8 @@ struct ScoreMods {
 Reference reference_attention(const HostTensor& q, const HostTensor& k, const HostTensor& v,
                               double softmax_scale, bool causal, const ScoreMods& mods = {});
 
+// Whether query position `at` (bottom-right aligned: row i of sq at i + sk - sq) sees key j
+// under the causal and window masks and the sink tokens (not mask_mod).
+bool visible_by_masks(const ScoreMods& mods, bool causal, std::int64_t at, std::int64_t j);
+
 }  // namespace flashjit::test

@@ -4,6 +4,7 @@
 
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "compare_backward.hpp"
 #include "device_problem.hpp"
@@ -24,8 +25,14 @@ struct BackwardCase {
   bool deterministic = false;          // BackwardOptions::deterministic
   std::optional<TileConfig>
       tiles;  // BackwardOptions::tiles (the dK/dV kernel's); default: its table
+  // The forward's score variants (ForwardOptions' meaning), given to both passes.
+  float softcap = 0.f;
+  int window_left = -1, window_right = -1, sink_tokens = 0;
+  bool alibi = false;  // slopes 2^(-8 (h + 1) / heads_q), as BLOOM's
+  bool sinks = false;  // learnable sink logits per head; their gradient is checked too
   std::string describe() const;
   double scale() const;  // the softmax scale in effect
+  ScoreMods mods() const;  // the variants as the reference takes them
 };
 
 // The device tensors of one case: seeded random q, k, v and dout; out and lse from
@@ -49,6 +56,8 @@ class BackwardProblem {
   // The float64 gradients of the same rounded inputs (computed on first use, then kept).
   const ReferenceGradients& reference() const;
   GradientErrors compare(const Gradients& got) const;
+  // The sink logits' gradient the last backward wrote (empty without sinks), synchronized.
+  std::vector<float> dsink() const;
 
   const BackwardCase& spec() const { return case_; }
   TensorView q() const { return forward_.q(); }
@@ -74,11 +83,15 @@ class BackwardProblem {
   HostTensor dout_;
   DeviceBuffer dout_device_;
   PoisonedOutput dq_, dk_, dv_;  // their LSE buffers are empty
+  std::optional<DeviceBuffer> alibi_slopes_, sink_logits_, dsink_;  // fp32 [heads_q] each
   mutable std::optional<ReferenceGradients> reference_;
 };
 
 struct BackwardCheck : GradientErrors {
   std::string variant;  // the dK/dV variant that ran
+  // Sinks: max |dsink - reference| / max(1, max |reference|), and the values.
+  double dsink_error = 0;
+  std::vector<float> dsink;
 };
 
 // Fresh problem (seeded), backward in `family`, compare with the reference.
@@ -87,5 +100,7 @@ BackwardCheck run_backward_case(Engine& engine, const BackwardCase& c,
 
 // Every bound of compare_backward.hpp (doctest CHECK), naming the ones that fail.
 void check_within_bounds(const GradientErrors& errors, DType dtype);
+// The same, and the sink logits' gradient's (where the case has sinks).
+void check_within_bounds(const BackwardCheck& check, DType dtype);
 
 }  // namespace flashjit::test

@@ -25,7 +25,8 @@ std::vector<std::string> backward_family_names() {
   std::vector<std::string> names;
   for (const FamilyInfo& family : families()) {
     const std::string& name = family.name;
-    const bool helper = name == "bwd_prep" || name == "bwd_convert" || name.ends_with("_dq");
+    const bool helper = name == "bwd_prep" || name == "bwd_convert" || name == "bwd_sink" ||
+                        name.ends_with("_dq");
     const bool runs_here =
         std::find(family.archs.begin(), family.archs.end(), arch) != family.archs.end();
     if (family.backward && !helper && runs_here) names.push_back(name);

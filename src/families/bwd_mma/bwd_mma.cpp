@@ -75,7 +75,8 @@ LaunchPlan dq_plan(const Variant& v, const ForwardProblem& problem, const Device
 }
 
 std::string arguments(const Variant& v) {
-  return fmt::format("{}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages, v.causal);
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages,
+                     v.causal, v.softcap, v.window, v.alibi);
 }
 
 // Multiples of 16 (whole k16 steps); beyond 128 split over two warps in whole 16-column parts.
@@ -85,6 +86,7 @@ constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 constinit extern const KernelFamily kBwdMmaFamily = {
     .role = FamilyRole::backward,
+    .features = kBackwardVariantFeatures,
     .name = "bwd_mma",
     .summary = "backward dK/dV (dQ by atomics) on mma.sync, FlashAttention-2 class",
     .source_file = "bwd_mma/kernel.cu",
@@ -101,6 +103,7 @@ constinit extern const KernelFamily kBwdMmaFamily = {
 
 constinit extern const KernelFamily kBwdMmaDqFamily = {
     .role = FamilyRole::backward_dq,
+    .features = kBackwardVariantFeatures,
     .name = "bwd_mma_dq",
     .summary = "backward dQ alone on mma.sync, the deterministic mode (no atomics)",
     .source_file = "bwd_mma/dq_kernel.cu",
@@ -115,9 +118,10 @@ constinit extern const KernelFamily kBwdMmaDqFamily = {
     .template_arguments = arguments,
 };
 
-Variant bwd_mma_dq_variant(std::string_view arch, DType dtype, int head_dim, bool causal) {
-  return variant_of(kBwdMmaDqFamily, arch, dtype, head_dim, causal,
-                    bwd_mma_dq_tiles_for(arch, head_dim));
+Variant bwd_mma_dq_variant(const Variant& dkdv) {
+  return variant_of(kBwdMmaDqFamily, dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal,
+                    bwd_mma_dq_tiles_for(dkdv.arch, dkdv.head_dim), false, false, dkdv.softcap,
+                    dkdv.window, false, dkdv.alibi);
 }
 
 }  // namespace flashjit::detail

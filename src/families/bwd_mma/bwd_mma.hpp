@@ -8,7 +8,8 @@
 
 namespace flashjit::detail {
 
-// The deterministic mode's dQ kernel for outputs of this dtype and head dim on an arch.
-Variant bwd_mma_dq_variant(std::string_view arch, DType dtype, int head_dim, bool causal);
+// The deterministic mode's dQ kernel after the bwd_mma variant `dkdv` (its arch, dtype, head dim,
+// masks and score variants).
+Variant bwd_mma_dq_variant(const Variant& dkdv);
 
 }  // namespace flashjit::detail

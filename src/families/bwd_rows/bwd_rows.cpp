@@ -63,12 +63,39 @@ constinit extern const KernelFamily kBwdConvertFamily = {
     .template_arguments = rows_arguments,
 };
 
+constinit extern const KernelFamily kBwdSinkFamily = {
+    .role = FamilyRole::backward_rows,
+    .name = "bwd_sink",
+    .summary = "backward's learnable-sink gradient: -sum of exp(sink - lse) * rowsum(dO * O) per head",
+    .source_file = "bwd_rows/kernel.cu",
+    .kernel_template = "flashjit::bwd_sink_kernel",
+    .head_dims = kRowsHeadDims,
+    .runs_on = runs_on_sm80_or_later,
+    .check_tiles = rows_check,
+    .shared_bytes = rows_shared_bytes,
+    .tile_table = rows_tiles,
+    .unsupported_reason = nullptr,
+    .plan = nullptr,
+    .template_arguments = rows_arguments,
+};
+
 Variant bwd_prep_variant(std::string_view arch, DType dtype, int head_dim) {
   return variant_of(kBwdPrepFamily, arch, dtype, head_dim, false, kRowsTiles);
 }
 
 Variant bwd_convert_variant(std::string_view arch, DType dtype, int head_dim) {
   return variant_of(kBwdConvertFamily, arch, dtype, head_dim, false, kRowsTiles);
+}
+
+Variant bwd_sink_variant(std::string_view arch, DType dtype, int head_dim) {
+  return variant_of(kBwdSinkFamily, arch, dtype, head_dim, false, kRowsTiles);
+}
+
+LaunchPlan bwd_sink_plan(int heads_q) {
+  LaunchPlan plan;
+  plan.grid = {static_cast<unsigned>(heads_q), 1, 1};
+  plan.block = {BwdRowsShape::kThreads, 1, 1};
+  return plan;
 }
 
 LaunchPlan bwd_rows_plan(int padded_rows, int heads_q, int batch) {

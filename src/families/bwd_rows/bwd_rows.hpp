@@ -13,6 +13,9 @@ namespace flashjit::detail {
 
 Variant bwd_prep_variant(std::string_view arch, DType dtype, int head_dim);
 Variant bwd_convert_variant(std::string_view arch, DType dtype, int head_dim);
+// The learnable sinks' gradient (BackwardOptions::d_sink_logits), after bwd_prep: a CTA per head.
+Variant bwd_sink_variant(std::string_view arch, DType dtype, int head_dim);
+LaunchPlan bwd_sink_plan(int heads_q);
 // One warp per padded row (BwdRowsShape) of every (batch, head).
 LaunchPlan bwd_rows_plan(int padded_rows, int heads_q, int batch);
 

@@ -155,7 +155,8 @@ LaunchPlan dq_plan(const Variant& v, const ForwardProblem& problem, const Backwa
 }
 
 std::string arguments(const Variant& v) {
-  return fmt::format("{}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages, v.causal);
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages,
+                     v.causal, v.softcap, v.window, v.alibi);
 }
 std::string dkdv_arguments(const Variant& v) {
   return fmt::format("{}, {}", arguments(v), v.family == kFusedName);
@@ -174,6 +175,7 @@ constexpr KernelFamily dkdv_family(std::string_view name, std::string_view summa
                                    std::string (*check)(const Variant&), bool accumulates_dq) {
   return {
       .role = FamilyRole::backward,
+      .features = kBackwardVariantFeatures,
       .name = name,
       .summary = summary,
       .source_file = "bwd_wgmma/kernel.cu",
@@ -205,6 +207,7 @@ constinit extern const KernelFamily kBwdWgmmaFamily = dkdv_family(
 
 constinit extern const KernelFamily kBwdWgmmaDqFamily = {
     .role = FamilyRole::backward_dq,
+    .features = kBackwardVariantFeatures,
     .name = "bwd_wgmma_dq",
     .summary = "backward dQ alone on TMA + wgmma, warp-specialized (after bwd_wgmma, both modes)",
     .source_file = "bwd_wgmma/dq_kernel.cu",
@@ -220,9 +223,10 @@ constinit extern const KernelFamily kBwdWgmmaDqFamily = {
     .template_arguments = arguments,
 };
 
-Variant bwd_wgmma_dq_variant(std::string_view arch, DType dtype, int head_dim, bool causal) {
-  return variant_of(kBwdWgmmaDqFamily, arch, dtype, head_dim, causal,
-                    bwd_wgmma_dq_tiles_for(head_dim));
+Variant bwd_wgmma_dq_variant(const Variant& dkdv) {
+  return variant_of(kBwdWgmmaDqFamily, dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal,
+                    bwd_wgmma_dq_tiles_for(dkdv.head_dim), false, false, dkdv.softcap,
+                    dkdv.window, false, dkdv.alibi);
 }
 
 }  // namespace flashjit::detail

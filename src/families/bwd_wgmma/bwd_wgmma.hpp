@@ -8,7 +8,8 @@
 
 namespace flashjit::detail {
 
-// The dQ kernel that finishes bwd_wgmma's backward for outputs of this dtype and head dim.
-Variant bwd_wgmma_dq_variant(std::string_view arch, DType dtype, int head_dim, bool causal);
+// The dQ kernel that finishes the bwd_wgmma variant `dkdv`'s backward (its arch, dtype, head
+// dim, masks and score variants).
+Variant bwd_wgmma_dq_variant(const Variant& dkdv);
 
 }  // namespace flashjit::detail

@@ -1,0 +1,93 @@
+// How every backward kernel recomputes the forward's probabilities: from a raw score x = q·k of
+// (query row, key) and the row's lse_log2 (bwd_rows), P as the forward computed it, with the
+// variants it was built with: soft-capping, ALiBi, the causal and sliding-window masks
+// (StreamingLLM's sink tokens included). Learnable sinks need nothing here: the forward's LSE
+// holds them. Plain variants keep P = exp2(x · scale_log2 - lse_log2) and only the causal test.
+//
+// Soft-capping: score = softcap · t, t = tanh(x · softcap_scale), so d score / dx = softmax_scale ·
+// (1 - t²): kernels multiply dS by factor() = 1 - t² and the gradients by the original
+// softmax_scale (BackwardParams::dscore_scale), as without a cap.
+#pragma once
+
+#include "common/fast_math.cuh"
+#include "common/params.cuh"
+#include "common/softcap.cuh"
+
+namespace flashjit {
+
+template <bool Causal, bool Softcap, bool Window, bool Alibi>
+struct BackwardScores {
+  const FmhaParams& f;
+  int diagonal;      // seqlen_k - seqlen_q: query row i sits at key i + diagonal
+  float slope_log2;  // ALiBi: the query head's slope, in log2 units of the logits
+
+  __device__ __forceinline__ BackwardScores(const FmhaParams& params, int head)
+      : f(params),
+        diagonal(params.seqlen_k - params.seqlen_q),
+        slope_log2(Alibi ? __ldg(params.alibi_slopes + head) * kLog2e : 0.f) {}
+
+  // Whether some score of rows [row_lo, row_hi] x keys [key_lo, key_hi] is masked: only those
+  // blocks pay for the per-score test.
+  __device__ __forceinline__ bool any_masked(int row_lo, int row_hi, int key_lo,
+                                             int key_hi) const {
+    bool masked = Causal && key_hi > row_lo + diagonal;
+    if (Window)
+      masked = masked || key_hi > row_lo + diagonal + f.window_right ||
+               key_lo < row_hi + diagonal - f.window_left;
+    return masked;
+  }
+  __device__ __forceinline__ bool visible(int row, int key) const {
+    const int at = row + diagonal;
+    if (Causal && key > at) return false;
+    if (Window && (key > at + f.window_right || (key < at - f.window_left && key >= f.sink_tokens)))
+      return false;
+    return true;
+  }
+  // The forward's P of raw score x at (row, key); soft-capped, also t (for factor()).
+  __device__ __forceinline__ float prob(float x, float lse_log2, int row, int key, bool masked,
+                                        float& t) const {
+    float logit;
+    if constexpr (Softcap) {
+      t = tanh_accurate(x * f.softcap_scale);
+      logit = f.softcap * t * f.scale_log2;
+    } else {
+      logit = x * f.scale_log2;
+    }
+    if constexpr (Alibi) logit -= slope_log2 * fabsf(static_cast<float>(row + diagonal - key));
+    float p = Softcap || Alibi ? exp2_ftz(logit - lse_log2)
+                               : exp2_ftz(fmaf(x, f.scale_log2, -lse_log2));
+    if ((Causal || Window) && masked && !visible(row, key)) p = 0.f;
+    return p;
+  }
+  __device__ __forceinline__ float prob(float x, float lse_log2, int row, int key,
+                                        bool masked) const {
+    float t;
+    return prob(x, lse_log2, row, key, masked, t);
+  }
+  // dS = P ∘ (dP - delta), times soft-capping's 1 - t².
+  __device__ __forceinline__ static float gradient(float p, float dp, float delta, float t) {
+    const float ds = p * (dp - delta);
+    return Softcap ? ds * (1.f - t * t) : ds;
+  }
+};
+
+// The query rows that see some key of [key_lo, key_hi] (rows beyond seqlen_q included: callers
+// clip), for the dK / dV kernels' steps: [first, last], empty when last < first.
+template <bool Causal, bool Window>
+struct RowsSeeingKeys {
+  int first, last;
+  __device__ __forceinline__ RowsSeeingKeys(const FmhaParams& f, int key_lo, int key_hi) {
+    const int diagonal = f.seqlen_k - f.seqlen_q;
+    first = Causal ? key_lo - diagonal : 0;
+    last = f.seqlen_q - 1;
+    if (Window) {
+      // Right side: key_lo <= i + d + window_right; left: key_hi >= i + d - window_left, unless
+      // the block holds a sink token, which every row up to its right side sees.
+      first = max(first, key_lo - diagonal - f.window_right);
+      if (key_lo >= f.sink_tokens) last = min(last, key_hi - diagonal + f.window_left);
+    }
+    first = max(first, 0);
+  }
+};
+
+}  // namespace flashjit
