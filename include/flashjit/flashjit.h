@@ -201,7 +201,7 @@ flashjit_select_variant(flashjit_engine* engine, const flashjit_tensor* q, const
  * it computes, and how. A zero-initialized struct, or NULL, is the default: 1/sqrt(head_dim), no
  * mask, dQ through atomics, the dispatcher's kernels and tiles, the engine's own workspace.
  * Fields are only ever appended. The int32 fields come first, so no padding lies between the
- * fields on 32- or 64-bit targets. */
+ * fields on 32- or 64-bit targets (only after the last, up to the pointers' alignment). */
 typedef struct flashjit_backward_options {
   float softmax_scale; /* the forward's; <= 0: 1/sqrt(head_dim) */
   int32_t causal;      /* the forward's causal mask (bottom-right aligned) */

@@ -865,8 +865,8 @@ class Engine:
         o.workspace_bytes = int(workspace_bytes) if workspace else 0
         o.softcap = float(softcap)
         left, right = (int(x) for x in window)
-        o.sliding_window = 1 if (left, right) != (-1, -1) else 0
-        o.window_left, o.window_right = left, right
+        if (left, right) != (-1, -1):  # else all zero, as the C default
+            o.sliding_window, o.window_left, o.window_right = 1, left, right
         o.sink_logits = _address(sink, "sink", "torch.float32", 1) or None
         o.alibi_slopes = _address(alibi, "alibi", "torch.float32", 1) or None
         o.d_sink_logits = _address(d_sink, "d_sink", "torch.float32", 1) or None
