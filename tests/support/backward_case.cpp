@@ -30,6 +30,20 @@ const float* floats(const std::optional<DeviceBuffer>& buffer) {
   return buffer ? static_cast<const float*>(buffer->data()) : nullptr;
 }
 
+// The case's score variants into ForwardOptions or BackwardOptions (the same field names).
+template <typename Options>
+void set_variants(Options& options, const BackwardCase& c, const float* alibi_slopes,
+                  const float* sink_logits) {
+  options.softmax_scale = c.softmax_scale;
+  options.causal = c.causal;
+  options.softcap = c.softcap;
+  options.window_left = c.window_left;
+  options.window_right = c.window_right;
+  options.sink_tokens = c.sink_tokens;
+  options.alibi_slopes = alibi_slopes;
+  options.sink_logits = sink_logits;
+}
+
 }  // namespace
 
 std::string BackwardCase::describe() const {
@@ -102,32 +116,18 @@ BackwardProblem::BackwardProblem(Engine& engine, const BackwardCase& c, HostInpu
   }
   // What training does: the forward saves out and the LSE, the backward reads them.
   ForwardOptions forward;
-  forward.softmax_scale = c.softmax_scale;
-  forward.causal = c.causal;
+  set_variants(forward, c, floats(alibi_slopes_), floats(sink_logits_));
   forward.lse = forward_.lse();
-  forward.softcap = c.softcap;
-  forward.window_left = c.window_left;
-  forward.window_right = c.window_right;
-  forward.sink_tokens = c.sink_tokens;
-  forward.alibi_slopes = floats(alibi_slopes_);
-  forward.sink_logits = floats(sink_logits_);
   engine.forward(q(), k(), v(), out(), forward);
   synchronize(engine);
 }
 
 BackwardOptions BackwardProblem::options(std::optional<std::string> family) const {
   BackwardOptions options;
-  options.softmax_scale = case_.softmax_scale;
-  options.causal = case_.causal;
+  set_variants(options, case_, floats(alibi_slopes_), floats(sink_logits_));
   options.deterministic = case_.deterministic;
   options.tiles = case_.tiles;
   options.family = std::move(family);
-  options.softcap = case_.softcap;
-  options.window_left = case_.window_left;
-  options.window_right = case_.window_right;
-  options.sink_tokens = case_.sink_tokens;
-  options.alibi_slopes = floats(alibi_slopes_);
-  options.sink_logits = floats(sink_logits_);
   options.d_sink_logits = dsink_ ? static_cast<float*>(dsink_->data()) : nullptr;
   return options;
 }

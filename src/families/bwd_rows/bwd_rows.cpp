@@ -29,55 +29,41 @@ std::string rows_arguments(const Variant& v) { return fmt::format("{}", v.head_d
 // Whole pairs of columns per lane, whole float4s of the accumulator.
 constexpr int kRowsHeadDims[] = {32, 64, 96, 128, 192, 256};
 
+// The three row passes: one kernel template each, the same shape and launch rules.
+constexpr KernelFamily rows_family(std::string_view name, std::string_view summary,
+                                   std::string_view kernel_template) {
+  return {
+      .role = FamilyRole::backward_rows,
+      .name = name,
+      .summary = summary,
+      .source_file = "bwd_rows/kernel.cu",
+      .kernel_template = kernel_template,
+      .head_dims = kRowsHeadDims,
+      .runs_on = runs_on_sm80_or_later,
+      .check_tiles = rows_check,
+      .shared_bytes = rows_shared_bytes,
+      .tile_table = rows_tiles,
+      .unsupported_reason = nullptr,
+      .plan = nullptr,
+      .template_arguments = rows_arguments,
+  };
+}
+
 }  // namespace
 
-constinit extern const KernelFamily kBwdPrepFamily = {
-    .role = FamilyRole::backward_rows,
-    .name = "bwd_prep",
-    .summary = "backward's first pass: rowsum(dO * O), the LSE in exp2 units, dQ accumulator zeroed",
-    .source_file = "bwd_rows/kernel.cu",
-    .kernel_template = "flashjit::bwd_prep_kernel",
-    .head_dims = kRowsHeadDims,
-    .runs_on = runs_on_sm80_or_later,
-    .check_tiles = rows_check,
-    .shared_bytes = rows_shared_bytes,
-    .tile_table = rows_tiles,
-    .unsupported_reason = nullptr,
-    .plan = nullptr,
-    .template_arguments = rows_arguments,
-};
+constinit extern const KernelFamily kBwdPrepFamily = rows_family(
+    "bwd_prep",
+    "backward's first pass: rowsum(dO * O), the LSE in exp2 units, dQ accumulator zeroed",
+    "flashjit::bwd_prep_kernel");
 
-constinit extern const KernelFamily kBwdConvertFamily = {
-    .role = FamilyRole::backward_rows,
-    .name = "bwd_convert",
-    .summary = "backward's last pass: the fp32 dQ accumulator, scaled, to dq",
-    .source_file = "bwd_rows/kernel.cu",
-    .kernel_template = "flashjit::bwd_convert_kernel",
-    .head_dims = kRowsHeadDims,
-    .runs_on = runs_on_sm80_or_later,
-    .check_tiles = rows_check,
-    .shared_bytes = rows_shared_bytes,
-    .tile_table = rows_tiles,
-    .unsupported_reason = nullptr,
-    .plan = nullptr,
-    .template_arguments = rows_arguments,
-};
+constinit extern const KernelFamily kBwdConvertFamily =
+    rows_family("bwd_convert", "backward's last pass: the fp32 dQ accumulator, scaled, to dq",
+                "flashjit::bwd_convert_kernel");
 
-constinit extern const KernelFamily kBwdSinkFamily = {
-    .role = FamilyRole::backward_rows,
-    .name = "bwd_sink",
-    .summary = "backward's learnable-sink gradient: -sum of exp(sink - lse) * rowsum(dO * O) per head",
-    .source_file = "bwd_rows/kernel.cu",
-    .kernel_template = "flashjit::bwd_sink_kernel",
-    .head_dims = kRowsHeadDims,
-    .runs_on = runs_on_sm80_or_later,
-    .check_tiles = rows_check,
-    .shared_bytes = rows_shared_bytes,
-    .tile_table = rows_tiles,
-    .unsupported_reason = nullptr,
-    .plan = nullptr,
-    .template_arguments = rows_arguments,
-};
+constinit extern const KernelFamily kBwdSinkFamily = rows_family(
+    "bwd_sink",
+    "backward's learnable-sink gradient: -sum of exp(sink - lse) * rowsum(dO * O) per head",
+    "flashjit::bwd_sink_kernel");
 
 Variant bwd_prep_variant(std::string_view arch, DType dtype, int head_dim) {
   return variant_of(kBwdPrepFamily, arch, dtype, head_dim, false, kRowsTiles);
