@@ -19,11 +19,15 @@ template <bool Causal, bool Softcap, bool Window, bool Alibi>
 struct BackwardScores {
   const FmhaParams& f;
   int diagonal;      // seqlen_k - seqlen_q: query row i sits at key i + diagonal
+  // Windows: row i sees key j iff lowest <= j - i <= highest, or j < sink_tokens up to highest.
+  int lowest, highest;
   float slope_log2;  // ALiBi: the query head's slope, in log2 units of the logits
 
   __device__ __forceinline__ BackwardScores(const FmhaParams& params, int head)
       : f(params),
         diagonal(params.seqlen_k - params.seqlen_q),
+        lowest(Window ? diagonal - params.window_left : 0),
+        highest(Window ? diagonal + params.window_right : 0),
         slope_log2(Alibi ? __ldg(params.alibi_slopes + head) * kLog2e : 0.f) {}
 
   // Whether some score of rows [row_lo, row_hi] x keys [key_lo, key_hi] is masked: only those
@@ -37,11 +41,10 @@ struct BackwardScores {
     return masked;
   }
   __device__ __forceinline__ bool visible(int row, int key) const {
-    const int at = row + diagonal;
-    if (Causal && key > at) return false;
-    if (Window && (key > at + f.window_right || (key < at - f.window_left && key >= f.sink_tokens)))
-      return false;
-    return true;
+    if (!Window) return !Causal || key <= row + diagonal;
+    // key - row: one register plus constants over a thread's fragments.
+    const int offset = key - row;
+    return offset <= highest && (offset >= lowest || key < f.sink_tokens);
   }
   // The forward's P of raw score x at (row, key); soft-capped, also t (for factor()).
   __device__ __forceinline__ float prob(float x, float lse_log2, int row, int key, bool masked,
