@@ -424,7 +424,8 @@ struct BackwardOptions {
   // The forward's learnable sinks (device fp32 [heads_q]): its LSE holds them, so dq, dk and dv
   // need nothing more. d_sink_logits (device fp32 [heads_q], needs sink_logits) receives their
   // gradient, dL/dsink_h = -Σ over batch and rows of exp(sink_h - lse) · rowsum(dO ∘ O), summed
-  // in a fixed order (bitwise repeatable); null: not computed.
+  // in a fixed order (bitwise repeatable); null: not computed. A backward with batch 0 launches
+  // nothing and leaves it as it was.
   const float* sink_logits = nullptr;
   float* d_sink_logits = nullptr;
   // Bitwise repeatable gradients: dQ comes from a kernel of its own that owns each query tile
