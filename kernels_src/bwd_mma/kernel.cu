@@ -105,10 +105,8 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
   // The rows that see a key of this tile (causal: from the first whose diagonal reaches key0; a
   // window: up to the last its left side reaches), for each head of the group: step t is head
   // t / m_tiles, query tile m_first + t % m_tiles.
-  const RowsSeeingKeys<Causal, Window> seeing(f, key0, key0 + TileN - 1);
-  const int m_first = seeing.first / TileM;
-  const int m_tiles = Window ? (seeing.last < seeing.first ? 0 : seeing.last / TileM + 1 - m_first)
-                             : max(0, (f.seqlen_q + TileM - 1) / TileM - m_first);
+  const QueryTilesSeeing<Causal, Window, TileM> seeing(f, key0, key0 + TileN - 1);
+  const int m_first = seeing.first, m_tiles = seeing.count;
   const int steps = m_tiles * f.heads_per_kv;
   auto step_head = [&](int t) { return kv_head * f.heads_per_kv + t / m_tiles; };
   auto step_row0 = [&](int t) { return (m_first + t % m_tiles) * TileM; };

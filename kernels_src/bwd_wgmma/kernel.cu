@@ -44,20 +44,15 @@ struct KeyTileBarriers {
 // query tile m_first + t % m_tiles. Causal: row i sees key j iff j <= i + seqlen_k - seqlen_q, so
 // the rows start where the diagonal reaches key0 (every key is seen by the last row: m_tiles >= 1
 // whenever seqlen_q > 0). A window also ends them where its left side leaves the tile's last key
-// (common/bwd_scores.cuh), so time scales with the window.
+// (common/bwd_scores.cuh, QueryTilesSeeing), so time scales with the window.
 template <bool Causal, bool Window, int TileM, int TileN>
 struct QuerySteps {
   int m_first, m_tiles, count, first_head;
 
   __device__ __forceinline__ QuerySteps(const FmhaParams& f, int key0, int kv_head) {
-    if constexpr (Window) {
-      const RowsSeeingKeys<Causal, Window> rows(f, key0, key0 + TileN - 1);
-      m_first = rows.first / TileM;
-      m_tiles = rows.last < rows.first ? 0 : rows.last / TileM + 1 - m_first;
-    } else {
-      m_first = (Causal ? max(0, key0 - (f.seqlen_k - f.seqlen_q)) : 0) / TileM;
-      m_tiles = max(0, (f.seqlen_q + TileM - 1) / TileM - m_first);
-    }
+    const QueryTilesSeeing<Causal, Window, TileM> tiles(f, key0, key0 + TileN - 1);
+    m_first = tiles.first;
+    m_tiles = tiles.count;
     count = m_tiles * f.heads_per_kv;
     first_head = kv_head * f.heads_per_kv;
   }
@@ -123,17 +118,13 @@ __device__ __forceinline__ void produce(const BackwardParams& p,
 
 // ---- consumer pieces --------------------------------------------------------------------------
 
-// What probabilities() leaves in its second array besides Pᵀ: nothing, dSᵀ (from dPᵀ there:
-// soft-capped variants, whose dS needs each score's t), or Pᵀ ∘ (1 - t²), what the split roles'
-// gradient warpgroup multiplies by dPᵀ - delta to get dSᵀ (Pᵀ itself without a cap).
-enum class AlsoOut { nothing, gradients, capped_probs };
-
 // Sᵀ -> Pᵀ in place: columns are queries row0 + 8 (e / 4) + at.col + e % 2, whose lse_log2 come
 // from the step's terms. Keys past seqlen_k are zero rows of K and V: their probabilities reach
 // only dK and dV rows that are never stored, so only the causal and window masks apply
-// (`masked`: some score of the warpgroup's block is masked).
-template <int TileM, AlsoOut Also, typename Scores>
-__device__ __forceinline__ void probabilities(float (&s)[TileM / 2], float (&also)[TileM / 2],
+// (`masked`: some score of the warpgroup's block is masked). With Gradients (soft-capped
+// variants, whose dS needs each score's t) dPᵀ -> dSᵀ in `dp` in the same pass.
+template <int TileM, bool Gradients, typename Scores>
+__device__ __forceinline__ void probabilities(float (&s)[TileM / 2], float (&dp)[TileM / 2],
                                               const float* terms, const FragmentPosition& at,
                                               const Scores& scores, bool masked, int lane_key,
                                               int row0) {
@@ -141,9 +132,8 @@ __device__ __forceinline__ void probabilities(float (&s)[TileM / 2], float (&als
   for (int j = 0; j < TileM / 8; ++j) {
     const int col = 8 * j + at.col;
     const float2 lse = *reinterpret_cast<const float2*>(terms + col);
-    const float2 delta = Also == AlsoOut::gradients
-                             ? *reinterpret_cast<const float2*>(terms + TileM + col)
-                             : make_float2(0.f, 0.f);
+    const float2 delta = Gradients ? *reinterpret_cast<const float2*>(terms + TileM + col)
+                                   : make_float2(0.f, 0.f);
 #pragma unroll
     for (int h = 0; h < 2; ++h)
 #pragma unroll
@@ -152,9 +142,7 @@ __device__ __forceinline__ void probabilities(float (&s)[TileM / 2], float (&als
         float t = 0.f;
         const float prob =
             scores.prob(s[e], b ? lse.y : lse.x, row0 + col + b, lane_key + 8 * h, masked, t);
-        if constexpr (Also == AlsoOut::gradients)
-          also[e] = Scores::gradient(prob, also[e], b ? delta.y : delta.x, t);
-        if constexpr (Also == AlsoOut::capped_probs) also[e] = Scores::gradient(prob, 1.f, 0.f, t);
+        if constexpr (Gradients) dp[e] = Scores::gradient(prob, dp[e], b ? delta.y : delta.x, t);
         s[e] = prob;
       }
   }
@@ -273,11 +261,11 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       wgmma_wait<0>();
       wgmma_fence_operands(s);
       wgmma_fence_operands(dp);
-      probabilities<TileM, AlsoOut::gradients>(s, dp, terms, at, scores, masked, lane_key, row0);
+      probabilities<TileM, true>(s, dp, terms, at, scores, masked, lane_key, row0);
     } else {
       wgmma_wait<1>();  // Sᵀ is ready; dPᵀ may still run
       wgmma_fence_operands(s);
-      probabilities<TileM, AlsoOut::nothing>(s, dp, terms, at, scores, masked, lane_key, row0);
+      probabilities<TileM, false>(s, dp, terms, at, scores, masked, lane_key, row0);
       wgmma_wait<0>();  // dPᵀ is ready
       wgmma_fence_operands(dp);
       score_gradients<TileM>(dp, terms, at, [&](int e) { return s[e]; });
@@ -393,12 +381,12 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
             float tanh_score = 0.f;
             x[e] = scores.prob(x[e], terms[col], row0 + col, lane_key + 8 * (q / 2), masked,
                                tanh_score);
-            capped[q] = decltype(scores)::gradient(x[e], 1.f, 0.f, tanh_score);
+            capped[q] = decltype(scores)::capped(x[e], tanh_score);
           }
           exchange[i * kWarpgroupThreads] = make_float4(capped[0], capped[1], capped[2], capped[3]);
         }
       } else {
-        probabilities<TileM, AlsoOut::nothing>(x, x, terms, at, scores, masked, lane_key, row0);
+        probabilities<TileM, false>(x, x, terms, at, scores, masked, lane_key, row0);
         named_barrier_sync(free, kPairThreads);  // the partner has read the last step's Pᵀ
 #pragma unroll
         for (int i = 0; i < TileM / 8; ++i)

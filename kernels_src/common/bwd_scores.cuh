@@ -5,7 +5,7 @@
 // holds them. Plain variants keep P = exp2(x · scale_log2 - lse_log2) and only the causal test.
 //
 // Soft-capping: score = softcap · t, t = tanh(x · softcap_scale), so d score / dx = softmax_scale ·
-// (1 - t²): kernels multiply dS by factor() = 1 - t² and the gradients by the original
+// (1 - t²): kernels multiply dS by 1 - t² (capped()) and the gradients by the original
 // softmax_scale (BackwardParams::dscore_scale), as without a cap.
 #pragma once
 
@@ -46,50 +46,55 @@ struct BackwardScores {
     const int offset = key - row;
     return offset <= highest && (offset >= lowest || key < f.sink_tokens);
   }
-  // The forward's P of raw score x at (row, key); soft-capped, also t (for factor()).
+  // The forward's P of raw score x at (row, key); soft-capped, also t (for capped()).
   __device__ __forceinline__ float prob(float x, float lse_log2, int row, int key, bool masked,
                                         float& t) const {
-    float logit;
-    if constexpr (Softcap) {
-      t = tanh_accurate(x * f.softcap_scale);
-      logit = f.softcap * t * f.scale_log2;
+    float p;
+    if constexpr (Softcap || Alibi) {
+      float logit = x * f.scale_log2;
+      if constexpr (Softcap) {
+        t = tanh_accurate(x * f.softcap_scale);
+        logit = f.softcap * t * f.scale_log2;
+      }
+      if constexpr (Alibi) logit -= slope_log2 * fabsf(static_cast<float>(row + diagonal - key));
+      p = exp2_ftz(logit - lse_log2);
     } else {
-      logit = x * f.scale_log2;
+      p = exp2_ftz(fmaf(x, f.scale_log2, -lse_log2));
     }
-    if constexpr (Alibi) logit -= slope_log2 * fabsf(static_cast<float>(row + diagonal - key));
-    float p = Softcap || Alibi ? exp2_ftz(logit - lse_log2)
-                               : exp2_ftz(fmaf(x, f.scale_log2, -lse_log2));
     if ((Causal || Window) && masked && !visible(row, key)) p = 0.f;
     return p;
   }
-  __device__ __forceinline__ float prob(float x, float lse_log2, int row, int key,
-                                        bool masked) const {
-    float t;
-    return prob(x, lse_log2, row, key, masked, t);
+  // x times soft-capping's d score / d(scaled q·k), 1 - t² (x itself without a cap).
+  __device__ __forceinline__ static float capped(float x, float t) {
+    return Softcap ? x * (1.f - t * t) : x;
   }
-  // dS = P ∘ (dP - delta), times soft-capping's 1 - t².
+  // dS = P ∘ (dP - delta), capped.
   __device__ __forceinline__ static float gradient(float p, float dp, float delta, float t) {
-    const float ds = p * (dp - delta);
-    return Softcap ? ds * (1.f - t * t) : ds;
+    return capped(p * (dp - delta), t);
   }
 };
 
-// The query rows that see some key of [key_lo, key_hi] (rows beyond seqlen_q included: callers
-// clip), for the dK / dV kernels' steps: [first, last], empty when last < first.
-template <bool Causal, bool Window>
-struct RowsSeeingKeys {
-  int first, last;
-  __device__ __forceinline__ RowsSeeingKeys(const FmhaParams& f, int key_lo, int key_hi) {
+// The query tiles (TileM rows each) holding a row that sees some key of [key_lo, key_hi], for the
+// dK / dV kernels' steps: tiles [first, first + count). Causal: from the tile where the diagonal
+// reaches key_lo (every key is seen by the last row: count >= 1 whenever seqlen_q > 0). A window
+// bounds both ends: key_lo <= i + d + window_right and key_hi >= i + d - window_left, unless the
+// keys hold a sink token, which every row up to its right side sees.
+template <bool Causal, bool Window, int TileM>
+struct QueryTilesSeeing {
+  int first, count;
+  __device__ __forceinline__ QueryTilesSeeing(const FmhaParams& f, int key_lo, int key_hi) {
     const int diagonal = f.seqlen_k - f.seqlen_q;
-    first = Causal ? key_lo - diagonal : 0;
-    last = f.seqlen_q - 1;
-    if (Window) {
-      // Right side: key_lo <= i + d + window_right; left: key_hi >= i + d - window_left, unless
-      // the block holds a sink token, which every row up to its right side sees.
-      first = max(first, key_lo - diagonal - f.window_right);
-      if (key_lo >= f.sink_tokens) last = min(last, key_hi - diagonal + f.window_left);
+    if constexpr (Window) {
+      int first_row = Causal ? key_lo - diagonal : 0, last_row = f.seqlen_q - 1;
+      first_row = max(first_row, key_lo - diagonal - f.window_right);
+      if (key_lo >= f.sink_tokens) last_row = min(last_row, key_hi - diagonal + f.window_left);
+      first_row = max(first_row, 0);
+      first = first_row / TileM;
+      count = last_row < first_row ? 0 : last_row / TileM + 1 - first;
+    } else {
+      first = (Causal ? max(0, key_lo - diagonal) : 0) / TileM;
+      count = max(0, (f.seqlen_q + TileM - 1) / TileM - first);
     }
-    first = max(first, 0);
   }
 };
 

@@ -25,13 +25,8 @@ std::string why_not(const KernelFamily& family, const BackwardProblem& problem,
     return fmt::format("has no kernel for head_dim {} on {}", d, arch);
   if (family.always_accumulates_dq && problem.deterministic)
     return "adds dQ up with atomics: not deterministic (options.deterministic is set)";
-  const ForwardProblem& forward = problem.forward;
-  if (forward.softcap > 0.f && !(family.features & kFeatureSoftcap))
-    return "has no soft-capped variants (options.softcap)";
-  if (forward.window && !(family.features & kFeatureWindow))
-    return "has no sliding-window variants (options.window_left / window_right)";
-  if (forward.alibi && !(family.features & kFeatureAlibi))
-    return "has no ALiBi variants (options.alibi_slopes)";
+  if (std::string missing = missing_feature(family, problem.forward); !missing.empty())
+    return missing;
   return family.unsupported_reason ? family.unsupported_reason(problem.forward) : std::string();
 }
 

@@ -40,18 +40,7 @@ std::string why_family_cannot_run(const KernelFamily& family, const ForwardProbl
                                   const DeviceInfo& device) {
   if (family.role != FamilyRole::attention) return "is not an attention kernel";
   if (!family.runs_on(device.arch)) return fmt::format("does not run on {}", device.arch);
-  if (problem.paged && !(family.features & kFeaturePagedKv)) return "reads no paged KV cache";
-  if (problem.has_seqused && !(family.features & kFeatureSeqUsedK)) return "takes no seqused_k";
-  if (problem.varlen && !(family.features & kFeatureVarlen)) return "takes no varlen batch";
-  if (problem.softcap > 0.f && !(family.features & kFeatureSoftcap)) return "has no soft-capping";
-  if (problem.window && !(family.features & kFeatureWindow)) return "has no sliding window";
-  if (problem.sink && !(family.features & kFeatureSink)) return "has no attention sinks";
-  if (problem.alibi && !(family.features & kFeatureAlibi)) return "has no ALiBi";
-  if (!problem.user_functions.empty() && !(family.features & kFeatureUserFunctions))
-    return "has no user functions";
-  if (problem.block_mask && !(family.features & kFeatureBlockMask)) return "takes no block mask";
-  if (problem.num_splits > 1 && !(family.features & kFeatureSplitKv))
-    return "does not split keys (num_splits > 1)";
+  if (std::string missing = missing_feature(family, problem); !missing.empty()) return missing;
   if (std::find(family.head_dims.begin(), family.head_dims.end(), problem.head_dim) ==
       family.head_dims.end())
     return fmt::format("has no head_dim {}", problem.head_dim);

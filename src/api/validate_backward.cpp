@@ -54,6 +54,9 @@ BackwardProblem problem_of(const ForwardProblem& forward, const BackwardOptions&
       reject("d_sink_logits is not 4-byte aligned: expected a device buffer of heads_q floats");
   }
   problem.params.dsink = options.d_sink_logits;
+  // The gradient kernels need no sink variant (the LSE holds the sinks; bwd_sink reads
+  // params.fwd.sink_logits for their gradient), so no family is refused for them.
+  problem.forward.sink = false;
   return problem;
 }
 

@@ -96,6 +96,22 @@ void check_variant(const Variant& v) {
                     bytes, most, v.arch));
 }
 
+std::string missing_feature(const KernelFamily& family, const ForwardProblem& problem) {
+  if (problem.paged && !(family.features & kFeaturePagedKv)) return "reads no paged KV cache";
+  if (problem.has_seqused && !(family.features & kFeatureSeqUsedK)) return "takes no seqused_k";
+  if (problem.varlen && !(family.features & kFeatureVarlen)) return "takes no varlen batch";
+  if (problem.softcap > 0.f && !(family.features & kFeatureSoftcap)) return "has no soft-capping";
+  if (problem.window && !(family.features & kFeatureWindow)) return "has no sliding window";
+  if (problem.sink && !(family.features & kFeatureSink)) return "has no attention sinks";
+  if (problem.alibi && !(family.features & kFeatureAlibi)) return "has no ALiBi";
+  if (!problem.user_functions.empty() && !(family.features & kFeatureUserFunctions))
+    return "has no user functions";
+  if (problem.block_mask && !(family.features & kFeatureBlockMask)) return "takes no block mask";
+  if (problem.num_splits > 1 && !(family.features & kFeatureSplitKv))
+    return "does not split keys (num_splits > 1)";
+  return {};
+}
+
 KernelSpec kernel_spec(const Variant& v) {
   const KernelFamily& family = family_named(v.family, "family");
   KernelSpec spec;

@@ -22,6 +22,10 @@ const KernelFamily& family_named(std::string_view name, std::string_view what);
 
 // Throws Error(invalid_argument) naming what is wrong when the variant cannot be built.
 void check_variant(const Variant& variant);
+// Empty when the family handles every feature the problem uses (paged KV, seqused_k, varlen,
+// the score variants, user functions, block masks, split-KV), else what it lacks ("has no
+// ALiBi"): the forward's dispatcher and the backward's share it.
+std::string missing_feature(const KernelFamily& family, const ForwardProblem& problem);
 // What the JIT compiles for a checked variant.
 KernelSpec kernel_spec(const Variant& variant);
 
