@@ -258,6 +258,26 @@ FLASHJIT_API flashjit_status flashjit_select_backward_variant(
     flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
     const flashjit_tensor* v, const flashjit_backward_options* options, char* buf,
     int32_t buf_size);
+/* Gradients of flashjit_forward_varlen over a dense packed cache (Engine::backward with a
+ * VarlenBatch): q, out, dout, dq [1, total_q, heads_q, head_dim]; k, v, dk, dv [1, total_k,
+ * heads_kv, head_dim]; lse the forward's [heads_q, total_q]; varlen->cu_seqlens_k is required.
+ * Each sequence is its own problem; rows past the last sequence are not written. */
+FLASHJIT_API flashjit_status flashjit_backward_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_tensor* out, const flashjit_tensor* dout,
+    const float* lse, const flashjit_tensor* dq, const flashjit_tensor* dk,
+    const flashjit_tensor* dv, const flashjit_varlen* varlen,
+    const flashjit_backward_options* options, void* stream);
+/* The same as flashjit_backward_workspace_bytes / flashjit_select_backward_variant, for
+ * flashjit_backward_varlen. */
+FLASHJIT_API flashjit_status flashjit_backward_workspace_bytes_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_varlen* varlen,
+    const flashjit_backward_options* options, uint64_t* bytes);
+FLASHJIT_API flashjit_status flashjit_select_backward_variant_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_varlen* varlen,
+    const flashjit_backward_options* options, char* buf, int32_t buf_size);
 
 /* User functions from source text: score_mod and mask_mod, each NULL or "" when absent (not both).
  * No GPU needed and nothing compiled here: a source NVRTC rejects fails the first forward (or

@@ -581,12 +581,29 @@ class FLASHJIT_API Engine {
                 const TensorView& out, const TensorView& dout, const float* lse,
                 const TensorView& dq, const TensorView& dk, const TensorView& dv,
                 const BackwardOptions& options = {}, CUstream_st* stream = nullptr);
+  // The gradients of a variable-length forward (a VarlenBatch over a dense packed k and v): q,
+  // out, dout and dq are [1, total_q, heads_q, head_dim], k, v, dk and dv [1, total_k, heads_kv,
+  // head_dim], lse the forward's [heads_q, total_q]; each sequence is its own problem (its
+  // causal mask bottom-right, its window, a sequence with no query or no key gives zero
+  // gradients). Rows after cu_seqlens_q[batch] of dq and after cu_seqlens_k[batch] of dk and dv
+  // are not written. Every option works as for equal-length batches.
+  void backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                const TensorView& out, const TensorView& dout, const float* lse,
+                const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                const VarlenBatch& varlen, const BackwardOptions& options = {},
+                CUstream_st* stream = nullptr);
   // Bytes of workspace a backward with these arguments needs.
   std::size_t backward_workspace_bytes(const TensorView& q, const TensorView& k,
                                        const TensorView& v,
                                        const BackwardOptions& options = {}) const;
+  std::size_t backward_workspace_bytes(const TensorView& q, const TensorView& k,
+                                       const TensorView& v, const VarlenBatch& varlen,
+                                       const BackwardOptions& options = {}) const;
   // The dK/dV variant backward runs for these arguments (validates them the same way).
   Variant select_backward_variant(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const BackwardOptions& options = {}) const;
+  Variant select_backward_variant(const TensorView& q, const TensorView& k, const TensorView& v,
+                                  const VarlenBatch& varlen,
                                   const BackwardOptions& options = {}) const;
 
   // From now on, appends each variant this engine runs for the first time to `file` (a variant

@@ -6,18 +6,20 @@
 // K and V stream through `Stages` buffers by cp.async, one group per key tile.
 #include "bwd_mma/shape.cuh"
 #include "common/bwd_scores.cuh"
+#include "common/bwd_workspace.cuh"
 #include "common/fast_math.cuh"
 #include "common/masking.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
+#include "common/sequence.cuh"
 #include "common/tile_copy_async.cuh"
 #include "common/types.cuh"
 
 namespace flashjit {
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi>
+          bool Window, bool Alibi, bool Varlen>
 __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.threads())
     bwd_mma_dq_kernel(const BackwardParams p) {
   constexpr BwdMmaDqShape kShape{HeadDim, TileM, TileN, Stages};
@@ -33,24 +35,36 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
   const int head = blockIdx.y, batch = blockIdx.z, kv_head = head / f.heads_per_kv;
   const int row0 = m_tile * TileM, lane = threadIdx.x % 32, warp_row0 = threadIdx.x / 32 * 16;
   const unsigned base = smem_address(smem);
+  // Varlen: the sequence's lengths and rows (the grid covers the longest sequence); the copies
+  // zero-fill past its ends, as past a dense tensor's.
+  const SequenceSpan seq = packed_sequence_span<Varlen>(f, batch);
+  if constexpr (Varlen)  // (if constexpr: a constant-false test still changes dense code)
+    if (row0 >= seq.seqlen_q) return;  // past a shorter sequence's rows
+  const long long q_row0 = seq.q_start, k_row0 = seq.k_start;
 
   TileStream<T, HeadDim, TileM, kPitch, kThreads>(
-      static_cast<const T*>(f.q) + batch * f.q_stride_b + head * f.q_stride_h, f.q_stride_s)
-      .copy(base, row0, f.seqlen_q, f.q_stride_s);
+      static_cast<const T*>(f.q) + seq.q_batch * f.q_stride_b + q_row0 * f.q_stride_s +
+          head * f.q_stride_h,
+      f.q_stride_s)
+      .copy(base, row0, seq.seqlen_q, f.q_stride_s);
   TileStream<T, HeadDim, TileM, kPitch, kThreads>(
-      static_cast<const T*>(p.dout) + batch * p.do_stride_b + head * p.do_stride_h, p.do_stride_s)
-      .copy(base + kShape.q_bytes(), row0, f.seqlen_q, p.do_stride_s);
+      static_cast<const T*>(p.dout) + seq.q_batch * p.do_stride_b + q_row0 * p.do_stride_s +
+          head * p.do_stride_h,
+      p.do_stride_s)
+      .copy(base + kShape.q_bytes(), row0, seq.seqlen_q, p.do_stride_s);
   using KvStream = TileStream<T, HeadDim, TileN, kPitch, kThreads>;
-  const KvStream k_stream(static_cast<const T*>(f.k) + batch * f.k_stride_b + kv_head * f.k_stride_h,
+  const KvStream k_stream(static_cast<const T*>(f.k) + seq.k_batch * f.k_stride_b +
+                              k_row0 * f.k_stride_s + kv_head * f.k_stride_h,
                           f.k_stride_s);
-  const KvStream v_stream(static_cast<const T*>(f.v) + batch * f.v_stride_b + kv_head * f.v_stride_h,
+  const KvStream v_stream(static_cast<const T*>(f.v) + seq.k_batch * f.v_stride_b +
+                              k_row0 * f.v_stride_s + kv_head * f.v_stride_h,
                           f.v_stride_s);
-  const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(f, f, row0);
+  const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(seq, f, row0);
   const int n_tiles = range.count();
   auto load_tile = [&](int j) {  // key tile j into buffer j % Stages
-    k_stream.copy(base + kShape.k_offset(j % Stages), range.tile(j) * TileN, f.seqlen_k,
+    k_stream.copy(base + kShape.k_offset(j % Stages), range.tile(j) * TileN, seq.seqlen_k,
                   f.k_stride_s);
-    v_stream.copy(base + kShape.v_offset(j % Stages), range.tile(j) * TileN, f.seqlen_k,
+    v_stream.copy(base + kShape.v_offset(j % Stages), range.tile(j) * TileN, seq.seqlen_k,
                   f.v_stride_s);
   };
   // Groups: Q and dO with tile 0, then one per tile up to Stages - 1 ahead (empty past the end).
@@ -65,12 +79,13 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
   }
 
   // The lane's two rows' terms (the workspace's rows are padded: no bounds check).
-  const long long terms =
-      (static_cast<long long>(batch) * f.heads_q + head) * p.seqlen_rows + row0 + warp_row0 + lane / 4;
+  const long long terms = BwdWorkspaceRows::first_row<Varlen>(batch, head, f.heads_q,
+                                                      p.seqlen_rows, seq.q_start) +
+                          row0 + warp_row0 + lane / 4;
   const float lse[2] = {p.lse_log2[terms], p.lse_log2[terms + 8]};
   const float delta[2] = {p.delta[terms], p.delta[terms + 8]};
   const int lane_row = row0 + warp_row0 + lane / 4;
-  const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, head);
+  const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, seq.lengths(), head);
 
   const unsigned q_addr = base + ((warp_row0 + lane % 16) * kPitch + (lane / 16) * 8) * 2;
   const unsigned do_addr = q_addr + kShape.q_bytes();
@@ -124,12 +139,13 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
   }
   cp_async_wait<0>();
 
-  T* out = static_cast<T*>(p.dq) + batch * p.dq_stride_b + head * p.dq_stride_h;
+  T* out = static_cast<T*>(p.dq) + seq.q_batch * p.dq_stride_b + q_row0 * p.dq_stride_s +
+           head * p.dq_stride_h;
   const float scale = p.dscore_scale;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = lane_row + h * 8;
-    if (row >= f.seqlen_q) continue;
+    if (row >= seq.seqlen_q) continue;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt)
       *reinterpret_cast<unsigned*>(out + row * p.dq_stride_s + dt * 8 + (lane % 4) * 2) =

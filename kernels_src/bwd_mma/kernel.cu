@@ -14,10 +14,12 @@
 // (no bank conflicts in ldmatrix, as in mma/kernel.cu).
 #include "bwd_mma/shape.cuh"
 #include "common/bwd_scores.cuh"
+#include "common/bwd_workspace.cuh"
 #include "common/fast_math.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
+#include "common/sequence.cuh"
 #include "common/sm90_tma.cuh"
 #include "common/tile_copy_async.cuh"
 #include "common/types.cuh"
@@ -72,7 +74,7 @@ __device__ __forceinline__ void to_a_operand(unsigned (&packed)[1][NQ / 2][4],
 }
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi>
+          bool Window, bool Alibi, bool Varlen>
 __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, false}.threads())
     bwd_mma_kernel(const BackwardParams p) {
   constexpr BwdMmaShape kShape{HeadDim, TileM, TileN, Stages, bulk_dq_reduce(__CUDA_ARCH__ / 10)};
@@ -94,35 +96,70 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int key_warp = warp % kKeyWarps, dim0 = warp / kKeyWarps * kWarpDims;
   const unsigned base = smem_address(smem);
+  // Varlen: the sequence's lengths and rows (the grid covers the longest sequence); the copies
+  // zero-fill past its ends, as past a dense tensor's. Read from shared memory where used: the
+  // d128 kernel has no register to hold them through the loop.
+  __shared__ SequenceSpan shared_seq;
+  __shared__ long long shared_terms;  // the sequence's first workspace row of head 0
+  auto sequence = [&]() { return Varlen ? shared_seq : packed_sequence_span<false>(f, batch); };
+  if constexpr (Varlen) {  // (if constexpr: a constant-false test still changes dense code)
+    if (threadIdx.x == 0) {
+      shared_seq = packed_sequence_span<Varlen>(f, batch);
+      shared_terms = BwdWorkspaceRows::first_row<true>(batch, 0, f.heads_q, p.seqlen_rows,
+                                                       shared_seq.q_start);
+    }
+    __syncthreads();
+    if (key0 >= sequence().seqlen_k) return;  // past a shorter sequence's keys
+  }
+  // Where the tile's KV head of the sequence starts in a [batch, keys, heads_kv, d] tensor (a
+  // packed batch's is its only batch).
+  auto kv_rows = [&](const void* t, long long stride_b, long long stride_s, long long stride_h) {
+    if constexpr (Varlen)
+      return static_cast<const T*>(t) + sequence().k_start * stride_s + kv_head * stride_h;
+    else
+      return static_cast<const T*>(t) + batch * stride_b + kv_head * stride_h;
+  };
+  // The same for query head `head` in a [batch, queries, heads_q, d] tensor.
+  auto q_rows = [&](const void* t, long long stride_b, long long stride_s, long long stride_h,
+                    int head) {
+    if constexpr (Varlen)
+      return static_cast<const T*>(t) + sequence().q_start * stride_s + head * stride_h;
+    else
+      return static_cast<const T*>(t) + batch * stride_b + head * stride_h;
+  };
 
   TileStream<T, HeadDim, TileN, kPitch, kThreads>(
-      static_cast<const T*>(f.k) + batch * f.k_stride_b + kv_head * f.k_stride_h, f.k_stride_s)
-      .copy(base + kShape.k_offset(), key0, f.seqlen_k, f.k_stride_s);
+      kv_rows(f.k, f.k_stride_b, f.k_stride_s, f.k_stride_h), f.k_stride_s)
+      .copy(base + kShape.k_offset(), key0, sequence().seqlen_k, f.k_stride_s);
   TileStream<T, HeadDim, TileN, kPitch, kThreads>(
-      static_cast<const T*>(f.v) + batch * f.v_stride_b + kv_head * f.v_stride_h, f.v_stride_s)
-      .copy(base + kShape.v_offset(), key0, f.seqlen_k, f.v_stride_s);
+      kv_rows(f.v, f.v_stride_b, f.v_stride_s, f.v_stride_h), f.v_stride_s)
+      .copy(base + kShape.v_offset(), key0, sequence().seqlen_k, f.v_stride_s);
 
   // The rows that see a key of this tile (causal: from the first whose diagonal reaches key0; a
   // window: up to the last its left side reaches), for each head of the group: step t is head
   // t / m_tiles, query tile m_first + t % m_tiles.
-  const QueryTilesSeeing<Causal, Window, TileM> seeing(f, key0, key0 + TileN - 1);
+  const QueryTilesSeeing<Causal, Window, TileM> seeing(f, sequence().lengths(), key0,
+                                                       key0 + TileN - 1);
   const int m_first = seeing.first, m_tiles = seeing.count;
   const int steps = m_tiles * f.heads_per_kv;
   auto step_head = [&](int t) { return kv_head * f.heads_per_kv + t / m_tiles; };
   auto step_row0 = [&](int t) { return (m_first + t % m_tiles) * TileM; };
   auto row_terms = [&](int t) {  // first workspace row of step t
-    return (static_cast<long long>(batch) * f.heads_q + step_head(t)) * p.seqlen_rows +
-           step_row0(t);
+    if constexpr (Varlen)
+      return shared_terms + static_cast<long long>(step_head(t)) * p.seqlen_rows + step_row0(t);
+    else
+      return BwdWorkspaceRows::first_row<false>(batch, step_head(t), f.heads_q, p.seqlen_rows, 0) +
+             step_row0(t);
   };
   auto load_step = [&](int t, int stage) {
     const int head = step_head(t), row0 = step_row0(t);
+    const int seqlen_q = sequence().seqlen_q;
     TileStream<T, HeadDim, TileM, kPitch, kThreads>(
-        static_cast<const T*>(f.q) + batch * f.q_stride_b + head * f.q_stride_h, f.q_stride_s)
-        .copy(base + kShape.q_offset(stage), row0, f.seqlen_q, f.q_stride_s);
+        q_rows(f.q, f.q_stride_b, f.q_stride_s, f.q_stride_h, head), f.q_stride_s)
+        .copy(base + kShape.q_offset(stage), row0, seqlen_q, f.q_stride_s);
     TileStream<T, HeadDim, TileM, kPitch, kThreads>(
-        static_cast<const T*>(p.dout) + batch * p.do_stride_b + head * p.do_stride_h,
-        p.do_stride_s)
-        .copy(base + kShape.do_offset(stage), row0, f.seqlen_q, p.do_stride_s);
+        q_rows(p.dout, p.do_stride_b, p.do_stride_s, p.do_stride_h, head), p.do_stride_s)
+        .copy(base + kShape.do_offset(stage), row0, seqlen_q, p.do_stride_s);
     // lse_log2 then delta, TileM floats each: the workspace's rows are padded to whole tiles.
     const int i = threadIdx.x;
     if (i < TileM / 2) {
@@ -192,7 +229,8 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
     // their probabilities reach only dK and dV rows that are never stored, and dQ through a zero
     // row of K, so only the causal and window masks apply.
     const float* terms = reinterpret_cast<const float*>(smem + kShape.rows_offset(stage));
-    const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, step_head(t));
+    const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, sequence().lengths(),
+                                                                step_head(t));
     const bool masked = scores.any_masked(row0, row0 + TileM - 1, key0, key0 + TileN - 1);
 #pragma unroll
     for (int nt = 0; nt < NQ; ++nt) {
@@ -274,13 +312,14 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
   if (kShape.bulk_dq && threadIdx.x == 0) bulk_wait_group<0>();  // its adds are done
 
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k), dV as summed; keys past seqlen_k not stored.
-  T* dk_out = static_cast<T*>(p.dk) + batch * p.dk_stride_b + kv_head * p.dk_stride_h;
-  T* dv_out = static_cast<T*>(p.dv) + batch * p.dv_stride_b + kv_head * p.dv_stride_h;
+  T* dk_out = const_cast<T*>(kv_rows(p.dk, p.dk_stride_b, p.dk_stride_s, p.dk_stride_h));
+  T* dv_out = const_cast<T*>(kv_rows(p.dv, p.dv_stride_b, p.dv_stride_s, p.dv_stride_h));
+  const int seqlen_k = sequence().seqlen_k;
   const float scale = p.dscore_scale;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int key = lane_key + h * 8;
-    if (key >= f.seqlen_k) continue;
+    if (key >= seqlen_k) continue;
 #pragma unroll
     for (int dt = 0; dt < DT; ++dt) {
       const int col = dim0 + dt * 8 + (lane % 4) * 2;

@@ -1,4 +1,5 @@
-// The backward pass's row passes, one warp per (query row, head, batch):
+// The backward pass's row passes, one warp per (query row, head, batch), for equal-length and
+// varlen batches alike (cu_seqlens_q read at run time: these passes are cheap):
 //  - bwd_prep_kernel, before the dK/dV and dQ kernels: delta = rowsum(dO ∘ O), the LSE in exp2
 //    units (+inf where the row saw no key or does not exist, so its probabilities are exactly
 //    0), and a zeroed fp32 dQ accumulator row for the atomic mode;
@@ -6,32 +7,48 @@
 //  - bwd_sink_kernel, after bwd_prep, one CTA per query head (learnable sinks whose gradient is
 //    asked for): dsink = -Σ over batch and rows of exp(sink - lse) · delta, in a fixed order.
 #include "bwd_rows/shape.cuh"
+#include "common/bwd_workspace.cuh"
+#include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/params.cuh"
+#include "common/sequence.cuh"
 #include "common/types.cuh"
 #include "common/warp_reduce.cuh"
 
 namespace flashjit {
 
-// This warp's row of the workspace, or -1 past the padded rows.
-__device__ __forceinline__ long long workspace_row(const BackwardParams& p, int row) {
-  if (row >= p.seqlen_rows) return -1;
-  return (static_cast<long long>(blockIdx.z) * p.fwd.heads_q + blockIdx.y) * p.seqlen_rows + row;
-}
+// The rows of (sequence, head) in the workspace (common/bwd_workspace.cuh): the first, and how
+// many the kernels read (its length padded to whole tiles).
+struct WorkspaceRows {
+  long long first;
+  long long padded;
+
+  __device__ __forceinline__ WorkspaceRows(const BackwardParams& p, const SequenceSpan& seq,
+                                           int batch, int head)
+      : first(p.fwd.cu_seqlens_q != nullptr
+                  ? BwdWorkspaceRows::first_row<true>(batch, head, p.fwd.heads_q, p.seqlen_rows,
+                                                      seq.q_start)
+                  : BwdWorkspaceRows::first_row<false>(batch, head, p.fwd.heads_q, p.seqlen_rows,
+                                                       seq.q_start)),
+        padded(BwdWorkspaceRows::padded_rows(seq.seqlen_q)) {}
+};
 
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_prep_kernel(const BackwardParams p) {
   const int row = blockIdx.x * BwdRowsShape::kWarps + threadIdx.x / 32;
   const int head = blockIdx.y, batch = blockIdx.z, lane = threadIdx.x % 32;
-  const long long r = workspace_row(p, row);
-  if (r < 0) return;
   const FmhaParams& f = p.fwd;
+  const SequenceSpan seq = sequence_span(f, batch);
+  const WorkspaceRows rows(p, seq, batch, head);
+  if (row >= rows.padded) return;
+  const long long r = rows.first + row;
   float dot = 0.f;
-  if (row < f.seqlen_q) {
-    const T* o = static_cast<const T*>(f.o) + batch * f.o_stride_b + row * f.o_stride_s +
+  if (row < seq.seqlen_q) {
+    const long long q_row = seq.q_start + row;
+    const T* o = static_cast<const T*>(f.o) + seq.q_batch * f.o_stride_b + q_row * f.o_stride_s +
                  head * f.o_stride_h;
-    const T* d = static_cast<const T*>(p.dout) + batch * p.do_stride_b + row * p.do_stride_s +
-                 head * p.do_stride_h;
+    const T* d = static_cast<const T*>(p.dout) + seq.q_batch * p.do_stride_b +
+                 q_row * p.do_stride_s + head * p.do_stride_h;
 #pragma unroll
     for (int c = 2 * lane; c < HeadDim; c += 64) {
       float o0, o1, d0, d1;
@@ -44,8 +61,7 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_prep_kernel(const 
   if (lane == 0) {
     p.delta[r] = dot;
     const float lse =
-        row < f.seqlen_q ? f.lse[(static_cast<long long>(batch) * f.heads_q + head) * f.seqlen_q + row]
-                         : neg_inf();
+        row < seq.seqlen_q ? f.lse[lse_offset<true>(f, batch, seq.q_start, head, row)] : neg_inf();
     p.lse_log2[r] = lse == neg_inf() ? -neg_inf() : lse * kLog2e;
   }
   if (p.dq_accum != nullptr) {
@@ -64,8 +80,9 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_sink_kernel(const 
   const float sink_log2 = __ldg(p.fwd.sink_logits + head) * kLog2e;
   float sum = 0.f;
   for (int b = 0; b < p.fwd.batch; ++b) {
-    const long long first = (static_cast<long long>(b) * p.fwd.heads_q + head) * p.seqlen_rows;
-    for (int row = threadIdx.x; row < p.fwd.seqlen_q; row += BwdRowsShape::kThreads)
+    const SequenceSpan seq = sequence_span(p.fwd, b);
+    const long long first = WorkspaceRows(p, seq, b, head).first;
+    for (int row = threadIdx.x; row < seq.seqlen_q; row += BwdRowsShape::kThreads)
       sum = fmaf(exp2_ftz(sink_log2 - p.lse_log2[first + row]), p.delta[first + row], sum);
   }
   __shared__ float warp_sums[BwdRowsShape::kWarps];
@@ -85,10 +102,11 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads)
     bwd_convert_kernel(const BackwardParams p) {
   const int row = blockIdx.x * BwdRowsShape::kWarps + threadIdx.x / 32;
   const int head = blockIdx.y, batch = blockIdx.z, lane = threadIdx.x % 32;
-  if (row >= p.fwd.seqlen_q) return;
-  const float* acc = p.dq_accum + workspace_row(p, row) * HeadDim;
-  T* dq = static_cast<T*>(p.dq) + batch * p.dq_stride_b + row * p.dq_stride_s +
-          head * p.dq_stride_h;
+  const SequenceSpan seq = sequence_span(p.fwd, batch);
+  if (row >= seq.seqlen_q) return;
+  const float* acc = p.dq_accum + (WorkspaceRows(p, seq, batch, head).first + row) * HeadDim;
+  T* dq = static_cast<T*>(p.dq) + seq.q_batch * p.dq_stride_b +
+          (seq.q_start + static_cast<long long>(row)) * p.dq_stride_s + head * p.dq_stride_h;
   const float scale = p.dscore_scale;
 #pragma unroll
   for (int c = 2 * lane; c < HeadDim; c += 64) {

@@ -13,9 +13,11 @@
 #include "bwd_wgmma/shape.cuh"
 #include "bwd_wgmma/warp_roles.cuh"
 #include "common/bwd_scores.cuh"
+#include "common/bwd_workspace.cuh"
 #include "common/fast_math.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
+#include "common/sequence.cuh"
 #include "common/sm90_mbarrier.cuh"
 #include "common/sm90_store_rows.cuh"
 #include "common/sm90_tile_gemm.cuh"
@@ -33,10 +35,13 @@ struct QueryTileBarriers {
 };
 
 // Where the CTA works: its rows and the key tiles they see (common/masking.cuh; a window's
-// band and sink tiles only).
-template <bool Causal, bool Window, int TileM, int TileN>
+// band and sink tiles only). Varlen: its sequence's lengths and rows (the grid covers the
+// longest sequence; a CTA past a shorter one's rows does nothing).
+template <bool Causal, bool Window, bool Varlen, int TileM, int TileN>
 struct QueryTile {
   int row0, head, kv_head, batch;
+  SequenceSpan seq;  // equal-length batches: the launch's lengths, starts 0
+  int coord_batch;   // the TMA maps' batch coordinate: 0 for a packed batch
   TileRange keys;
 
   __device__ __forceinline__ explicit QueryTile(const FmhaParams& f)
@@ -44,13 +49,18 @@ struct QueryTile {
         head(blockIdx.y),
         kv_head(blockIdx.y / f.heads_per_kv),
         batch(blockIdx.z),
-        keys(kv_tile_range<Causal, Window, TileM, TileN>(f, f, row0)) {}
+        seq(packed_sequence_span<Varlen>(f, blockIdx.z)),
+        coord_batch(Varlen ? 0 : blockIdx.z),
+        keys(kv_tile_range<Causal, Window, TileM, TileN>(lengths_of<Varlen>(f, seq), f, row0)) {}
+
+  __device__ __forceinline__ bool outside() const { return row0 >= seq.seqlen_q; }
 };
 
 // ---- producer ---------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window>
-__device__ __forceinline__ void produce(const QueryTile<Causal, Window, TileM, TileN>& tile,
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window,
+          bool Varlen>
+__device__ __forceinline__ void produce(const QueryTile<Causal, Window, Varlen, TileM, TileN>& tile,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
                                         const TmaDescriptor* tma_v, const TmaDescriptor* tma_do,
                                         unsigned char* smem, QueryTileBarriers<Stages>* bars) {
@@ -62,22 +72,22 @@ __device__ __forceinline__ void produce(const QueryTile<Causal, Window, TileM, T
 #pragma unroll
   for (int b = 0; b < kShape.dim_blocks(); ++b) {
     tma_load_4d(smem + kShape.q_offset() + b * TileM * kRow, tma_q, &bars->q_full, 64 * b,
-                tile.row0, tile.head, tile.batch);
+                tile.seq.q_start + tile.row0, tile.head, tile.coord_batch);
     tma_load_4d(smem + kShape.do_offset() + b * TileM * kRow, tma_do, &bars->q_full, 64 * b,
-                tile.row0, tile.head, tile.batch);
+                tile.seq.q_start + tile.row0, tile.head, tile.coord_batch);
   }
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = j % Stages;
     // Free once every consumer warp is done with tile j - Stages (a fresh barrier passes).
     mbarrier_wait(&bars->empty[stage], ((j / Stages) & 1) ^ 1);
     mbarrier_arrive_expect_tx(&bars->full[stage], 2 * kShape.kv_bytes());
-    const int key0 = tile.keys.tile(j) * TileN;
+    const int key0 = tile.seq.k_start + tile.keys.tile(j) * TileN;
 #pragma unroll
     for (int b = 0; b < kShape.dim_blocks(); ++b) {
       tma_load_4d(smem + kShape.k_offset(stage) + b * TileN * kRow, tma_k, &bars->full[stage],
-                  64 * b, key0, tile.kv_head, tile.batch);
+                  64 * b, key0, tile.kv_head, tile.coord_batch);
       tma_load_4d(smem + kShape.v_offset(stage) + b * TileN * kRow, tma_v, &bars->full[stage],
-                  64 * b, key0, tile.kv_head, tile.batch);
+                  64 * b, key0, tile.kv_head, tile.coord_batch);
     }
   }
 }
@@ -85,9 +95,9 @@ __device__ __forceinline__ void produce(const QueryTile<Causal, Window, TileM, T
 // ---- consumer ---------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi>
+          bool Window, bool Alibi, bool Varlen>
 __device__ __forceinline__ void consume(const BackwardParams& p,
-                                        const QueryTile<Causal, Window, TileM, TileN>& tile,
+                                        const QueryTile<Causal, Window, Varlen, TileM, TileN>& tile,
                                         unsigned char* smem, QueryTileBarriers<Stages>* bars,
                                         int consumer) {
   constexpr BwdWgmmaDqShape kShape{HeadDim, TileM, TileN, Stages};
@@ -99,10 +109,12 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
   const unsigned do_rows = base + kShape.do_offset() + consumer * 64 * kRow;
   const int wg_row0 = tile.row0 + consumer * 64;
   const int lane_row = wg_row0 + at.row;  // the accumulators' rows: + 0, + 8
-  const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, tile.head);
+  const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, lengths_of<Varlen>(f, tile.seq),
+                                                              tile.head);
   // The two rows' terms (the workspace's rows are padded to whole tiles: no bounds check).
-  const long long terms =
-      (static_cast<long long>(tile.batch) * f.heads_q + tile.head) * p.seqlen_rows + lane_row;
+  const long long terms = BwdWorkspaceRows::first_row<Varlen>(tile.batch, tile.head, f.heads_q,
+                                                      p.seqlen_rows, tile.seq.q_start) +
+                          lane_row;
   const float lse[2] = {p.lse_log2[terms], p.lse_log2[terms + 8]};
   const float delta[2] = {p.delta[terms], p.delta[terms + 8]};
   float dq[HeadDim / 2];
@@ -118,10 +130,12 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
     float s[TileN / 2], dp[TileN / 2];
     gemm_ss_tiles<T, HeadDim, TileM, TileN>(s, q_rows, k_tile);
     gemm_ss_tiles<T, HeadDim, TileM, TileN>(dp, do_rows, v_tile);
-    // Keys past seqlen_k are zero rows of K and V, which would give them P = exp2(-lse_log2):
-    // masked with the others, so no overflow there can reach dQ as inf · 0.
+    // Keys past seqlen_k are zero rows of K and V (or, in a varlen batch, the next sequence's),
+    // which would give them P = exp2(-lse_log2): masked with the others, so no overflow there
+    // can reach dQ as inf · 0.
     const int key0 = tile.keys.tile(j) * TileN;
-    const bool past_end = key0 + TileN > f.seqlen_k;
+    const int seqlen_k = lengths_of<Varlen>(f, tile.seq).seqlen_k;
+    const bool past_end = key0 + TileN > seqlen_k;
     const bool masked = scores.any_masked(wg_row0, wg_row0 + 63, key0, key0 + TileN - 1);
     // Soft-capped: dS needs each score's t, so both GEMMs first and one pass over the scores.
     wgmma_wait<Softcap ? 0 : 1>();  // S is ready; dP may still run
@@ -132,7 +146,7 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
       const int key = key0 + 8 * (e / 4) + at.col + e % 2, h = (e / 2) % 2;
       float t = 0.f;
       float prob = scores.prob(s[e], lse[h], lane_row + 8 * h, key, masked, t);
-      if (past_end && key >= f.seqlen_k) prob = 0.f;
+      if (past_end && key >= seqlen_k) prob = 0.f;
       if constexpr (Softcap) dp[e] = decltype(scores)::gradient(prob, dp[e], delta[h], t);
       s[e] = prob;
     }
@@ -151,15 +165,19 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
     release_stage(&bars->empty[stage]);
   }
 
-  store_accumulator_rows<T, HeadDim>(
-      static_cast<T*>(p.dq) + tile.batch * p.dq_stride_b + tile.head * p.dq_stride_h,
-      p.dq_stride_s, wg_row0, f.seqlen_q, dq, p.dscore_scale);
+  T* rows;
+  if constexpr (Varlen)
+    rows = static_cast<T*>(p.dq) + tile.seq.q_start * p.dq_stride_s + tile.head * p.dq_stride_h;
+  else
+    rows = static_cast<T*>(p.dq) + tile.batch * p.dq_stride_b + tile.head * p.dq_stride_h;
+  store_accumulator_rows<T, HeadDim>(rows, p.dq_stride_s, wg_row0,
+                                     lengths_of<Varlen>(f, tile.seq).seqlen_q, dq, p.dscore_scale);
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi>
+          bool Window, bool Alibi, bool Varlen>
 __global__ void __launch_bounds__(BwdWgmmaDqShape{HeadDim, TileM, TileN, Stages}.threads(), 1)
     bwd_wgmma_dq_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
                         const __grid_constant__ TmaDescriptor tma_k,
@@ -176,7 +194,11 @@ __global__ void __launch_bounds__(BwdWgmmaDqShape{HeadDim, TileM, TileN, Stages}
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_tiles(smem_raw);
   auto* bars = reinterpret_cast<QueryTileBarriers<Stages>*>(smem + kShape.barrier_offset());
-  const QueryTile<Causal, Window, TileM, TileN> tile(p.fwd);
+  const QueryTile<Causal, Window, Varlen, TileM, TileN> tile(p.fwd);
+  // The whole CTA: past a shorter sequence's rows. (if constexpr: even a constant-false test
+  // changes the dense kernels' code.)
+  if constexpr (Varlen)
+    if (tile.outside()) return;
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bars->q_full, 1);
@@ -195,11 +217,11 @@ __global__ void __launch_bounds__(BwdWgmmaDqShape{HeadDim, TileM, TileN, Stages}
   const int warpgroup = enter_role();
   if (warpgroup == 0) {
     if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal, Window>(tile, &tma_q, &tma_k, &tma_v, &tma_do,
-                                                        smem, bars);
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(
+          tile, &tma_q, &tma_k, &tma_v, &tma_do, smem, bars);
   } else {
-    consume<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi>(p, tile, smem, bars,
-                                                                          warpgroup - 1);
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen>(
+        p, tile, smem, bars, warpgroup - 1);
   }
 }
 

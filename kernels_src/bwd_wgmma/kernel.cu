@@ -22,6 +22,8 @@
 #include "common/bwd_scores.cuh"
 #include "common/fast_math.cuh"
 #include "common/params.cuh"
+#include "common/sequence.cuh"
+#include "common/bwd_workspace.cuh"
 #include "common/sm90_mbarrier.cuh"
 #include "common/sm90_stmatrix.cuh"
 #include "common/sm90_store_rows.cuh"
@@ -49,8 +51,9 @@ template <bool Causal, bool Window, int TileM, int TileN>
 struct QuerySteps {
   int m_first, m_tiles, count, first_head;
 
-  __device__ __forceinline__ QuerySteps(const FmhaParams& f, int key0, int kv_head) {
-    const QueryTilesSeeing<Causal, Window, TileM> tiles(f, key0, key0 + TileN - 1);
+  __device__ __forceinline__ QuerySteps(const FmhaParams& f, SequenceLengths len, int key0,
+                                        int kv_head) {
+    const QueryTilesSeeing<Causal, Window, TileM> tiles(f, len, key0, key0 + TileN - 1);
     m_first = tiles.first;
     m_tiles = tiles.count;
     count = m_tiles * f.heads_per_kv;
@@ -60,24 +63,45 @@ struct QuerySteps {
   __device__ __forceinline__ int row0(int t) const { return (m_first + t % m_tiles) * TileM; }
 };
 
-// Where the CTA works, and how many steps.
-template <bool Causal, bool Window, int TileM, int TileN>
+// Where the CTA works, and how many steps. Varlen: its sequence's lengths and rows (the grid
+// covers the longest sequence; a CTA past a shorter one's keys does nothing).
+template <bool Causal, bool Window, bool Varlen, int TileM, int TileN>
 struct KeyTile {
   int key0, kv_head, batch;
+  SequenceSpan seq;  // equal-length batches: the launch's lengths, starts 0
+  int coord_batch;   // the TMA maps' batch coordinate: 0 for a packed batch
   QuerySteps<Causal, Window, TileM, TileN> steps;
 
   __device__ __forceinline__ explicit KeyTile(const FmhaParams& f)
       : key0(blockIdx.x * TileN),
         kv_head(blockIdx.y),
         batch(blockIdx.z),
-        steps(f, blockIdx.x * TileN, blockIdx.y) {}
+        seq(packed_sequence_span<Varlen>(f, blockIdx.z)),
+        coord_batch(Varlen ? 0 : blockIdx.z),
+        steps(f, lengths_of<Varlen>(f, seq), blockIdx.x * TileN, blockIdx.y) {}
+
+  __device__ __forceinline__ bool outside() const { return key0 >= seq.seqlen_k; }
+  // The first workspace row of query head `head` in this sequence.
+  __device__ __forceinline__ long long terms_row(const BackwardParams& p, int head) const {
+    return BwdWorkspaceRows::first_row<Varlen>(batch, head, p.fwd.heads_q, p.seqlen_rows,
+                                       seq.q_start);
+  }
+  // Where this tile's KV head of the sequence starts in a [batch, keys, heads_kv, d] tensor.
+  __device__ __forceinline__ long long kv_offset(long long stride_b, long long stride_s,
+                                                 long long stride_h) const {
+    if constexpr (Varlen)
+      return seq.k_start * stride_s + kv_head * stride_h;
+    else
+      return batch * stride_b + kv_head * stride_h;
+  }
 };
 
 // ---- producer ---------------------------------------------------------------------------------
 
-template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window>
+template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window,
+          bool Varlen>
 __device__ __forceinline__ void produce(const BackwardParams& p,
-                                        const KeyTile<Causal, Window, TileM, TileN>& tile,
+                                        const KeyTile<Causal, Window, Varlen, TileM, TileN>& tile,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
                                         const TmaDescriptor* tma_v, const TmaDescriptor* tma_do,
                                         unsigned char* smem, KeyTileBarriers<Stages>* bars) {
@@ -88,9 +112,9 @@ __device__ __forceinline__ void produce(const BackwardParams& p,
 #pragma unroll
   for (int b = 0; b < kShape.dim_blocks(); ++b) {
     tma_load_4d(smem + kShape.k_offset() + b * TileN * kRow, tma_k, &bars->kv_full, 64 * b,
-                tile.key0, tile.kv_head, tile.batch);
+                tile.seq.k_start + tile.key0, tile.kv_head, tile.coord_batch);
     tma_load_4d(smem + kShape.v_offset() + b * TileN * kRow, tma_v, &bars->kv_full, 64 * b,
-                tile.key0, tile.kv_head, tile.batch);
+                tile.seq.k_start + tile.key0, tile.kv_head, tile.coord_batch);
   }
   const FmhaParams& f = p.fwd;
   for (int t = 0; t < tile.steps.count; ++t) {
@@ -103,13 +127,15 @@ __device__ __forceinline__ void produce(const BackwardParams& p,
 #pragma unroll
     for (int b = 0; b < kShape.dim_blocks(); ++b) {
       tma_load_4d(smem + kShape.q_offset(stage) + b * TileM * kRow, tma_q, &bars->full[stage],
-                  64 * b, row0, head, tile.batch);
+                  64 * b, tile.seq.q_start + row0, head, tile.coord_batch);
       tma_load_4d(smem + kShape.do_offset(stage) + b * TileM * kRow, tma_do, &bars->full[stage],
-                  64 * b, row0, head, tile.batch);
+                  64 * b, tile.seq.q_start + row0, head, tile.coord_batch);
     }
     // The workspace's rows are padded to whole tiles (BwdRowsShape): TileM floats each, aligned.
-    const long long terms =
-        (static_cast<long long>(tile.batch) * f.heads_q + head) * p.seqlen_rows + row0;
+    // The workspace's rows are padded to whole tiles (common/bwd_workspace.cuh): TileM floats
+    // each, aligned. Query rows past a varlen sequence's end are the next one's: their padded
+    // terms (+inf lse_log2) give them probability 0.
+    const long long terms = tile.terms_row(p, head) + row0;
     unsigned char* terms_tile = smem + kShape.terms_offset(stage);
     bulk_load(terms_tile, p.lse_log2 + terms, TileM * 4, &bars->full[stage]);
     bulk_load(terms_tile + TileM * 4, p.delta + terms, TileM * 4, &bars->full[stage]);
@@ -226,13 +252,16 @@ __device__ __forceinline__ void add_dq_block(const TmaDescriptor* tma_dq, long l
 // Up to head dim 128: the warpgroup owns keys [key_row0, key_row0 + 64) of the tile and runs the
 // whole step for them.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool FusedDq>
+          bool Window, bool Alibi, bool Varlen, bool FusedDq>
 __device__ __forceinline__ void consume_keys(const BackwardParams& p,
-                                             const KeyTile<Causal, Window, TileM, TileN>& tile,
+                                             const KeyTile<Causal, Window, Varlen, TileM, TileN>& tile,
                                              unsigned char* smem, KeyTileBarriers<Stages>* bars,
                                              int consumer, const TmaDescriptor* tma_dq) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
   constexpr int kRow = BwdWgmmaLimits::kRowBytes;
+  // Keys past seqlen_k reach dQ (through K) only in the fused kernel; there a varlen tile holds
+  // the next sequence's keys, not TMA's zeros, so they are masked.
+  constexpr bool kKeyEnd = FusedDq && Varlen;
   const FmhaParams& f = p.fwd;
   const FragmentPosition at;
   const unsigned base = smem_u32(smem);
@@ -254,7 +283,8 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(s, k_rows, q_tile);
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(dp, v_rows, do_tile);
     const int row0 = tile.steps.row0(t);
-    const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, tile.steps.head(t));
+    const BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd> scores(
+        f, lengths_of<Varlen>(f, tile.seq), tile.steps.head(t));
     const bool masked = scores.any_masked(row0, row0 + TileM - 1, lane_key - at.row,
                                           lane_key - at.row + 63);
     if constexpr (Softcap) {  // dSᵀ needs each score's t: both GEMMs first, then one pass
@@ -301,9 +331,8 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     release_stage(&bars->empty[stage]);
     if constexpr (FusedDq) {
       wgmma_fence_operands(dq);
-      const long long accum_row = (static_cast<long long>(tile.batch) * f.heads_q +
-                                   tile.steps.head(t)) * p.seqlen_rows +
-                                  row0 + kShape.dq_block_row0(consumer);
+      const long long accum_row =
+          tile.terms_row(p, tile.steps.head(t)) + row0 + kShape.dq_block_row0(consumer);
       add_dq_block(tma_dq, accum_row, kShape.dq_block_col0(consumer),
                    smem + kShape.dq_stage_offset() + consumer * 4 * 2 * BwdWgmmaShape::kDqBoxBytes,
                    dq);
@@ -313,12 +342,13 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
   if (FusedDq && threadIdx.x % 32 == 0) bulk_wait_group<0>();
 
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k); keys past seqlen_k are not stored.
-  const long long kv_offset = tile.batch * p.dk_stride_b + tile.kv_head * p.dk_stride_h;
-  store_accumulator_rows<T, HeadDim>(static_cast<T*>(p.dk) + kv_offset, p.dk_stride_s,
-                                     tile.key0 + key_row0, f.seqlen_k, dk, p.dscore_scale);
   store_accumulator_rows<T, HeadDim>(
-      static_cast<T*>(p.dv) + tile.batch * p.dv_stride_b + tile.kv_head * p.dv_stride_h,
-      p.dv_stride_s, tile.key0 + key_row0, f.seqlen_k, dv, 1.f);
+      static_cast<T*>(p.dk) + tile.kv_offset(p.dk_stride_b, p.dk_stride_s, p.dk_stride_h),
+      p.dk_stride_s, tile.key0 + key_row0, lengths_of<Varlen>(f, tile.seq).seqlen_k, dk,
+      p.dscore_scale);
+  store_accumulator_rows<T, HeadDim>(
+      static_cast<T*>(p.dv) + tile.kv_offset(p.dv_stride_b, p.dv_stride_s, p.dv_stride_h),
+      p.dv_stride_s, tile.key0 + key_row0, lengths_of<Varlen>(f, tile.seq).seqlen_k, dv, 1.f);
 }
 
 // Beyond head dim 128: consumers 2g and 2g + 1 share keys [64 g, 64 g + 64) of the tile. The
@@ -329,9 +359,9 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
 // consecutive 16 bytes. Named barriers 1 + 2g (Pᵀ written) and 2 + 2g (Pᵀ read, the buffer free)
 // pass it over, both warpgroups' 256 threads counting.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool Probs>
+          bool Window, bool Alibi, bool Varlen, bool Probs>
 __device__ __forceinline__ void consume_split(const BackwardParams& p,
-                                              const KeyTile<Causal, Window, TileM, TileN>& tile,
+                                              const KeyTile<Causal, Window, Varlen, TileM, TileN>& tile,
                                               unsigned char* smem, KeyTileBarriers<Stages>* bars,
                                               int group) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
@@ -365,7 +395,8 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
       wgmma_wait<0>();
       wgmma_fence_operands(x);
       const int row0 = tile.steps.row0(t), lane_key = tile.key0 + key_row0 + at.row;
-      const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, tile.steps.head(t));
+      const BackwardScores<Causal, Softcap, Window, Alibi> scores(
+          f, lengths_of<Varlen>(f, tile.seq), tile.steps.head(t));
       const bool masked =
           scores.any_masked(row0, row0 + TileM - 1, tile.key0 + key_row0, tile.key0 + key_row0 + 63);
       if constexpr (Softcap) {
@@ -425,18 +456,19 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
   // dK = softmax_scale · dSᵀ Q; keys past seqlen_k are not stored.
   if constexpr (Probs)
     store_accumulator_rows<T, HeadDim>(
-        static_cast<T*>(p.dv) + tile.batch * p.dv_stride_b + tile.kv_head * p.dv_stride_h,
-        p.dv_stride_s, tile.key0 + key_row0, f.seqlen_k, acc, 1.f);
+        static_cast<T*>(p.dv) + tile.kv_offset(p.dv_stride_b, p.dv_stride_s, p.dv_stride_h),
+        p.dv_stride_s, tile.key0 + key_row0, lengths_of<Varlen>(f, tile.seq).seqlen_k, acc, 1.f);
   else
     store_accumulator_rows<T, HeadDim>(
-        static_cast<T*>(p.dk) + tile.batch * p.dk_stride_b + tile.kv_head * p.dk_stride_h,
-        p.dk_stride_s, tile.key0 + key_row0, f.seqlen_k, acc, p.dscore_scale);
+        static_cast<T*>(p.dk) + tile.kv_offset(p.dk_stride_b, p.dk_stride_s, p.dk_stride_h),
+        p.dk_stride_s, tile.key0 + key_row0, lengths_of<Varlen>(f, tile.seq).seqlen_k, acc,
+        p.dscore_scale);
 }
 
 // ---- kernel -----------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool FusedDq>
+          bool Window, bool Alibi, bool Varlen, bool FusedDq>
 __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, FusedDq}.threads(), 1)
     bwd_wgmma_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
                      const __grid_constant__ TmaDescriptor tma_k,
@@ -457,7 +489,11 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_tiles(smem_raw);
   auto* bars = reinterpret_cast<KeyTileBarriers<Stages>*>(smem + kShape.barrier_offset());
-  const KeyTile<Causal, Window, TileM, TileN> tile(p.fwd);
+  const KeyTile<Causal, Window, Varlen, TileM, TileN> tile(p.fwd);
+  // The whole CTA: past a shorter sequence's keys. (if constexpr: even a constant-false test
+  // changes the dense kernels' code.)
+  if constexpr (Varlen)
+    if (tile.outside()) return;
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bars->kv_full, 1);
@@ -479,22 +515,19 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
   const int warpgroup = enter_role();
   if (warpgroup == 0) {
     if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal, Window>(p, tile, &tma_q, &tma_k, &tma_v, &tma_do,
-                                                        smem, bars);
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(
+          p, tile, &tma_q, &tma_k, &tma_v, &tma_do, smem, bars);
   } else if constexpr (kShape.split_roles() && !FusedDq) {
     const int consumer = warpgroup - 1;
     if (consumer % 2 == 0)
-      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, true>(
-          p, tile, smem, bars,
-                                                                    consumer / 2);
+      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
+                    true>(p, tile, smem, bars, consumer / 2);
     else
-      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, false>(
-          p, tile, smem, bars,
-                                                                     consumer / 2);
+      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
+                    false>(p, tile, smem, bars, consumer / 2);
   } else {
-    consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, FusedDq>(
-        p, tile, smem, bars,
-                                                                    warpgroup - 1, &tma_dq);
+    consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
+                 FusedDq>(p, tile, smem, bars, warpgroup - 1, &tma_dq);
   }
 }
 

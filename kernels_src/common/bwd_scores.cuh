@@ -3,6 +3,9 @@
 // variants it was built with: soft-capping, ALiBi, the causal and sliding-window masks
 // (StreamingLLM's sink tokens included). Learnable sinks need nothing here: the forward's LSE
 // holds them. Plain variants keep P = exp2(x · scale_log2 - lse_log2) and only the causal test.
+// The lengths are one sequence's (common/sequence.cuh): the launch's for equal-length batches.
+// KeyEnd also masks keys past seqlen_k, for kernels whose tiles there hold other data than zeros
+// (a varlen batch's next sequence) and reach dQ.
 //
 // Soft-capping: score = softcap · t, t = tanh(x · softcap_scale), so d score / dx = softmax_scale ·
 // (1 - t²): kernels multiply dS by 1 - t² (capped()) and the gradients by the original
@@ -11,21 +14,26 @@
 
 #include "common/fast_math.cuh"
 #include "common/params.cuh"
+#include "common/sequence.cuh"
 #include "common/softcap.cuh"
 
 namespace flashjit {
 
-template <bool Causal, bool Softcap, bool Window, bool Alibi>
+template <bool Causal, bool Softcap, bool Window, bool Alibi, bool KeyEnd = false>
 struct BackwardScores {
+  static constexpr bool kMasks = Causal || Window || KeyEnd;
   const FmhaParams& f;
+  int seqlen_k;
   int diagonal;      // seqlen_k - seqlen_q: query row i sits at key i + diagonal
   // Windows: row i sees key j iff lowest <= j - i <= highest, or j < sink_tokens up to highest.
   int lowest, highest;
   float slope_log2;  // ALiBi: the query head's slope, in log2 units of the logits
 
-  __device__ __forceinline__ BackwardScores(const FmhaParams& params, int head)
+  __device__ __forceinline__ BackwardScores(const FmhaParams& params, SequenceLengths len,
+                                            int head)
       : f(params),
-        diagonal(params.seqlen_k - params.seqlen_q),
+        seqlen_k(len.seqlen_k),
+        diagonal(len.seqlen_k - len.seqlen_q),
         lowest(Window ? diagonal - params.window_left : 0),
         highest(Window ? diagonal + params.window_right : 0),
         slope_log2(Alibi ? __ldg(params.alibi_slopes + head) * kLog2e : 0.f) {}
@@ -34,13 +42,14 @@ struct BackwardScores {
   // blocks pay for the per-score test.
   __device__ __forceinline__ bool any_masked(int row_lo, int row_hi, int key_lo,
                                              int key_hi) const {
-    bool masked = Causal && key_hi > row_lo + diagonal;
+    bool masked = (Causal && key_hi > row_lo + diagonal) || (KeyEnd && key_hi >= seqlen_k);
     if (Window)
       masked = masked || key_hi > row_lo + diagonal + f.window_right ||
                key_lo < row_hi + diagonal - f.window_left;
     return masked;
   }
   __device__ __forceinline__ bool visible(int row, int key) const {
+    if (KeyEnd && key >= seqlen_k) return false;
     if (!Window) return !Causal || key <= row + diagonal;
     // key - row: one register plus constants over a thread's fragments.
     const int offset = key - row;
@@ -61,7 +70,7 @@ struct BackwardScores {
     } else {
       p = exp2_ftz(fmaf(x, f.scale_log2, -lse_log2));
     }
-    if ((Causal || Window) && masked && !visible(row, key)) p = 0.f;
+    if (kMasks && masked && !visible(row, key)) p = 0.f;
     return p;
   }
   // x times soft-capping's d score / d(scaled q·k), 1 - t² (x itself without a cap).
@@ -82,10 +91,11 @@ struct BackwardScores {
 template <bool Causal, bool Window, int TileM>
 struct QueryTilesSeeing {
   int first, count;
-  __device__ __forceinline__ QueryTilesSeeing(const FmhaParams& f, int key_lo, int key_hi) {
-    const int diagonal = f.seqlen_k - f.seqlen_q;
+  __device__ __forceinline__ QueryTilesSeeing(const FmhaParams& f, SequenceLengths len, int key_lo,
+                                              int key_hi) {
+    const int diagonal = len.seqlen_k - len.seqlen_q;
     if constexpr (Window) {
-      int first_row = Causal ? key_lo - diagonal : 0, last_row = f.seqlen_q - 1;
+      int first_row = Causal ? key_lo - diagonal : 0, last_row = len.seqlen_q - 1;
       first_row = max(first_row, key_lo - diagonal - f.window_right);
       if (key_lo >= f.sink_tokens) last_row = min(last_row, key_hi - diagonal + f.window_left);
       first_row = max(first_row, 0);
@@ -93,7 +103,7 @@ struct QueryTilesSeeing {
       count = last_row < first_row ? 0 : last_row / TileM + 1 - first;
     } else {
       first = (Causal ? max(0, key_lo - diagonal) : 0) / TileM;
-      count = max(0, (f.seqlen_q + TileM - 1) / TileM - first);
+      count = max(0, (len.seqlen_q + TileM - 1) / TileM - first);
     }
   }
 };

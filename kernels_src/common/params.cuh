@@ -107,11 +107,12 @@ struct BackwardParams {
   long long dq_stride_b, dq_stride_s, dq_stride_h;
   long long dk_stride_b, dk_stride_s, dk_stride_h;
   long long dv_stride_b, dv_stride_s, dv_stride_h;
-  // Workspace, per (batch, query head) rows of seqlen_rows = seqlen_q rounded up to whole tiles:
+  // Workspace, rows laid out as common/bwd_workspace.cuh says (per sequence and query head,
+  // padded to whole tiles; seqlen_rows of them per (batch, head), or per head for a varlen batch):
   // delta = rowsum(dO ∘ O) (0 on padding rows), lse_log2 = the LSE times log2(e) (+inf on
-  // padding rows and rows that saw no key, so their probabilities are exactly 0), both
-  // [batch, heads_q, seqlen_rows]; dq_accum fp32 [batch, heads_q, seqlen_rows, head_dim], summed
-  // by atomics from every key tile (nullptr: deterministic mode, a dQ kernel of its own).
+  // padding rows and rows that saw no key, so their probabilities are exactly 0), fp32 each;
+  // dq_accum fp32 head_dim a row, summed by atomics from every key tile (nullptr: deterministic
+  // mode, a dQ kernel of its own).
   float* delta;
   float* lse_log2;
   float* dq_accum;

@@ -41,4 +41,30 @@ __device__ __forceinline__ SequenceSpan sequence_span(const FmhaParams& p, int b
   return s;
 }
 
+// The lengths a kernel masks with: the span's when built for per-sequence lengths, else the
+// launch's read from the params where used (the same values as the span's, but kernels' code stays
+// what it was before spans: copies held from the start cost dense kernels registers).
+template <bool PerSequence>
+__device__ __forceinline__ SequenceLengths lengths_of(const FmhaParams& p, const SequenceSpan& s) {
+  if constexpr (PerSequence)
+    return s.lengths();
+  else
+    return {p.seqlen_q, p.seqlen_k};
+}
+
+// The backward kernels' form: a varlen batch there always has both cu_seqlens (its keys are never
+// paged) and no seqused_k, so nothing is tested at run time and the batch indices are known to be
+// 0 (fewer live registers in kernels that have none to spare). Packed false: the launch's lengths.
+template <bool Packed>
+__device__ __forceinline__ SequenceSpan packed_sequence_span(const FmhaParams& p, int batch) {
+  if (!Packed) return {p.seqlen_q, p.seqlen_k, 0, 0, batch, batch};
+  const int q_start = __ldg(p.cu_seqlens_q + batch), k_start = __ldg(p.cu_seqlens_k + batch);
+  return {min(max(__ldg(p.cu_seqlens_q + batch + 1) - q_start, 0), p.seqlen_q),
+          min(max(__ldg(p.cu_seqlens_k + batch + 1) - k_start, 0), p.seqlen_k),
+          q_start,
+          k_start,
+          0,
+          0};
+}
+
 }  // namespace flashjit

@@ -42,12 +42,25 @@ void Engine::backward(const TensorView& q, const TensorView& k, const TensorView
                       const TensorView& out, const TensorView& dout, const float* lse,
                       const TensorView& dq, const TensorView& dk, const TensorView& dv,
                       const BackwardOptions& options, CUstream_st* stream) {
-  detail::BackwardProblem problem =
-      detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options);
+  impl_->backward(detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, nullptr, options),
+                  options, stream);
+}
+
+void Engine::backward(const TensorView& q, const TensorView& k, const TensorView& v,
+                      const TensorView& out, const TensorView& dout, const float* lse,
+                      const TensorView& dq, const TensorView& dk, const TensorView& dv,
+                      const VarlenBatch& varlen, const BackwardOptions& options,
+                      CUstream_st* stream) {
+  impl_->backward(detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, &varlen, options),
+                  options, stream);
+}
+
+void Engine::Impl::backward(detail::BackwardProblem problem, const BackwardOptions& options,
+                            CUstream_st* stream) {
   const detail::ForwardProblem& forward = problem.forward;
   if (forward.batch == 0 || forward.heads_q == 0 || forward.seqlen_k == 0) return;
-  const detail::LaunchContext context(stream, impl_->primary.get());
-  const detail::BackwardKernels& kernels = impl_->backward_kernels(context.get(), problem, options);
+  const detail::LaunchContext context(stream, primary.get());
+  const detail::BackwardKernels& kernels = backward_kernels(context.get(), problem, options);
   problem.dq_accumulator = kernels.dq_accumulator;
   const std::size_t bytes = problem.workspace_bytes();
   if (options.workspace != nullptr && options.workspace_bytes < bytes)
@@ -56,7 +69,7 @@ void Engine::backward(const TensorView& q, const TensorView& k, const TensorView
                             "(Engine::backward_workspace_bytes for these arguments)",
                             options.workspace_bytes, bytes));
   auto plan_of = [&](const Variant& variant, const BackwardParams& params) {
-    return detail::backward_launch_plan(variant, forward, params, impl_->device);
+    return detail::backward_launch_plan(variant, forward, params, device);
   };
   if (forward.seqlen_q == 0) {  // no row sees a key: dk and dv are zero, written by dK/dV alone
     if (problem.params.dsink != nullptr)  // no rows: bwd_sink writes zeros, reading nothing
@@ -66,12 +79,11 @@ void Engine::backward(const TensorView& q, const TensorView& k, const TensorView
                    stream);
     return;
   }
-  void* workspace = options.workspace != nullptr
-                        ? options.workspace
-                        : impl_->workspaces.get(context.get(), stream, bytes);
+  void* workspace = options.workspace != nullptr ? options.workspace
+                                                 : workspaces.get(context.get(), stream, bytes);
   const BackwardParams params = problem.with_workspace(workspace);
-  const detail::LaunchPlan rows =
-      detail::bwd_rows_plan(params.seqlen_rows, forward.heads_q, forward.batch);
+  const detail::LaunchPlan rows = detail::bwd_rows_plan(forward.seqlen_q, forward.heads_q,
+                                                        forward.batch);
   detail::launch(kernels.prep.function, rows, params, stream);
   if (params.dsink != nullptr)
     detail::launch(kernels.sink.function, detail::bwd_sink_plan(forward.heads_q), params, stream);
@@ -80,20 +92,43 @@ void Engine::backward(const TensorView& q, const TensorView& k, const TensorView
                  kernels.dq_accumulator ? rows : plan_of(kernels.finish, params), params, stream);
 }
 
-std::size_t Engine::backward_workspace_bytes(const TensorView& q, const TensorView& k,
-                                             const TensorView& v,
-                                             const BackwardOptions& options) const {
-  detail::BackwardProblem problem = detail::validate_backward(q, k, v, options);
-  const Variant dkdv = detail::select_backward_variant(problem, impl_->device, options);
+namespace {
+
+std::size_t workspace_bytes_of(detail::BackwardProblem problem, const DeviceInfo& device,
+                               const BackwardOptions& options) {
+  const Variant dkdv = detail::select_backward_variant(problem, device, options);
   problem.dq_accumulator =
       detail::uses_dq_accumulator(detail::backward_finish_variant(problem, dkdv));
   return problem.workspace_bytes();
 }
 
+}  // namespace
+
+std::size_t Engine::backward_workspace_bytes(const TensorView& q, const TensorView& k,
+                                             const TensorView& v,
+                                             const BackwardOptions& options) const {
+  return workspace_bytes_of(detail::validate_backward(q, k, v, nullptr, options), impl_->device,
+                            options);
+}
+
+std::size_t Engine::backward_workspace_bytes(const TensorView& q, const TensorView& k,
+                                             const TensorView& v, const VarlenBatch& varlen,
+                                             const BackwardOptions& options) const {
+  return workspace_bytes_of(detail::validate_backward(q, k, v, &varlen, options), impl_->device,
+                            options);
+}
+
 Variant Engine::select_backward_variant(const TensorView& q, const TensorView& k,
                                         const TensorView& v,
                                         const BackwardOptions& options) const {
-  return detail::select_backward_variant(detail::validate_backward(q, k, v, options),
+  return detail::select_backward_variant(detail::validate_backward(q, k, v, nullptr, options),
+                                         impl_->device, options);
+}
+
+Variant Engine::select_backward_variant(const TensorView& q, const TensorView& k,
+                                        const TensorView& v, const VarlenBatch& varlen,
+                                        const BackwardOptions& options) const {
+  return detail::select_backward_variant(detail::validate_backward(q, k, v, &varlen, options),
                                          impl_->device, options);
 }
 

@@ -34,13 +34,13 @@ bool runs(const KernelFamily& family, const BackwardProblem& problem, std::strin
   return why_not(family, problem, arch).empty();
 }
 
-// The family's dK/dV variant for the problem: its masks and score variants (not the learnable
-// sinks: the forward's LSE holds them).
+// The family's dK/dV variant for the problem: its masks, varlen and score variants (not the
+// learnable sinks: the forward's LSE holds them).
 Variant dkdv_variant(const KernelFamily& family, const BackwardProblem& problem,
                      std::string_view arch, TileConfig tiles) {
   const ForwardProblem& forward = problem.forward;
   return variant_of(family, arch, forward.dtype, forward.head_dim, forward.causal, tiles, false,
-                    false, forward.softcap > 0.f, forward.window, false, forward.alibi);
+                    forward.varlen, forward.softcap > 0.f, forward.window, false, forward.alibi);
 }
 
 std::vector<std::string_view> dkdv_family_names() {
@@ -62,6 +62,7 @@ BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
           problem.forward.softcap > 0.f,
           problem.forward.window,
           problem.forward.alibi,
+          problem.forward.varlen,
           problem.params.dsink != nullptr,
           problem.deterministic,
           options.family.value_or(std::string()),

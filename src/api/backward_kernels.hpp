@@ -32,9 +32,9 @@ struct BackwardKernels {
   KernelHandle sink;  // bwd_sink, where BackwardOptions::d_sink_logits is set
 };
 
-// (context, dtype, head_dim, causal, softcap, window, alibi, deterministic, family, tiles).
-// The sinks' gradient adds a kernel: `bool` d_sink_logits set.
-using BackwardKey = std::tuple<CUcontext, DType, int, bool, bool, bool, bool, bool, bool,
+// (context, dtype, head_dim, causal, softcap, window, alibi, varlen, d_sink_logits set,
+// deterministic, family, tiles). The sinks' gradient adds a kernel.
+using BackwardKey = std::tuple<CUcontext, DType, int, bool, bool, bool, bool, bool, bool, bool,
                                std::string, int, int, int>;
 BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
                          const BackwardOptions& options);

@@ -70,6 +70,11 @@ void write_name(const std::string& name, char* buf, int32_t buf_size) {
   std::memcpy(buf, name.c_str(), name.size() + 1);
 }
 
+VarlenBatch varlen_of(const flashjit_varlen* v) {
+  require(v != nullptr, "varlen is null: expected a flashjit_varlen");
+  return {v->cu_seqlens_q, v->cu_seqlens_k, v->batch, v->max_seqlen_q, v->max_seqlen_k};
+}
+
 }  // namespace flashjit::detail::c_api
 
 namespace {
@@ -113,11 +118,6 @@ flashjit::KVCache kv_of(const flashjit_kv_cache* kv) {
   cache.page_table_stride = kv->page_table_stride != 0 ? kv->page_table_stride : kv->pages_per_seq;
   cache.seqused_k = kv->seqused_k;
   return cache;
-}
-
-flashjit::VarlenBatch varlen_of(const flashjit_varlen* v) {
-  require(v != nullptr, "varlen is null: expected a flashjit_varlen");
-  return {v->cu_seqlens_q, v->cu_seqlens_k, v->batch, v->max_seqlen_q, v->max_seqlen_k};
 }
 
 // Family `index` of families(), or null when the index is out of range.

@@ -32,6 +32,22 @@ flashjit::BackwardOptions options_of(const flashjit_backward_options* o) {
   return options;
 }
 
+// The eight tensors of a backward call, read in argument order (so the first null one is named).
+struct BackwardViews {
+  flashjit::TensorView q, k, v, out, dout, dq, dk, dv;
+  BackwardViews(const flashjit_tensor* q_, const flashjit_tensor* k_, const flashjit_tensor* v_,
+                const flashjit_tensor* out_, const flashjit_tensor* dout_,
+                const flashjit_tensor* dq_, const flashjit_tensor* dk_, const flashjit_tensor* dv_)
+      : q(view_of(q_, "q")),
+        k(view_of(k_, "k")),
+        v(view_of(v_, "v")),
+        out(view_of(out_, "out")),
+        dout(view_of(dout_, "dout")),
+        dq(view_of(dq_, "dq")),
+        dk(view_of(dk_, "dk")),
+        dv(view_of(dv_, "dv")) {}
+};
+
 }  // namespace
 
 // Each function reads its tensors (in argument order, one statement each) before the engine:
@@ -46,16 +62,26 @@ flashjit_status flashjit_backward(flashjit_engine* engine, const flashjit_tensor
                                   const flashjit_tensor* dk, const flashjit_tensor* dv,
                                   const flashjit_backward_options* options, void* stream) {
   return guarded([&] {
-    const flashjit::TensorView q_view = view_of(q, "q");
-    const flashjit::TensorView k_view = view_of(k, "k");
-    const flashjit::TensorView v_view = view_of(v, "v");
-    const flashjit::TensorView out_view = view_of(out, "out");
-    const flashjit::TensorView dout_view = view_of(dout, "dout");
-    const flashjit::TensorView dq_view = view_of(dq, "dq");
-    const flashjit::TensorView dk_view = view_of(dk, "dk");
-    const flashjit::TensorView dv_view = view_of(dv, "dv");
-    engine_of(engine).backward(q_view, k_view, v_view, out_view, dout_view, lse, dq_view, dk_view,
-                               dv_view, options_of(options), static_cast<CUstream_st*>(stream));
+    const BackwardViews views(q, k, v, out, dout, dq, dk, dv);
+    engine_of(engine).backward(views.q, views.k, views.v, views.out, views.dout, lse, views.dq,
+                               views.dk, views.dv, options_of(options),
+                               static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_backward_varlen(flashjit_engine* engine, const flashjit_tensor* q,
+                                         const flashjit_tensor* k, const flashjit_tensor* v,
+                                         const flashjit_tensor* out, const flashjit_tensor* dout,
+                                         const float* lse, const flashjit_tensor* dq,
+                                         const flashjit_tensor* dk, const flashjit_tensor* dv,
+                                         const flashjit_varlen* varlen,
+                                         const flashjit_backward_options* options, void* stream) {
+  return guarded([&] {
+    const BackwardViews views(q, k, v, out, dout, dq, dk, dv);
+    const flashjit::VarlenBatch batch = varlen_of(varlen);
+    engine_of(engine).backward(views.q, views.k, views.v, views.out, views.dout, lse, views.dq,
+                               views.dk, views.dv, batch, options_of(options),
+                               static_cast<CUstream_st*>(stream));
   });
 }
 
@@ -74,6 +100,24 @@ flashjit_status flashjit_backward_workspace_bytes(flashjit_engine* engine, const
   });
 }
 
+flashjit_status flashjit_backward_workspace_bytes_varlen(flashjit_engine* engine,
+                                                         const flashjit_tensor* q,
+                                                         const flashjit_tensor* k,
+                                                         const flashjit_tensor* v,
+                                                         const flashjit_varlen* varlen,
+                                                         const flashjit_backward_options* options,
+                                                         uint64_t* bytes) {
+  return guarded([&] {
+    const flashjit::TensorView q_view = view_of(q, "q");
+    const flashjit::TensorView k_view = view_of(k, "k");
+    const flashjit::TensorView v_view = view_of(v, "v");
+    const flashjit::VarlenBatch batch = varlen_of(varlen);
+    flashjit::Engine& target = engine_of(engine);
+    require(bytes != nullptr, "bytes is null: expected a uint64_t* to fill");
+    *bytes = target.backward_workspace_bytes(q_view, k_view, v_view, batch, options_of(options));
+  });
+}
+
 flashjit_status flashjit_select_backward_variant(flashjit_engine* engine, const flashjit_tensor* q,
                                                  const flashjit_tensor* k, const flashjit_tensor* v,
                                                  const flashjit_backward_options* options,
@@ -85,6 +129,25 @@ flashjit_status flashjit_select_backward_variant(flashjit_engine* engine, const 
     flashjit::Engine& target = engine_of(engine);
     write_name(target.select_backward_variant(q_view, k_view, v_view, options_of(options)).name(),
                buf, buf_size);
+  });
+}
+
+flashjit_status flashjit_select_backward_variant_varlen(flashjit_engine* engine,
+                                                        const flashjit_tensor* q,
+                                                        const flashjit_tensor* k,
+                                                        const flashjit_tensor* v,
+                                                        const flashjit_varlen* varlen,
+                                                        const flashjit_backward_options* options,
+                                                        char* buf, int32_t buf_size) {
+  return guarded([&] {
+    const flashjit::TensorView q_view = view_of(q, "q");
+    const flashjit::TensorView k_view = view_of(k, "k");
+    const flashjit::TensorView v_view = view_of(v, "v");
+    const flashjit::VarlenBatch batch = varlen_of(varlen);
+    flashjit::Engine& target = engine_of(engine);
+    write_name(
+        target.select_backward_variant(q_view, k_view, v_view, batch, options_of(options)).name(),
+        buf, buf_size);
   });
 }
 

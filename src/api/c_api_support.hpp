@@ -46,6 +46,9 @@ Engine& engine_of(flashjit_engine* engine);
 // dtype that is neither FLASHJIT_BF16 nor FLASHJIT_FP16.
 TensorView view_of(const flashjit_tensor* t, const char* name);
 
+// A flashjit_varlen as a VarlenBatch; Error(invalid_argument) for a null one.
+VarlenBatch varlen_of(const flashjit_varlen* v);
+
 // Copies a variant's name into a caller's buffer (NUL-terminated), or throws naming buf_size.
 void write_name(const std::string& name, char* buf, int32_t buf_size);
 

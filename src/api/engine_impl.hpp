@@ -68,6 +68,9 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
   const detail::BackwardKernels& backward_kernels(CUcontext context,
                                                   const detail::BackwardProblem& problem,
                                                   const BackwardOptions& options);
+  // Engine::backward on a validated problem (equal-length or varlen).
+  void backward(detail::BackwardProblem problem, const BackwardOptions& options,
+                CUstream_st* stream);
   // `variant`'s kernel loaded in `context`.
   detail::KernelHandle load(CUcontext context, const Variant& variant);
   // The merge kernel for outputs of this dtype and head dim, loaded in `context`.

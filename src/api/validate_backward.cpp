@@ -2,11 +2,12 @@
 
 #include <fmt/format.h>
 
+#include <climits>
 #include <cstdint>
 
 #include "api/validate.hpp"
 #include "api/view_checks.hpp"
-#include "bwd_rows/shape.cuh"
+#include "common/bwd_workspace.cuh"
 
 namespace flashjit::detail {
 namespace {
@@ -44,7 +45,14 @@ BackwardProblem problem_of(const ForwardProblem& forward, const BackwardOptions&
   problem.deterministic = options.deterministic;
   problem.dq_accumulator = !options.deterministic;
   problem.params.fwd = forward.params;
-  problem.params.seqlen_rows = BwdRowsShape::padded_rows(forward.seqlen_q);
+  const long long rows = forward.varlen
+                             ? BwdWorkspaceRows::packed_rows(forward.total_q, forward.batch)
+                             : BwdWorkspaceRows::padded_rows(forward.seqlen_q);
+  if (rows > INT_MAX)
+    reject(fmt::format("the backward's workspace would hold {} rows per head: expected fewer than "
+                       "2^31 (total_q {} and {} sequences, each padded to {} rows)",
+                       rows, forward.total_q, forward.batch, BwdWorkspaceRows::kRowQuantum));
+  problem.params.seqlen_rows = static_cast<int>(rows);
   problem.params.dscore_scale = forward.softmax_scale;  // the forward's, whatever a cap made fwd's
   if (options.d_sink_logits != nullptr) {
     if (options.sink_logits == nullptr)
@@ -62,16 +70,19 @@ BackwardProblem problem_of(const ForwardProblem& forward, const BackwardOptions&
 
 }  // namespace
 
+std::size_t BackwardProblem::workspace_rows() const {
+  return static_cast<std::size_t>(BwdWorkspaceRows::total_rows(forward.varlen, forward.batch,
+                                                               forward.heads_q, params.seqlen_rows));
+}
+
 std::size_t BackwardProblem::workspace_bytes() const {
-  const std::size_t rows = static_cast<std::size_t>(forward.batch) * forward.heads_q *
-                           static_cast<std::size_t>(params.seqlen_rows);
+  const std::size_t rows = workspace_rows();
   const std::size_t terms = 2 * aligned(rows * sizeof(float));
   return dq_accumulator ? terms + aligned(rows * forward.head_dim * sizeof(float)) : terms;
 }
 
 BackwardParams BackwardProblem::with_workspace(void* workspace) const {
-  const std::size_t rows = static_cast<std::size_t>(forward.batch) * forward.heads_q *
-                           static_cast<std::size_t>(params.seqlen_rows);
+  const std::size_t rows = workspace_rows();
   auto* bytes = static_cast<std::byte*>(workspace);
   BackwardParams p = params;
   p.delta = reinterpret_cast<float*>(bytes);
@@ -84,12 +95,13 @@ BackwardParams BackwardProblem::with_workspace(void* workspace) const {
 BackwardProblem validate_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const TensorView& dout, const float* lse,
                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                  const BackwardOptions& options) {
+                                  const VarlenBatch* varlen, const BackwardOptions& options) {
   if (lse == nullptr)
-    reject("lse is null: expected the forward's fp32 LSE [batch, heads_q, seqlen_q] "
-           "(ForwardOptions::lse)");
-  BackwardProblem problem =
-      problem_of(validate_forward(q, k, v, out, forward_options(options, lse)), options);
+    reject(fmt::format("lse is null: expected the forward's fp32 LSE {} (ForwardOptions::lse)",
+                       varlen != nullptr ? "[heads_q, total_q]" : "[batch, heads_q, seqlen_q]"));
+  BackwardProblem problem = problem_of(
+      validate_forward(q, KVCache::dense(k, v), out, varlen, forward_options(options, lse)),
+      options);
   check_gradient("dout", dout, out, "the shape of out");
   check_gradient("dq", dq, q, "the shape of q");
   check_gradient("dk", dk, k, "the shape of k");
@@ -111,10 +123,12 @@ BackwardProblem validate_backward(const TensorView& q, const TensorView& k, cons
 }
 
 BackwardProblem validate_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                  const BackwardOptions& options) {
+                                  const VarlenBatch* varlen, const BackwardOptions& options) {
   // Any valid LSE address: only its alignment is checked here.
   static const float kSomeLse = 0.f;
-  return problem_of(validate_forward(q, k, v, q, forward_options(options, &kSomeLse)), options);
+  return problem_of(validate_forward(q, KVCache::dense(k, v), q, varlen,
+                                     forward_options(options, &kSomeLse)),
+                    options);
 }
 
 }  // namespace flashjit::detail

@@ -23,21 +23,23 @@ struct BackwardProblem {
   // less than any choice needs.
   bool dq_accumulator = false;
 
-  // The workspace: delta and lse_log2 (fp32 per padded row), then with dq_accumulator the fp32
-  // dQ accumulator (head_dim per padded row), each 256-byte aligned.
+  // The workspace: delta and lse_log2 (fp32 per padded row, common/bwd_workspace.cuh), then with
+  // dq_accumulator the fp32 dQ accumulator (head_dim per padded row), each 256-byte aligned.
+  std::size_t workspace_rows() const;
   std::size_t workspace_bytes() const;
   // params with its workspace pointers into `workspace` (workspace_bytes() of it).
   BackwardParams with_workspace(void* workspace) const;
 };
 
-// Throws Error(invalid_argument) naming the argument and the expected value.
+// Throws Error(invalid_argument) naming the argument and the expected value. varlen: null for
+// equal-length batches.
 BackwardProblem validate_backward(const TensorView& q, const TensorView& k, const TensorView& v,
                                   const TensorView& out, const TensorView& dout, const float* lse,
                                   const TensorView& dq, const TensorView& dk, const TensorView& dv,
-                                  const BackwardOptions& options);
+                                  const VarlenBatch* varlen, const BackwardOptions& options);
 // The same for the queries that see only q, k and v (workspace size, variant): the rest is taken
 // to have their shapes.
 BackwardProblem validate_backward(const TensorView& q, const TensorView& k, const TensorView& v,
-                                  const BackwardOptions& options);
+                                  const VarlenBatch* varlen, const BackwardOptions& options);
 
 }  // namespace flashjit::detail

@@ -61,9 +61,11 @@ enum FamilyFeature : unsigned {
   kFeatureUserFunctions = 1u << 8,
   kFeatureBlockMask = 1u << 9,  // ForwardOptions::block_mask (variants with a mask_mod)
 };
-// What the backward's dK/dV and dQ kernels build variants of (BackwardOptions). Learnable sinks
-// need no variant there: the forward's LSE holds them (bwd_sink gives their gradient).
-constexpr unsigned kBackwardVariantFeatures = kFeatureSoftcap | kFeatureWindow | kFeatureAlibi;
+// What the backward's dK/dV and dQ kernels build variants of (BackwardOptions, VarlenBatch).
+// Learnable sinks need no variant there: the forward's LSE holds them (bwd_sink gives their
+// gradient).
+constexpr unsigned kBackwardVariantFeatures =
+    kFeatureVarlen | kFeatureSoftcap | kFeatureWindow | kFeatureAlibi;
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed
 // during another file's static initialization already finds every family.

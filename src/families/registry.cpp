@@ -129,6 +129,11 @@ KernelSpec kernel_spec(const Variant& v) {
   return spec;
 }
 
+std::string backward_template_arguments(const Variant& v) {
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
+                     v.stages, v.causal, v.softcap, v.window, v.alibi, v.varlen);
+}
+
 const std::vector<int>& head_dims_of_all_families() {
   static const std::vector<int> union_of_families = [] {
     std::set<int> dims;

@@ -32,6 +32,10 @@ KernelSpec kernel_spec(const Variant& variant);
 // The head dims of every family, ascending; built once (validation reads it on every call).
 const std::vector<int>& head_dims_of_all_families();
 
+// The template arguments every backward dK/dV and dQ kernel takes after the element type:
+// head_dim, tiles, then the variant flags causal, softcap, window, alibi, varlen.
+std::string backward_template_arguments(const Variant& v);
+
 Variant variant_of(const KernelFamily& family, std::string_view arch, DType dtype, int head_dim,
                    bool causal, TileConfig tiles, bool paged = false,
                    bool per_sequence_lengths = false, bool softcap = false, bool window = false,

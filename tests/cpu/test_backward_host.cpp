@@ -9,7 +9,7 @@
 
 #include "api/backward_kernels.hpp"
 #include "api/validate_backward.hpp"
-#include "bwd_rows/shape.cuh"
+#include "common/bwd_workspace.cuh"
 #include "flashjit/flashjit.hpp"
 
 using namespace flashjit;
@@ -32,7 +32,7 @@ struct BackwardArgs {
   BackwardOptions options;
 
   detail::BackwardProblem validate() const {
-    return detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, options);
+    return detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, nullptr, options);
   }
 };
 
@@ -90,7 +90,7 @@ TEST_CASE("backward arguments are checked before any launch, naming the argument
 TEST_CASE("the backward workspace holds the row terms, and before dispatch the dQ accumulator unless deterministic") {
   BackwardArgs args;
   const detail::BackwardProblem atomic = args.validate();
-  const long long rows = 2LL * 8 * BwdRowsShape::padded_rows(100);
+  const long long rows = 2LL * 8 * BwdWorkspaceRows::padded_rows(100);
   CHECK(atomic.params.seqlen_rows == 128);
   CHECK(atomic.workspace_bytes() == 2 * (rows * 4) + rows * 128 * 4);
   args.options.deterministic = true;
@@ -102,7 +102,7 @@ TEST_CASE("the backward workspace holds the row terms, and before dispatch the d
   const BackwardParams q = atomic.with_workspace(fake(0x1000000));
   CHECK(reinterpret_cast<std::uintptr_t>(q.dq_accum) - 0x1000000 == 2 * rows * 4);
   // The three-view form sizes the same workspace.
-  CHECK(detail::validate_backward(args.q, args.k, args.v, args.options).workspace_bytes() ==
+  CHECK(detail::validate_backward(args.q, args.k, args.v, nullptr, args.options).workspace_bytes() ==
         exact.workspace_bytes());
 }
 
@@ -191,7 +191,7 @@ TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family a
 
 TEST_CASE("the dQ accumulator is in the workspace only for kernels that sum dQ by atomics") {
   BackwardArgs args;
-  const long long rows = 2LL * 8 * BwdRowsShape::padded_rows(100);
+  const long long rows = 2LL * 8 * BwdWorkspaceRows::padded_rows(100);
   auto workspace = [&](const char* arch, bool deterministic) {
     args.options.deterministic = deterministic;
     detail::BackwardProblem problem = args.validate();
@@ -228,10 +228,14 @@ TEST_CASE("backward families are listed and their default variants are named") {
     CHECK(Variant::parse(v.name()) == v);
     if (v.family == "bwd_prep" || v.family == "bwd_convert") CHECK_FALSE(v.causal);
   }
-  // 2 dtypes x 6 head dims: dK/dV and dQ causal or not, the 3 row passes once; and the Hopper
-  // families' 3 head dims, dK/dV and dQ causal or not, and the fused kernel's 2, causal or not.
-  CHECK(wgmma_variants == 2 * 3 * (2 + 2) + 2 * 2 * 2);
-  CHECK(bwd_variants == 2 * 6 * (2 + 2 + 1 + 1 + 1) + wgmma_variants);
+  // 2 dtypes x 6 head dims: dK/dV and dQ causal or not, each dense and varlen, the 3 row passes
+  // once (they take either at run time); and the Hopper families' 3 head dims, dK/dV and dQ, and
+  // the fused kernel's 2, causal or not, dense and varlen.
+  CHECK(wgmma_variants == 2 * 2 * (3 * (2 + 2) + 2 * 2));
+  CHECK(bwd_variants == 2 * 6 * (2 * (2 + 2) + 1 + 1 + 1) + wgmma_variants);
+  int varlen = 0;
+  for (const Variant& v : default_variants("sm_90a")) varlen += v.varlen && v.family.starts_with("bwd_");
+  CHECK(varlen == (bwd_variants - 2 * 6 * 3) / 2);
   for (const Variant& v : default_variants("sm_80")) CHECK(v.family.rfind("bwd_wgmma", 0) != 0);
 }
 
@@ -295,4 +299,103 @@ TEST_CASE("backward score variants: checked like the forward's, named, and carri
   BackwardArgs h;
   h.options.sink_logits = static_cast<const float*>(fake(0xb00000));
   CHECK(variants(h, "sm_90a").first.name() == "bwd_wgmma_fused.sm90a.bf16.d128.m64n128s2");
+}
+
+namespace {
+
+// A varlen batch of 3 sequences: q [1, 250, 8, 128], k [1, 700, 2, 128]; cu_seqlens are device
+// pointers the host never reads.
+struct VarlenBackwardArgs {
+  TensorView q = TensorView::bshd(fake(0x100000), DType::bf16, 1, 250, 8, 128);
+  TensorView k = TensorView::bshd(fake(0x200000), DType::bf16, 1, 700, 2, 128);
+  TensorView v = TensorView::bshd(fake(0x300000), DType::bf16, 1, 700, 2, 128);
+  TensorView out = TensorView::bshd(fake(0x400000), DType::bf16, 1, 250, 8, 128);
+  TensorView dout = TensorView::bshd(fake(0x500000), DType::bf16, 1, 250, 8, 128);
+  const float* lse = static_cast<const float*>(fake(0x600000));
+  TensorView dq = TensorView::bshd(fake(0x700000), DType::bf16, 1, 250, 8, 128);
+  TensorView dk = TensorView::bshd(fake(0x800000), DType::bf16, 1, 700, 2, 128);
+  TensorView dv = TensorView::bshd(fake(0x900000), DType::bf16, 1, 700, 2, 128);
+  VarlenBatch varlen{static_cast<const std::int32_t*>(fake(0xa00000)),
+                     static_cast<const std::int32_t*>(fake(0xb00000)), 3, 200, 400};
+  BackwardOptions options;
+
+  detail::BackwardProblem validate() const {
+    return detail::validate_backward(q, k, v, out, dout, lse, dq, dk, dv, &varlen, options);
+  }
+  std::string rejection() const {
+    try {
+      validate();
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      return e.what();
+    }
+    return "accepted";
+  }
+};
+
+}  // namespace
+
+TEST_CASE("varlen backward: packed views checked as the forward's, workspace rows per sequence") {
+  VarlenBackwardArgs args;
+  CHECK(args.rejection() == "accepted");
+  const detail::BackwardProblem problem = args.validate();
+  CHECK(problem.forward.varlen);
+  // Each sequence padded to 128 rows before the next: total_q + batch * 128, rounded up.
+  CHECK(problem.params.seqlen_rows == BwdWorkspaceRows::packed_rows(250, 3));
+  CHECK(problem.params.seqlen_rows == 640);
+  const long long rows = 8LL * 640;  // per head, no batch factor
+  CHECK(problem.workspace_rows() == static_cast<std::size_t>(rows));
+  CHECK(problem.workspace_bytes() == 2 * (rows * 4) + rows * 128 * 4);
+  // A sequence's first row: its start plus 128 per sequence before it, rounded down to 128; the
+  // previous sequence's padded rows always end before it.
+  CHECK(BwdWorkspaceRows::packed_first_row(0, 0) == 0);
+  CHECK(BwdWorkspaceRows::packed_first_row(1, 1) == 128);
+  CHECK(BwdWorkspaceRows::packed_first_row(2, 129) == 384);
+  for (int len0 : {0, 1, 127, 128, 129, 300})
+    for (int len1 : {0, 1, 128, 129}) {
+      const long long second = BwdWorkspaceRows::packed_first_row(1, len0);
+      const long long third = BwdWorkspaceRows::packed_first_row(2, len0 + len1);
+      CHECK(second >= BwdWorkspaceRows::padded_rows(len0));
+      CHECK(third >= second + BwdWorkspaceRows::padded_rows(len1));
+      // A third sequence of one row still fits in the rows sized for the batch.
+      CHECK(third + 128 <= BwdWorkspaceRows::packed_rows(len0 + len1 + 1, 3));
+    }
+  // The varlen variants of every dK/dV family, and of the dQ kernels after them.
+  args.options.causal = true;
+  const detail::BackwardProblem causal = args.validate();
+  const Variant hopper = detail::select_backward_variant(causal, device_of("sm_90a"), args.options);
+  CHECK(hopper.name() == "bwd_wgmma_fused.sm90a.bf16.d128.m64n128s2.causal.varlen");
+  const Variant ampere = detail::select_backward_variant(causal, device_of("sm_80"), args.options);
+  CHECK(ampere.name() == "bwd_mma.sm80.bf16.d128.m64n128s2.causal.varlen");
+  args.options.deterministic = true;
+  const detail::BackwardProblem exact = args.validate();
+  const Variant dkdv = detail::select_backward_variant(exact, device_of("sm_90a"), args.options);
+  CHECK(dkdv.name() == "bwd_wgmma.sm90a.bf16.d128.m64n128s2.causal.varlen");
+  CHECK(detail::backward_finish_variant(exact, dkdv).name().ends_with(".causal.varlen"));
+  CHECK(detail::backward_finish_variant(exact, dkdv).family == "bwd_wgmma_dq");
+  const Variant sm80 = detail::select_backward_variant(exact, device_of("sm_80"), args.options);
+  CHECK(detail::backward_finish_variant(exact, sm80).family == "bwd_mma_dq");
+  CHECK(detail::backward_finish_variant(exact, sm80).varlen);
+}
+
+TEST_CASE("varlen backward: bad packed views are refused naming the argument") {
+  VarlenBackwardArgs a;
+  a.q = a.out = a.dout = a.dq = TensorView::bshd(fake(0x100000), DType::bf16, 2, 125, 8, 128);
+  CHECK(a.rejection().find("q.shape[0] is 2: expected 1 for a varlen batch") != std::string::npos);
+  VarlenBackwardArgs b;
+  b.varlen.cu_seqlens_k = nullptr;
+  CHECK(b.rejection().find("varlen.cu_seqlens_k is null") != std::string::npos);
+  VarlenBackwardArgs c;
+  c.varlen.max_seqlen_q = 251;
+  CHECK(c.rejection().find("varlen.max_seqlen_q is 251") != std::string::npos);
+  VarlenBackwardArgs d;
+  d.lse = nullptr;
+  CHECK(d.rejection().find("lse is null: expected the forward's fp32 LSE [heads_q, total_q]") !=
+        std::string::npos);
+  VarlenBackwardArgs e;
+  e.dk = TensorView::bshd(fake(0x800000), DType::bf16, 1, 699, 2, 128);
+  CHECK(e.rejection().find("dk.shape[1] (seqlen) is 699: expected 700") != std::string::npos);
+  VarlenBackwardArgs f;
+  f.varlen.batch = -1;
+  CHECK(f.rejection().find("varlen.batch is -1") != std::string::npos);
 }

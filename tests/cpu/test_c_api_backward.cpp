@@ -122,3 +122,36 @@ TEST_CASE("flashjit_backward_workspace_bytes and _select_backward_variant check 
   CHECK(last_error().find("engine is null") != std::string::npos);
   CHECK(std::string(name) == "untouched");
 }
+
+TEST_CASE("flashjit_backward_varlen and its queries check tensors, then the batch, then the engine") {
+  const flashjit_tensor t = a_tensor();
+  const float* lse = reinterpret_cast<const float*>(0x200000);
+  const flashjit_varlen varlen{reinterpret_cast<const int32_t*>(0x300000),
+                               reinterpret_cast<const int32_t*>(0x400000), 2, 32, 32};
+  CHECK(flashjit_backward_varlen(nullptr, &t, &t, &t, &t, &t, lse, &t, &t, &t, &varlen, nullptr,
+                                 nullptr) == FLASHJIT_INVALID_ARGUMENT);
+  CHECK(last_error() == "engine is null: expected one from flashjit_engine_create");
+  CHECK(flashjit_backward_varlen(nullptr, &t, &t, &t, &t, nullptr, lse, &t, &t, &t, &varlen,
+                                 nullptr, nullptr) == FLASHJIT_INVALID_ARGUMENT);
+  CHECK(last_error() == "dout is null: expected a flashjit_tensor");
+  CHECK(flashjit_backward_varlen(nullptr, &t, &t, &t, &t, &t, lse, &t, &t, &t, nullptr, nullptr,
+                                 nullptr) == FLASHJIT_INVALID_ARGUMENT);
+  CHECK(last_error() == "varlen is null: expected a flashjit_varlen");
+
+  std::uint64_t bytes = 7;
+  CHECK(flashjit_backward_workspace_bytes_varlen(nullptr, &t, &t, &t, nullptr, nullptr, &bytes) ==
+        FLASHJIT_INVALID_ARGUMENT);
+  CHECK(last_error() == "varlen is null: expected a flashjit_varlen");
+  CHECK(flashjit_backward_workspace_bytes_varlen(nullptr, &t, &t, &t, &varlen, nullptr, &bytes) ==
+        FLASHJIT_INVALID_ARGUMENT);
+  CHECK(last_error().find("engine is null") != std::string::npos);
+  CHECK(bytes == 7);
+  char name[128] = "untouched";
+  CHECK(flashjit_select_backward_variant_varlen(nullptr, nullptr, &t, &t, &varlen, nullptr, name,
+                                                sizeof name) == FLASHJIT_INVALID_ARGUMENT);
+  CHECK(last_error() == "q is null: expected a flashjit_tensor");
+  CHECK(flashjit_select_backward_variant_varlen(nullptr, &t, &t, &t, &varlen, nullptr, name,
+                                                sizeof name) == FLASHJIT_INVALID_ARGUMENT);
+  CHECK(last_error().find("engine is null") != std::string::npos);
+  CHECK(std::string(name) == "untouched");
+}

@@ -74,11 +74,6 @@ LaunchPlan dq_plan(const Variant& v, const ForwardProblem& problem, const Device
   return query_tile_plan(v, problem, dq_shape(v).threads(), dq_shared_bytes(v));
 }
 
-std::string arguments(const Variant& v) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages,
-                     v.causal, v.softcap, v.window, v.alibi);
-}
-
 // Multiples of 16 (whole k16 steps); beyond 128 split over two warps in whole 16-column parts.
 constexpr int kHeadDims[] = {32, 64, 96, 128, 192, 256};
 
@@ -98,7 +93,8 @@ constinit extern const KernelFamily kBwdMmaFamily = {
     .tile_table = dkdv_tiles,
     .unsupported_reason = runs_every_problem,
     .plan = dkdv_plan,
-    .template_arguments = arguments,
+    .template_arguments = backward_template_arguments,
+    .varlen_variants = true,
 };
 
 constinit extern const KernelFamily kBwdMmaDqFamily = {
@@ -115,13 +111,14 @@ constinit extern const KernelFamily kBwdMmaDqFamily = {
     .tile_table = dq_tiles,
     .unsupported_reason = runs_every_problem,
     .plan = dq_plan,
-    .template_arguments = arguments,
+    .template_arguments = backward_template_arguments,
+    .varlen_variants = true,
 };
 
 Variant bwd_mma_dq_variant(const Variant& dkdv) {
   return variant_of(kBwdMmaDqFamily, dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal,
-                    bwd_mma_dq_tiles_for(dkdv.arch, dkdv.head_dim), false, false, dkdv.softcap,
-                    dkdv.window, false, dkdv.alibi);
+                    bwd_mma_dq_tiles_for(dkdv.arch, dkdv.head_dim), false, dkdv.varlen,
+                    dkdv.softcap, dkdv.window, false, dkdv.alibi);
 }
 
 }  // namespace flashjit::detail

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "bwd_rows/shape.cuh"
+#include "common/bwd_workspace.cuh"
 #include "families/query_tile.hpp"
 #include "families/registry.hpp"
 
@@ -84,9 +85,9 @@ LaunchPlan bwd_sink_plan(int heads_q) {
   return plan;
 }
 
-LaunchPlan bwd_rows_plan(int padded_rows, int heads_q, int batch) {
+LaunchPlan bwd_rows_plan(int seqlen_q, int heads_q, int batch) {
   LaunchPlan plan;
-  plan.grid = {static_cast<unsigned>(padded_rows / BwdRowsShape::kWarps),
+  plan.grid = {static_cast<unsigned>(BwdWorkspaceRows::padded_rows(seqlen_q) / BwdRowsShape::kWarps),
                static_cast<unsigned>(heads_q), static_cast<unsigned>(batch)};
   plan.block = {BwdRowsShape::kThreads, 1, 1};
   return plan;

@@ -16,7 +16,8 @@ Variant bwd_convert_variant(std::string_view arch, DType dtype, int head_dim);
 // The learnable sinks' gradient (BackwardOptions::d_sink_logits), after bwd_prep: a CTA per head.
 Variant bwd_sink_variant(std::string_view arch, DType dtype, int head_dim);
 LaunchPlan bwd_sink_plan(int heads_q);
-// One warp per padded row (BwdRowsShape) of every (batch, head).
-LaunchPlan bwd_rows_plan(int padded_rows, int heads_q, int batch);
+// One warp per row of every (sequence, head), seqlen_q (the longest sequence's) padded to whole
+// tiles (common/bwd_workspace.cuh); each warp past its sequence's padded rows returns.
+LaunchPlan bwd_rows_plan(int seqlen_q, int heads_q, int batch);
 
 }  // namespace flashjit::detail

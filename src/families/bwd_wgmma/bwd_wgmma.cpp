@@ -9,8 +9,8 @@
 
 #include <cstdint>
 
-#include "bwd_rows/shape.cuh"
 #include "bwd_wgmma/shape.cuh"
+#include "common/bwd_workspace.cuh"
 #include "families/bwd_wgmma/tiles.hpp"
 #include "families/family.hpp"
 #include "families/registry.hpp"
@@ -22,7 +22,7 @@ namespace {
 using Limits = BwdWgmmaLimits;
 static_assert(kTmaBoxWidth * Limits::kElementBytes == Limits::kRowBytes,
               "the kernels' swizzle rows are the maps' box rows");
-static_assert(BwdRowsShape::kRowQuantum % 128 == 0,
+static_assert(BwdWorkspaceRows::kRowQuantum % 128 == 0,
               "a tile's row terms lie within the workspace's padded rows");
 
 constexpr std::string_view kFusedName = "bwd_wgmma_fused";
@@ -99,25 +99,29 @@ std::string tma_unsupported(const ForwardProblem& problem) {
 }
 
 // The kernels' maps, in their parameter order: q, k, v, dO, each [head_dim, rows, heads, batch]
-// with boxes of q_box (Q, dO) or kv_box (K, V) rows. With seqlen_q = 0 nothing reads Q or dO (dK
-// and dV are zeros), and TMA cannot encode an empty dimension: those two stay unencoded.
+// with boxes of q_box (Q, dO) or kv_box (K, V) rows; a varlen batch's are over its packed rows
+// (batch 1), the kernels adding each sequence's start. With seqlen_q = 0 nothing reads Q or dO
+// (dK and dV are zeros), and TMA cannot encode an empty dimension: those two stay unencoded.
 void add_maps(LaunchPlan& plan, const ForwardProblem& problem, const BackwardParams& params,
               int q_box, int kv_box) {
   const FmhaParams& f = params.fwd;
   const bool rows = problem.seqlen_q > 0;
+  const int batch = problem.varlen ? 1 : problem.batch;
+  const int q_rows = problem.varlen ? problem.total_q : problem.seqlen_q;
+  const int k_rows = problem.varlen ? problem.total_k : problem.seqlen_k;
   auto map = [&](MapOperand operand, const void* data, int seqlen, int heads, long long stride_s,
                  long long stride_h, long long stride_b, int box) {
-    return tensor_map(operand, data, problem.dtype, problem.head_dim, seqlen, heads, problem.batch,
+    return tensor_map(operand, data, problem.dtype, problem.head_dim, seqlen, heads, batch,
                       stride_s, stride_h, stride_b, box);
   };
-  plan.maps.push_back(rows ? map(MapOperand::q, f.q, problem.seqlen_q, problem.heads_q,
-                                 f.q_stride_s, f.q_stride_h, f.q_stride_b, q_box)
+  plan.maps.push_back(rows ? map(MapOperand::q, f.q, q_rows, problem.heads_q, f.q_stride_s,
+                                 f.q_stride_h, f.q_stride_b, q_box)
                            : TensorMapArg{});
-  plan.maps.push_back(map(MapOperand::k, f.k, problem.seqlen_k, problem.heads_kv, f.k_stride_s,
+  plan.maps.push_back(map(MapOperand::k, f.k, k_rows, problem.heads_kv, f.k_stride_s,
                           f.k_stride_h, f.k_stride_b, kv_box));
-  plan.maps.push_back(map(MapOperand::v, f.v, problem.seqlen_k, problem.heads_kv, f.v_stride_s,
+  plan.maps.push_back(map(MapOperand::v, f.v, k_rows, problem.heads_kv, f.v_stride_s,
                           f.v_stride_h, f.v_stride_b, kv_box));
-  plan.maps.push_back(rows ? map(MapOperand::dout, params.dout, problem.seqlen_q, problem.heads_q,
+  plan.maps.push_back(rows ? map(MapOperand::dout, params.dout, q_rows, problem.heads_q,
                                  params.do_stride_s, params.do_stride_h, params.do_stride_b, q_box)
                            : TensorMapArg{});
 }
@@ -130,16 +134,15 @@ LaunchPlan dkdv_plan(const Variant& v, const ForwardProblem& problem, const Back
   plan.block = {static_cast<unsigned>(dkdv_shape(v).threads()), 1, 1};
   plan.shared_bytes = static_cast<unsigned>(dkdv_shared_bytes(v));
   add_maps(plan, problem, params, v.tile_m, v.tile_n);
-  // The fused kernel's fifth map: the fp32 dQ accumulator [head_dim, batch x heads_q x
-  // seqlen_rows] it reduces into (absent when nothing reads it: no queries, or bwd_wgmma).
+  // The fused kernel's fifth map: the fp32 dQ accumulator [head_dim, workspace rows] it reduces
+  // into (absent when nothing reads it: no queries, or bwd_wgmma).
   const bool reduces = v.family == kFusedName && params.dq_accum != nullptr;
-  plan.maps.push_back(reduces ? accumulator_map(MapOperand::dq_accum, params.dq_accum,
-                                                problem.head_dim,
-                                                static_cast<std::int64_t>(problem.batch) *
-                                                    problem.heads_q * params.seqlen_rows,
-                                                BwdWgmmaShape::kDqBoxCols,
-                                                BwdWgmmaShape::kDqBoxRows)
-                              : TensorMapArg{});
+  plan.maps.push_back(
+      reduces ? accumulator_map(MapOperand::dq_accum, params.dq_accum, problem.head_dim,
+                                BwdWorkspaceRows::total_rows(problem.varlen, problem.batch,
+                                                             problem.heads_q, params.seqlen_rows),
+                                BwdWgmmaShape::kDqBoxCols, BwdWgmmaShape::kDqBoxRows)
+              : TensorMapArg{});
   return plan;
 }
 
@@ -154,12 +157,8 @@ LaunchPlan dq_plan(const Variant& v, const ForwardProblem& problem, const Backwa
   return plan;
 }
 
-std::string arguments(const Variant& v) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n, v.stages,
-                     v.causal, v.softcap, v.window, v.alibi);
-}
 std::string dkdv_arguments(const Variant& v) {
-  return fmt::format("{}, {}", arguments(v), v.family == kFusedName);
+  return fmt::format("{}, {}", backward_template_arguments(v), v.family == kFusedName);
 }
 
 bool runs_on_sm90a(std::string_view arch) { return arch == "sm_90a"; }
@@ -189,6 +188,7 @@ constexpr KernelFamily dkdv_family(std::string_view name, std::string_view summa
       .plan = nullptr,
       .backward_plan = dkdv_plan,
       .template_arguments = dkdv_arguments,
+      .varlen_variants = true,
       .always_accumulates_dq = accumulates_dq,
   };
 }
@@ -220,12 +220,13 @@ constinit extern const KernelFamily kBwdWgmmaDqFamily = {
     .unsupported_reason = tma_unsupported,
     .plan = nullptr,
     .backward_plan = dq_plan,
-    .template_arguments = arguments,
+    .template_arguments = backward_template_arguments,
+    .varlen_variants = true,
 };
 
 Variant bwd_wgmma_dq_variant(const Variant& dkdv) {
   return variant_of(kBwdWgmmaDqFamily, dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal,
-                    bwd_wgmma_dq_tiles_for(dkdv.head_dim), false, false, dkdv.softcap,
+                    bwd_wgmma_dq_tiles_for(dkdv.head_dim), false, dkdv.varlen, dkdv.softcap,
                     dkdv.window, false, dkdv.alibi);
 }
 
