@@ -8,7 +8,8 @@ Without torch: `library()` (the ctypes binding of flashjit.h), `info()`, `flashj
 classes. With torch >= 2.4: `attention`, `attention_varlen`, `attention_with_kvcache` and
 `merge_attention_states` on CUDA tensors, registered as torch.library custom ops (torch.compile,
 CUDA graphs), `attention` differentiable in q, k and v (autograd through `attention_backward`),
-and `create_block_mask` (`_varlen`, `_with_kvcache`) with its `BlockMask`; they load on first use.
+`attention_varlen` too over a dense packed k/v (through `attention_varlen_backward`), and
+`create_block_mask` (`_varlen`, `_with_kvcache`) with its `BlockMask`; they load on first use.
 """
 
 import threading
@@ -23,8 +24,9 @@ from .user_functions import UserFunctions  # noqa: F401  (stdlib only)
 __version__ = "0.1.0"
 
 __all__ = ["library", "info", "cache", "attention", "attention_backward", "attention_varlen",
-           "attention_with_kvcache", "merge_attention_states", "UserFunctions", "create_block_mask",
-           "create_block_mask_varlen", "create_block_mask_with_kvcache", "BlockMask",
+           "attention_varlen_backward", "attention_with_kvcache", "merge_attention_states",
+           "UserFunctions", "create_block_mask", "create_block_mask_varlen",
+           "create_block_mask_with_kvcache", "BlockMask",
            "FlashjitError", "InvalidArgumentError", "NoDriverError",
            "NoDeviceError", "CompileError", "CudaError", "CacheError", "UnsupportedError",
            "InternalError", "FlashjitLoadError", "TorchUnavailableError"]
@@ -51,8 +53,9 @@ class TorchUnavailableError(ImportError):
 
 
 _TORCH_ENTRY_POINTS = ("attention", "attention_backward", "attention_varlen",
-                       "attention_with_kvcache", "merge_attention_states", "create_block_mask",
-                       "create_block_mask_varlen", "create_block_mask_with_kvcache", "BlockMask")
+                       "attention_varlen_backward", "attention_with_kvcache",
+                       "merge_attention_states", "create_block_mask", "create_block_mask_varlen",
+                       "create_block_mask_with_kvcache", "BlockMask")
 
 
 def __getattr__(name):

@@ -14,6 +14,8 @@ one from a torch tensor viewed as [batch, seqlen, heads, head_dim].
         engine.forward_varlen(q, k, v, out, cu_seqlens, max_len, cu_seqlens, max_len)
         # gradients of a forward that wrote lse (flashjit_backward; torch tensors or views)
         engine.backward(q, k, v, out, dout, lse, dq, dk, dv, causal=True)
+        # ... of a varlen forward (flashjit_backward_varlen; prebuilt structs, make_varlen)
+        engine.backward_varlen_raw(q, k, v, out, dout, lse_ptr, dq, dk, dv, varlen, options)
         # user functions (score_mod / mask_mod CUDA C) and a block mask of the same arguments
         doc = lib.user_functions(mask_mod=MASK_MOD_SOURCE)
         views = [tensor_from_torch(t) for t in (q, k, v, out)]
@@ -497,6 +499,15 @@ class Flashjit:
                                                          P(ctypes.c_uint64)],
             "flashjit_select_backward_variant": head + [P(FlashjitBackwardOptions),
                                                         ctypes.c_char_p, ctypes.c_int32],
+            "flashjit_backward_varlen": head + [T, T, P(ctypes.c_float), T, T, T,
+                                                P(FlashjitVarlen), P(FlashjitBackwardOptions),
+                                                ctypes.c_void_p],
+            "flashjit_backward_workspace_bytes_varlen": head + [P(FlashjitVarlen),
+                                                                P(FlashjitBackwardOptions),
+                                                                P(ctypes.c_uint64)],
+            "flashjit_select_backward_variant_varlen": head + [P(FlashjitVarlen),
+                                                               P(FlashjitBackwardOptions),
+                                                               ctypes.c_char_p, ctypes.c_int32],
         }[name]
         return self.optional_function(name, argtypes)
 
@@ -911,6 +922,40 @@ class Engine:
             "flashjit_select_backward_variant")(self.handle, ctypes.byref(q), ctypes.byref(k),
                                                 ctypes.byref(v), ctypes.byref(options), buf,
                                                 len(buf)))
+        return buf.value.decode()
+
+    def backward_varlen_raw(self, q, k, v, out, dout, lse, dq, dk, dv, varlen, options,
+                            stream=None):
+        """flashjit_backward_varlen with prebuilt structs: q, out, dout, dq packed FlashjitTensors
+        [1, total_q, heads_q, head_dim], k, v, dk, dv [1, total_k, heads_kv, head_dim] (a dense
+        packed k/v), lse a device pointer to the forward's fp32 [heads_q, total_q], varlen a
+        FlashjitVarlen (make_varlen; cu_seqlens_k required), options a FlashjitBackwardOptions.
+        Rows past cu_seqlens_q[batch] of dq and past cu_seqlens_k[batch] of dk/dv are not
+        written."""
+        lse = ctypes.cast(int(lse), ctypes.POINTER(ctypes.c_float)) if lse else None
+        status = self.owner.backward_function("flashjit_backward_varlen")(
+            self.handle, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v), ctypes.byref(out),
+            ctypes.byref(dout), lse, ctypes.byref(dq), ctypes.byref(dk), ctypes.byref(dv),
+            ctypes.byref(varlen), ctypes.byref(options), stream or None)
+        if status != OK:
+            raise_status("flashjit_backward_varlen", status, self.owner.last_error())
+
+    def backward_workspace_bytes_varlen_raw(self, q, k, v, varlen, options):
+        """Bytes of workspace flashjit_backward_varlen needs for these structs."""
+        size = ctypes.c_uint64()
+        self.owner.check("flashjit_backward_workspace_bytes_varlen", self.owner.backward_function(
+            "flashjit_backward_workspace_bytes_varlen")(
+                self.handle, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
+                ctypes.byref(varlen), ctypes.byref(options), ctypes.byref(size)))
+        return size.value
+
+    def select_backward_variant_varlen_raw(self, q, k, v, varlen, options):
+        """The dK/dV variant flashjit_backward_varlen runs for these structs."""
+        buf = ctypes.create_string_buffer(256)
+        self.owner.check("flashjit_select_backward_variant_varlen", self.owner.backward_function(
+            "flashjit_select_backward_variant_varlen")(
+                self.handle, ctypes.byref(q), ctypes.byref(k), ctypes.byref(v),
+                ctypes.byref(varlen), ctypes.byref(options), buf, len(buf)))
         return buf.value.decode()
 
     def select_backward_variant(self, q, k, v, causal=False, deterministic=False, family=None,

@@ -1,14 +1,17 @@
 """Attention backward on torch tensors: the `flashjit::attention_backward` custom op over
-flashjit_backward, and the autograd formulas of the forward ops (flashjit.ops imports this
-module last; nothing else should).
+flashjit_backward, `flashjit::attention_varlen_backward` over flashjit_backward_varlen, and the
+autograd formulas of the forward ops (flashjit.ops imports this module last; nothing else
+should).
 
 flashjit.attention's formula saves q, k, v, out and the LSE (the forward keeps the LSE whenever
 an input wants gradients) and runs attention_backward on them, so eager autograd, torch.compile
 (AOTAutograd traces the op's fake implementation) and CUDA graphs of a training step all work.
-Windows, soft-capping, ALiBi and sinks (the sink logits get their gradient) go to the backward
-kernels' variants. What the C++ backward does not take yet raises NotImplementedError when a
-backward reaches it: user functions and block masks on the dense op, and every varlen, KV-cache
-and merge op. The LSE output is not differentiable (as in FlashAttention).
+flashjit.attention_varlen's does the same over a dense packed k/v (cu_seqlens_q / cu_seqlens_k
+saved too) with attention_varlen_backward. Windows, soft-capping, ALiBi and sinks (the sink
+logits get their gradient) go to the backward kernels' variants. What the C++ backward does not
+take yet raises NotImplementedError when a backward reaches it: user functions and block masks
+on the dense and varlen ops, a paged cache or seqused_k on the varlen op, and the KV-cache and
+merge ops. The LSE output is not differentiable (as in FlashAttention).
 """
 
 from typing import Optional, Tuple
@@ -16,9 +19,10 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from . import _capi
 from .ops import (_NAMESPACE, _attention, _attention_kvcache, _attention_varlen,
-                  _check_same_device, _check_tensor, _engine, _merge_attention_states, _scale,
-                  _stream, _view)
+                  _check_same_device, _check_tensor, _engine, _merge_attention_states, _packed,
+                  _scale, _stream, _view)
 
 # --- flashjit::attention_backward ---------------------------------------------------------------
 
@@ -104,6 +108,114 @@ def attention_backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=N
     return (dq, dk, dv, dsink) if sink_logits is not None else (dq, dk, dv)
 
 
+# --- flashjit::attention_varlen_backward ---------------------------------------------------------
+
+
+@torch.library.custom_op(f"{_NAMESPACE}::attention_varlen_backward", mutates_args=())
+def _attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor,
+                               lse: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                               max_seqlen_q: int, max_seqlen_k: int, causal: bool,
+                               softmax_scale: float, deterministic: bool, softcap: float,
+                               window_left: int, window_right: int, sink_tokens: int,
+                               sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor]
+                               ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    _check_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k)
+    # Zeroed: the library writes no row past cu_seqlens_q[batch] of dq nor past
+    # cu_seqlens_k[batch] of dk and dv (padding after the last sequence gets no gradient).
+    dq, dk, dv = (torch.zeros_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
+    dsink = lse.new_zeros((q.shape[1] if sink_logits is not None else 0,))
+    if q.numel() == 0 or k.numel() == 0 or cu_seqlens_q.numel() <= 1:
+        # No row, no key or no sequence: nothing to run, every gradient is zero.
+        return dq, dk, dv, dsink
+    engine, index = _engine(q.device)
+    # As _attention_backward: dout in a layout the library takes, the LSE named until the
+    # launch (it reads the pointers), and so the offsets.
+    dout = dout.contiguous()
+    lse = lse.contiguous()
+    cu_seqlens_q, cu_seqlens_k = cu_seqlens_q.contiguous(), cu_seqlens_k.contiguous()
+    q_view, k_view, v_view = _view(_packed(q)), _view(_packed(k)), _view(_packed(v))
+    sink_logits = sink_logits.contiguous() if sink_logits is not None else None
+    alibi_slopes = alibi_slopes.contiguous() if alibi_slopes is not None else None
+    varlen = _capi.make_varlen(cu_seqlens_q.data_ptr(), cu_seqlens_k.data_ptr(),
+                               cu_seqlens_q.numel() - 1, max_seqlen_q, max_seqlen_k)
+    options = engine.backward_options(causal, softmax_scale, deterministic, softcap=softcap,
+                                      window=(window_left, window_right), sink=sink_logits,
+                                      alibi=alibi_slopes, sink_tokens=sink_tokens,
+                                      d_sink=dsink if sink_logits is not None else None)
+    # Scratch from torch's allocator (a CUDA graph capture owns it), as _attention_backward.
+    size = engine.backward_workspace_bytes_varlen_raw(q_view, k_view, v_view, varlen, options)
+    workspace = q.new_empty((size,), dtype=torch.uint8) if size else None
+    if workspace is not None:
+        options.workspace, options.workspace_bytes = workspace.data_ptr(), size
+    engine.backward_varlen_raw(q_view, k_view, v_view, _view(_packed(out)),
+                               _view(_packed(dout)), lse.data_ptr(), _view(_packed(dq)),
+                               _view(_packed(dk)), _view(_packed(dv)), varlen, options,
+                               _stream(index))
+    return dq, dk, dv, dsink
+
+
+@_attention_varlen_backward.register_fake
+def _(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
+      softmax_scale, deterministic, softcap, window_left, window_right, sink_tokens, sink_logits,
+      alibi_slopes):
+    _check_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k)
+    return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
+                 for t in (q, k, v)) + (lse.new_empty((q.shape[1] if sink_logits is not None
+                                                       else 0,)),)
+
+
+def _check_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k,
+                           where="flashjit.attention_varlen_backward"):
+    for name, t in (("q", q), ("k", k), ("v", v), ("out", out), ("dout", dout)):
+        _check_tensor(name, t, (3,), where)
+    _check_tensor("lse", lse, (2,), where, (torch.float32,))
+    _check_offsets(cu_seqlens_q, cu_seqlens_k, where)
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        _check_tensor(name, t, (1,), where, (torch.int32,))
+    if cu_seqlens_k.shape != cu_seqlens_q.shape:
+        raise ValueError(f"{where}: cu_seqlens_k has {cu_seqlens_k.shape[0]} entries, "
+                         f"cu_seqlens_q {cu_seqlens_q.shape[0]}: expected batch + 1 each")
+    for name, t in (("out", out), ("dout", dout)):
+        if t.shape != q.shape:
+            raise ValueError(f"{where}: {name} has shape {tuple(t.shape)}: expected q's "
+                             f"{tuple(q.shape)}")
+    expected = (q.shape[1], q.shape[0])
+    if lse.shape != expected:
+        raise ValueError(f"{where}: lse has shape {tuple(lse.shape)}: expected {expected} "
+                         "([heads_q, total_q], what attention_varlen(return_lse=True) gives)")
+    _check_same_device(where, q, ("k", k), ("v", v), ("out", out), ("dout", dout), ("lse", lse),
+                       ("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k))
+
+
+def _check_offsets(cu_seqlens_q, cu_seqlens_k, where="flashjit.attention_varlen_backward"):
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if t is None:
+            raise ValueError(f"{where}: {name} is None: the varlen backward takes a dense packed "
+                             "k/v with both offsets (no paged cache)")
+
+
+def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                              max_seqlen_k, *, causal=False, softmax_scale=None,
+                              deterministic=False, window_left=-1, window_right=-1, softcap=0.0,
+                              sink_logits=None, alibi_slopes=None, sink_tokens=0):
+    """The gradients (dq, dk, dv) of out = flashjit.attention_varlen(q, k, v, cu_seqlens_q,
+    cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, ...) over a dense packed k/v, for
+    dout = dL/dout: what autograd runs for flashjit.attention_varlen. q, out, dout: [total_q,
+    heads_q, head_dim]; k, v: [total_k, heads_kv, head_dim]; lse: the forward's fp32 [heads_q,
+    total_q] (return_lse=True); cu_seqlens_*: the forward's int32 [batch + 1] offsets. dq has
+    q's shape, dk and dv k's and v's (GQA/MQA summed over each group's query heads); all
+    contiguous, zero in rows past the last sequence and for a sequence with no query or no key.
+    Other arguments as attention_backward's; with sink_logits the result is (dq, dk, dv,
+    dsink). Not differentiable itself."""
+    _check_offsets(cu_seqlens_q, cu_seqlens_k)  # before the op's schema refuses a None
+    dq, dk, dv, dsink = torch.ops.flashjit.attention_varlen_backward(
+        q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
+        int(max_seqlen_k), bool(causal), _scale(softmax_scale), bool(deterministic),
+        float(softcap), int(window_left), int(window_right), int(sink_tokens), sink_logits,
+        alibi_slopes)
+    return (dq, dk, dv, dsink) if sink_logits is not None else (dq, dk, dv)
+
+
 # --- flashjit::attention's formula -------------------------------------------------------------
 
 def _unsupported(user_functions, block_mask):
@@ -159,6 +271,64 @@ def _attention_grad(ctx, dout, _dlse):
 _attention.register_autograd(_attention_grad, setup_context=_setup_attention)
 
 
+# --- flashjit::attention_varlen's formula --------------------------------------------------------
+
+_VARLEN_SINK_INPUT = 15  # the index of sink_logits among flashjit::attention_varlen's inputs
+
+
+def _setup_attention_varlen(ctx, inputs, output):
+    (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, page_table, seqused_k,
+     causal, softmax_scale, _return_lse, window_left, window_right, softcap, sink_logits,
+     alibi_slopes, sink_tokens, num_splits, family, user_functions, user_args, user_pointers,
+     block_mask, deterministic) = inputs
+    out, lse = output
+    ctx.mark_non_differentiable(lse)
+    ctx.unsupported = [name for name, used in (("page_table", page_table is not None),
+                                               ("seqused_k", seqused_k is not None))
+                       if used] + _unsupported(user_functions, block_mask)
+    ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
+    ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
+    ctx.num_splits, ctx.family = num_splits, family
+    ctx.window, ctx.softcap, ctx.sink_tokens = (window_left, window_right), softcap, sink_tokens
+    ctx.no_gradients = [[None] * len(x) if isinstance(x, list) else None for x in inputs]
+    if not ctx.unsupported:
+        ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sink_logits,
+                              alibi_slopes)
+
+
+def _attention_varlen_grad(ctx, dout, _dlse):
+    if ctx.unsupported:
+        raise NotImplementedError(
+            f"flashjit.attention_varlen's backward does not take {', '.join(ctx.unsupported)} "
+            "yet: flashjit's varlen backward covers a dense packed k/v (cu_seqlens_k, no "
+            "page_table or seqused_k) with causal, softmax_scale, windows, soft-capping, sinks "
+            "and ALiBi. Detach the inputs, or run it under torch.no_grad(), where gradients are "
+            "not needed")
+    (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sink_logits,
+     alibi_slopes) = ctx.saved_tensors
+    max_seqlen_q, max_seqlen_k = ctx.max_seqlen
+    window_left, window_right = ctx.window
+    if lse.numel() == 0 and q.numel() != 0:
+        # torch.ops.flashjit.attention_varlen called directly with return_lse=False: the forward
+        # again for the LSE (flashjit.attention_varlen never needs this).
+        _, lse = torch.ops.flashjit.attention_varlen(
+            q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None,
+            ctx.causal, ctx.softmax_scale, True, window_left, window_right, ctx.softcap,
+            sink_logits, alibi_slopes, ctx.sink_tokens, ctx.num_splits, ctx.family, None, [], [],
+            0, False)
+    dq, dk, dv, dsink = torch.ops.flashjit.attention_varlen_backward(
+        q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+        ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.softcap, window_left, window_right,
+        ctx.sink_tokens, sink_logits, alibi_slopes)
+    gradients = [dq, dk, dv] + list(ctx.no_gradients[3:])
+    if sink_logits is not None:
+        gradients[_VARLEN_SINK_INPUT] = dsink.to(sink_logits.dtype)
+    return tuple(gradients)
+
+
+_attention_varlen.register_autograd(_attention_varlen_grad, setup_context=_setup_attention_varlen)
+
+
 # --- the ops without a backward ------------------------------------------------------------------
 
 def _no_backward(name, why):
@@ -173,13 +343,13 @@ def _no_context(ctx, inputs, output):
     pass
 
 
-_NOT_YET = ("flashjit's backward kernels take dense batches of equal-length sequences "
-            "(flashjit.attention); varlen, KV-cache (dense or paged) and merge backward are not "
-            "implemented yet")
+_NOT_YET = ("flashjit's backward kernels take dense batches (flashjit.attention) and packed "
+            "variable-length batches over a dense packed k/v (flashjit.attention_varlen); "
+            "KV-cache (dense or paged) and merge backward are not implemented yet")
+_DOUBLE = "double backward (gradients of gradients) is not implemented"
 for _op, _name, _why in (
         (_attention_kvcache, "attention_with_kvcache", _NOT_YET),
-        (_attention_varlen, "attention_varlen", _NOT_YET),
         (_merge_attention_states, "merge_attention_states", _NOT_YET),
-        (_attention_backward, "attention_backward", "double backward (gradients of gradients) "
-                                                    "is not implemented")):
+        (_attention_backward, "attention_backward", _DOUBLE),
+        (_attention_varlen_backward, "attention_varlen_backward", _DOUBLE)):
     _op.register_autograd(_no_backward(_name, _why), setup_context=_no_context)

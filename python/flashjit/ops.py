@@ -6,11 +6,12 @@ graph capture records it. Outputs are allocated by torch's caching allocator (gr
 split-KV scratch too, so the library never allocates during a capture.
 
 Training: flashjit.attention is differentiable in q, k and v through
-`torch.ops.flashjit.attention_backward` (flashjit.backward registers the formula; a forward
-whose inputs want gradients keeps the LSE for it). The varlen, KV-cache and merge ops register a
-formula that raises NotImplementedError when a backward reaches them (their forward still runs
-with inputs that require grad); under torch.compile, AOTAutograd traces that backward when an
-input requires grad, so the error comes at compile time.
+`torch.ops.flashjit.attention_backward`, and flashjit.attention_varlen (over a dense packed k/v)
+through `torch.ops.flashjit.attention_varlen_backward` (flashjit.backward registers the
+formulas; a forward whose inputs want gradients keeps the LSE for them). The KV-cache and merge
+ops register a formula that raises NotImplementedError when a backward reaches them (their
+forward still runs with inputs that require grad); under torch.compile, AOTAutograd traces that
+backward when an input requires grad, so the error comes at compile time.
 
 Bad input raises flashjit.InvalidArgumentError (a ValueError) with the library's message;
 CPU tensors raise ValueError before anything reaches the library.
@@ -380,10 +381,11 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, wi
     deterministic: the backward's gradients are bitwise repeatable (dQ without atomics, about
     1.4x the work of the backward); the forward is the same either way.
 
-    Differentiable in q, k and v (flashjit.attention_backward; dense attention with causal and
-    softmax_scale, not yet with windows, soft-capping, sinks, ALiBi or user functions, whose
-    backward raises NotImplementedError). The LSE is not differentiable, as in FlashAttention:
-    what flows back through it is dropped."""
+    Differentiable in q, k and v, and in sink_logits (flashjit.attention_backward: causal,
+    softmax_scale, windows with sink tokens, soft-capping, sinks and ALiBi all have a backward;
+    user functions and block masks do not yet, and a backward through them raises
+    NotImplementedError). The LSE is not differentiable, as in FlashAttention: what flows back
+    through it is dropped."""
     user = _user_inputs("flashjit.attention", user_functions, user_args, block_mask)
     # The backward needs the LSE: a forward whose inputs want gradients keeps it.
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
@@ -550,7 +552,9 @@ def _attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor,
                       alibi_slopes: Optional[Tensor], sink_tokens: int,
                       num_splits: int, family: Optional[str], user_functions: Optional[str],
                       user_args: List[Optional[Tensor]], user_pointers: List[int],
-                      block_mask: int) -> Tuple[Tensor, Tensor]:
+                      block_mask: int, deterministic: bool) -> Tuple[Tensor, Tensor]:
+    # deterministic: the backward's, carried for the autograd formula as flashjit::attention
+    # carries it (no default value, for the same reason).
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits,
                   alibi_slopes, user_functions, user_args)
     engine, index = _engine(q.device)
@@ -591,7 +595,7 @@ def _packed(t):
 def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, page_table, seqused_k,
       causal, softmax_scale, return_lse, window_left, window_right, softcap, sink_logits,
       alibi_slopes, sink_tokens, num_splits, family, user_functions, user_args, user_pointers,
-      block_mask):
+      block_mask, deterministic=False):
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, page_table, seqused_k, sink_logits,
                   alibi_slopes, user_functions, user_args)
     out = q.new_empty(q.shape[:-1] + v.shape[-1:])
@@ -627,7 +631,7 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
                      page_table=None, seqused_k=None, causal=False, softmax_scale=None,
                      return_lse=False, window_left=-1, window_right=-1, softcap=0.0,
                      sink_logits=None, alibi_slopes=None, sink_tokens=0, num_splits=0, family=None,
-                     user_functions=None, user_args=(), block_mask=None):
+                     user_functions=None, user_args=(), block_mask=None, deterministic=False):
     """Attention over a packed variable-length batch (flash_attn_varlen_func's layout).
 
     q: [total_q, heads_q, head_dim]; k/v: [total_k, heads_kv, head_dim] with cu_seqlens_k, or
@@ -635,13 +639,21 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     cu_seqlens_*: int32 [batch + 1] offsets on the device; max_seqlen_*: Python ints bounding
     every length. Returns out [total_q, heads_q, head_dim] (and the LSE [heads_q, total_q]
     with return_lse=True). Other arguments as attention(); user functions see q_idx and kv_idx
-    as positions within each sequence, batch as the sequence."""
+    as positions within each sequence, batch as the sequence.
+
+    Differentiable in q, k and v (and sink_logits) over a dense packed k/v
+    (flashjit.attention_varlen_backward; every score variant, deterministic as attention()'s);
+    a backward through a forward with page_table, seqused_k, user_functions or block_mask
+    raises NotImplementedError. The LSE is not differentiable."""
+    user = _user_inputs("flashjit.attention_varlen", user_functions, user_args, block_mask)
+    # The backward needs the LSE: a forward whose inputs want gradients keeps it.
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, sink_logits))
     out, lse = torch.ops.flashjit.attention_varlen(
         q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), page_table,
-        seqused_k, bool(causal), _scale(softmax_scale), bool(return_lse), int(window_left),
-        int(window_right), float(softcap), sink_logits, alibi_slopes, sink_tokens,
-        int(num_splits), family,
-        *_user_inputs("flashjit.attention_varlen", user_functions, user_args, block_mask))
+        seqused_k, bool(causal), _scale(softmax_scale), bool(return_lse or needs_grad),
+        int(window_left), int(window_right), float(softcap), sink_logits, alibi_slopes,
+        sink_tokens, int(num_splits), family, *user, bool(deterministic))
     return (out, lse) if return_lse else out
 
 
@@ -704,6 +716,7 @@ def merge_attention_states(out_a, lse_a, out_b, lse_b):
     return torch.ops.flashjit.merge_attention_states(out_a, lse_a, out_b, lse_b)
 
 
-# --- autograd: flashjit.backward registers the formulas (attention's; the others raise) ---------
+# --- autograd: flashjit.backward registers the formulas (attention's, attention_varlen's) -------
 
-from .backward import attention_backward  # noqa: E402,F401  (the import registers them)
+# The import registers them.
+from .backward import attention_backward, attention_varlen_backward  # noqa: E402,F401

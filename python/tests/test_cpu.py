@@ -293,6 +293,63 @@ class BackwardWithoutGpu(unittest.TestCase):
             self.assertEqual(engine.backward_options(family=family).family, family.encode())
 
 
+class VarlenBackwardBinding(unittest.TestCase):
+    """flashjit_backward_varlen and friends through the binding: prototypes, argument errors
+    (each read before the engine, so no GPU is needed)."""
+
+    def setUp(self):
+        self.lib = flashjit.library()
+        if not self.lib.has_function("flashjit_backward_varlen"):
+            self.skipTest(f"{self.lib.path} predates flashjit_backward_varlen (rebuild it)")
+        # Packed views [1, total, heads, head_dim] at made-up addresses: nothing is read.
+        self.t = _capi.make_tensor(0x100000, "bf16", (1, 64, 2, 64), (8192, 128, 64, 1))
+        self.varlen = _capi.make_varlen(0x200000, 0x200100, 2, 40, 40)
+        self.options = _capi.FlashjitBackwardOptions()
+
+    def test_null_arguments_are_named(self):
+        lib, ref, t = self.lib, ctypes.byref, self.t
+        function = lib.backward_function("flashjit_backward_varlen")
+        status = function(None, ref(t), ref(t), ref(t), ref(t), ref(t), None, ref(t), ref(t),
+                          ref(t), None, ref(self.options), None)
+        self.assertEqual(status, _capi.INVALID_ARGUMENT)
+        self.assertEqual(lib.last_error(), "varlen is null: expected a flashjit_varlen")
+        status = function(None, ref(t), ref(t), ref(t), ref(t), None, None, ref(t), ref(t),
+                          ref(t), ref(self.varlen), None, None)
+        self.assertEqual(status, _capi.INVALID_ARGUMENT)
+        self.assertEqual(lib.last_error(), "dout is null: expected a flashjit_tensor")
+        status = function(None, ref(t), ref(t), ref(t), ref(t), ref(t), None, ref(t), ref(t),
+                          ref(t), ref(self.varlen), ref(self.options), None)
+        self.assertEqual(status, _capi.INVALID_ARGUMENT)
+        self.assertIn("engine is null", lib.last_error())
+        size = lib.backward_function("flashjit_backward_workspace_bytes_varlen")
+        self.assertEqual(size(None, ref(t), ref(t), ref(t), None, None, None),
+                         _capi.INVALID_ARGUMENT)
+        self.assertEqual(lib.last_error(), "varlen is null: expected a flashjit_varlen")
+        select = lib.backward_function("flashjit_select_backward_variant_varlen")
+        buf = ctypes.create_string_buffer(64)
+        self.assertEqual(select(None, None, ref(t), ref(t), ref(self.varlen), None, buf, 64),
+                         _capi.INVALID_ARGUMENT)
+        self.assertEqual(lib.last_error(), "q is null: expected a flashjit_tensor")
+
+    def test_engine_methods_raise_the_librarys_error(self):
+        # An Engine over no handle: the raw methods reach the C API, which refuses the engine.
+        engine, t, varlen = _capi.Engine(self.lib, None), self.t, self.varlen
+        calls = {
+            "flashjit_backward_varlen": lambda: engine.backward_varlen_raw(
+                t, t, t, t, t, 0x300000, t, t, t, varlen, self.options),
+            "flashjit_backward_workspace_bytes_varlen":
+                lambda: engine.backward_workspace_bytes_varlen_raw(t, t, t, varlen, self.options),
+            "flashjit_select_backward_variant_varlen":
+                lambda: engine.select_backward_variant_varlen_raw(t, t, t, varlen, self.options),
+        }
+        for function, call in calls.items():
+            with self.subTest(function=function):
+                with self.assertRaises(flashjit.InvalidArgumentError) as caught:
+                    call()
+                self.assertEqual(caught.exception.function, function)
+                self.assertIn("engine is null", caught.exception.message)
+
+
 class Cache(unittest.TestCase):
     def test_precompile_list_clear(self):
         name = a_variant()
@@ -514,24 +571,29 @@ class TorchWithoutGpu(unittest.TestCase):
 
     def test_unsupported_backwards_say_what_is_missing(self):
         torch = self.torch
+        from flashjit import ops
         q = self.meta(1, 8, 2, 64).requires_grad_()
         functions = flashjit.UserFunctions(mask_mod=DOC_MASK)
         doc = torch.zeros(8, dtype=torch.int32, device="meta")
-        for kwargs, named in ((dict(softcap=5.0), "softcap"),
-                              (dict(window_left=16, window_right=0), "window_left / window_right"),
-                              (dict(alibi_slopes=self.meta(2, dtype=torch.float32)),
-                               "alibi_slopes"),
-                              (dict(user_functions=functions, user_args=[doc]),
-                               "user_functions")):
+        mask = ops.BlockMask(None, [])  # no GPU: a mask without a library handle
+        for kwargs, named in ((dict(user_functions=functions, user_args=[doc]),
+                               "user_functions"),
+                              (dict(user_functions=functions, user_args=[doc], block_mask=mask),
+                               "user_functions, block_mask")):
             with self.subTest(named=named):
                 out = flashjit.attention(q, q, q, **kwargs)  # the forward runs
                 with self.assertRaisesRegex(NotImplementedError,
                                             f"does not take {named} yet"):
                     out.sum().backward()
-        cu = torch.zeros(3, dtype=torch.int32, device="meta")
-        for out in (flashjit.attention_varlen(q[0], q[0], q[0], cu, cu, 8, 8),
-                    flashjit.attention_with_kvcache(q, q, q)):
-            with self.assertRaisesRegex(NotImplementedError, "varlen, KV-cache .* not implemented"):
+        # The score variants have a backward: no error.
+        out = flashjit.attention(q, q, q, softcap=5.0, window_left=16, window_right=0,
+                                 alibi_slopes=self.meta(2, dtype=torch.float32))
+        self.assertEqual(torch.autograd.grad(out.sum(), q)[0].shape, q.shape)
+        for out in (flashjit.attention_with_kvcache(q, q, q),
+                    flashjit.merge_attention_states(q, lse := self.meta(1, 2, 8,
+                                                                        dtype=torch.float32),
+                                                    q, lse)[0]):
+            with self.assertRaisesRegex(NotImplementedError, "KV-cache .* not implemented"):
                 out.sum().backward()
 
     def test_attention_backward_checks_and_shapes(self):
@@ -561,6 +623,162 @@ class TorchWithoutGpu(unittest.TestCase):
         q = self.meta(2, 8, 4, 64).requires_grad_()
         k, v = self.meta(2, 16, 2, 64).requires_grad_(), self.meta(2, 16, 2, 64).requires_grad_()
         compiled(q, k, v).backward()
+        self.assertEqual((q.grad.shape, k.grad.shape, v.grad.shape), (q.shape, k.shape, v.shape))
+
+
+@unittest.skipUnless(HAVE_TORCH, NO_TORCH)
+class VarlenBackwardWithoutGpu(unittest.TestCase):
+    """flashjit.attention_varlen's backward on meta tensors: argument checks, the fake
+    implementation's shapes, autograd end to end and what raises NotImplementedError."""
+
+    @classmethod
+    def setUpClass(cls):
+        import torch
+        cls.torch = torch
+
+    def meta(self, *shape, dtype=None):
+        return self.torch.empty(*shape, dtype=dtype or self.torch.bfloat16, device="meta")
+
+    def offsets(self, batch=3):
+        return self.torch.zeros(batch + 1, dtype=self.torch.int32, device="meta")
+
+    def test_fake_shapes(self):
+        torch = self.torch
+        q, k = self.meta(40, 8, 64), self.meta(50, 2, 64)
+        lse, cu = self.meta(8, 40, dtype=torch.float32), self.offsets()
+        dq, dk, dv = flashjit.attention_varlen_backward(q, k, k, q, q, lse, cu, cu, 20, 25,
+                                                        causal=True, deterministic=True)
+        self.assertEqual((dq.shape, dk.shape, dv.shape), (q.shape, k.shape, k.shape))
+        self.assertEqual((dq.dtype, dk.dtype), (torch.bfloat16, torch.bfloat16))
+        sink = self.meta(8, dtype=torch.float32)
+        grads = flashjit.attention_varlen_backward(
+            q, k, k, q, q, lse, cu, cu, 20, 25, window_left=8, window_right=0, softcap=5.0,
+            sink_logits=sink, alibi_slopes=sink, sink_tokens=2)
+        self.assertEqual(len(grads), 4)
+        self.assertEqual((grads[3].shape, grads[3].dtype), ((8,), torch.float32))
+        # The op itself always returns four tensors (dsink empty without sinks).
+        out = torch.ops.flashjit.attention_varlen_backward(
+            q, k, k, q, q, lse, cu, cu, 20, 25, False, 0.0, False, 0.0, -1, -1, 0, None, None)
+        self.assertEqual([tuple(t.shape) for t in out], [(40, 8, 64), (50, 2, 64), (50, 2, 64),
+                                                         (0,)])
+
+    def test_argument_checks(self):
+        torch = self.torch
+        q, k = self.meta(40, 8, 64), self.meta(50, 2, 64)
+        lse, cu = self.meta(8, 40, dtype=torch.float32), self.offsets()
+        backward = flashjit.attention_varlen_backward
+        with self.assertRaisesRegex(ValueError, r"lse has shape \(40, 8\): expected \(8, 40\)"):
+            backward(q, k, k, q, q, lse.t(), cu, cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "lse has shape .* expected 2 dims"):
+            backward(q, k, k, q, q, lse[None], cu, cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "lse is torch.bfloat16"):
+            backward(q, k, k, q, q, lse.bfloat16(), cu, cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "dout has shape"):
+            backward(q, k, k, q, q[:20], lse, cu, cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "out has shape"):
+            backward(q, k, k, q[:, :4], q, lse, cu, cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "q has shape .* expected 3 dims"):
+            backward(q[None], k, k, q, q, lse, cu, cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "k has shape .* expected 3 dims"):
+            backward(q, k[None], k, q, q, lse, cu, cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "v is torch.float32"):
+            backward(q, k, k.float(), q, q, lse, cu, cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "cu_seqlens_k is None"):
+            backward(q, k, k, q, q, lse, cu, None, 20, 25)
+        with self.assertRaisesRegex(ValueError, "cu_seqlens_q is torch.int64"):
+            backward(q, k, k, q, q, lse, cu.long(), cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "cu_seqlens_k has 3 entries, cu_seqlens_q 4"):
+            backward(q, k, k, q, q, lse, cu, self.offsets(2), 20, 25)
+        with self.assertRaisesRegex(ValueError, "softmax_scale -2"):
+            backward(q, k, k, q, q, lse, cu, cu, 20, 25, softmax_scale=-2)
+        with self.assertRaisesRegex(ValueError, "dout is on cpu"):
+            backward(q, k, k, q, torch.zeros(q.shape, dtype=q.dtype), lse, cu, cu, 20, 25)
+        with self.assertRaisesRegex(ValueError, "cu_seqlens_k is on cpu"):
+            backward(q, k, k, q, q, lse, cu, torch.zeros(4, dtype=torch.int32), 20, 25)
+
+    def test_gradients_have_the_inputs_shapes(self):
+        # Meta tensors run the ops' fake implementations: the autograd formula end to end.
+        torch = self.torch
+        cu = self.offsets()
+        q = self.meta(40, 8, 64).requires_grad_()
+        k, v = self.meta(50, 2, 64).requires_grad_(), self.meta(50, 2, 64).requires_grad_()
+        sink = self.meta(8, dtype=torch.float32).requires_grad_()
+        for kwargs in (dict(), dict(causal=True, deterministic=True),
+                       dict(window_left=8, window_right=0, softcap=4.0, sink_tokens=2)):
+            with self.subTest(**kwargs):
+                out = flashjit.attention_varlen(q, k, v, cu, cu, 20, 25, **kwargs)
+                self.assertTrue(out.requires_grad)
+                dq, dk, dv = torch.autograd.grad(out.float().sum(), (q, k, v))
+                self.assertEqual((dq.shape, dk.shape, dv.shape), (q.shape, k.shape, v.shape))
+                self.assertEqual(dk.dtype, torch.bfloat16)
+        # The sink logits get their gradient, fp32 [heads_q].
+        out = flashjit.attention_varlen(q, k, v, cu, cu, 20, 25, sink_logits=sink)
+        dq, dsink = torch.autograd.grad(out.sum(), (q, sink))
+        self.assertEqual((dq.shape, dsink.shape, dsink.dtype), (q.shape, (8,), torch.float32))
+        # Only some inputs wanting gradients is fine too; the LSE is not differentiable.
+        out, lse = flashjit.attention_varlen(q, k.detach(), v.detach(), cu, cu, 20, 25,
+                                             return_lse=True)
+        self.assertFalse(lse.requires_grad)
+        self.assertEqual(torch.autograd.grad(out.sum(), q)[0].shape, q.shape)
+
+    def test_the_op_without_lse_still_differentiates(self):
+        # torch.ops.flashjit.attention_varlen called directly with return_lse=False: the formula
+        # runs the forward again for its LSE.
+        torch = self.torch
+        q, cu = self.meta(40, 2, 64).requires_grad_(), self.offsets()
+        out, lse = torch.ops.flashjit.attention_varlen(
+            q, q, q, cu, cu, 20, 20, None, None, True, 0.0, False, -1, -1, 0.0, None, None, 0, 0,
+            None, None, [], [], 0, False)
+        self.assertEqual(lse.numel(), 0)
+        self.assertEqual(torch.autograd.grad(out.sum(), q)[0].shape, q.shape)
+
+    def test_what_has_no_varlen_backward_says_so(self):
+        torch = self.torch
+        from flashjit import ops
+        cu = self.offsets(2)
+        q = self.meta(40, 4, 64).requires_grad_()
+        k = self.meta(40, 2, 64)
+        pages = self.meta(10, 16, 2, 64)
+        table = torch.zeros(2, 5, dtype=torch.int32, device="meta")
+        used = torch.zeros(2, dtype=torch.int32, device="meta")
+        functions = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        doc = torch.zeros(40, dtype=torch.int32, device="meta")
+        mask = ops.BlockMask(None, [])
+        cases = ((dict(k=pages, cu_k=None, page_table=table), "page_table"),
+                 (dict(seqused_k=used), "seqused_k"),
+                 (dict(k=pages, cu_k=None, page_table=table, seqused_k=used),
+                  "page_table, seqused_k"),
+                 (dict(user_functions=functions, user_args=[doc]), "user_functions"),
+                 (dict(user_functions=functions, user_args=[doc], block_mask=mask),
+                  "user_functions, block_mask"))
+        for kwargs, named in cases:
+            with self.subTest(named=named):
+                keys, cu_k = kwargs.pop("k", k), kwargs.pop("cu_k", cu)
+                out = flashjit.attention_varlen(q, keys, keys, cu, cu_k, 20, 80, **kwargs)
+                with self.assertRaisesRegex(NotImplementedError,
+                                            f"attention_varlen's backward does not take "
+                                            f"{named} yet"):
+                    out.sum().backward()
+        # The backward op itself has no backward (no double backward).
+        q2, k2 = self.meta(40, 4, 64).requires_grad_(), self.meta(40, 2, 64)
+        lse = self.meta(4, 40, dtype=torch.float32)
+        dq, _, _ = flashjit.attention_varlen_backward(q2, k2, k2, q2, q2, lse, cu, cu, 20, 20)
+        with self.assertRaisesRegex(NotImplementedError, "double backward"):
+            dq.float().sum().backward()
+
+    def test_compile_fullgraph_with_backward(self):
+        torch = self.torch
+
+        def loss(q, k, v, cu_q, cu_k):
+            out = flashjit.attention_varlen(q, k, v, cu_q, cu_k, 20, 25, causal=True,
+                                            deterministic=True)
+            return out.float().square().sum()
+
+        compiled = torch.compile(loss, fullgraph=True, backend="aot_eager")
+        cu = self.offsets()
+        q = self.meta(40, 4, 64).requires_grad_()
+        k, v = self.meta(50, 2, 64).requires_grad_(), self.meta(50, 2, 64).requires_grad_()
+        compiled(q, k, v, cu, cu).backward()
         self.assertEqual((q.grad.shape, k.grad.shape, v.grad.shape), (q.shape, k.shape, v.shape))
 
 

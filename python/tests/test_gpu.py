@@ -3,7 +3,8 @@ masks), torch.compile(fullgraph=True), CUDA-graph capture, GQA, causal, windows,
 varlen, decode over dense and paged caches, merge_attention_states, user functions (a document
 mask, a relative-position bias: against float64 references) and block masks, errors; and the
 backward: gradients against float32 SDPA's, deterministic mode, torch.compile and CUDA graphs of
-a training step. Without torch or a GPU every test skips, saying why.
+a training step; the varlen backward (VarlenBackward: ragged lengths against float64 per-sequence
+gradients). Without torch or a GPU every test skips, saying why.
 
 On a GPU machine with torch (no install needed):
     PYTHONPATH=python FLASHJIT_LIBRARY=/path/libflashjit.so.0 \
@@ -11,6 +12,7 @@ On a GPU machine with torch (no install needed):
 """
 
 import importlib.util
+import itertools
 import math
 import unittest
 
@@ -394,9 +396,8 @@ class Backward(unittest.TestCase):
 
     def test_what_has_no_backward_yet_says_so(self):
         q = rand(1, 64, 2, 64).requires_grad_()
-        cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
-        out = flashjit.attention_varlen(q[0], q[0], q[0], cu, cu, 64, 64)
-        with self.assertRaisesRegex(NotImplementedError, "varlen, KV-cache"):
+        out = flashjit.attention_with_kvcache(q, q, q)
+        with self.assertRaisesRegex(NotImplementedError, "KV-cache .* not implemented"):
             out.float().sum().backward()
 
     def test_the_binding_runs_the_c_api(self):
@@ -419,6 +420,309 @@ class Backward(unittest.TestCase):
         torch.cuda.synchronize()
         expected = flashjit.attention_backward(q, k, v, out, dout, lse, causal=True,
                                                deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), (dq, dk, dv), expected):
+            self.assertTrue(torch.equal(a, b), name)
+
+
+def cu_seqlens(lengths):
+    """int32 [batch + 1] offsets on the GPU of sequences of these lengths."""
+    return torch.tensor([0] + list(itertools.accumulate(lengths)), dtype=torch.int32,
+                        device="cuda")
+
+
+def sequence_reference64(q, k, v, causal=False, scale=None, window=(-1, -1), softcap=0.0,
+                         sink=None, alibi=None, sink_tokens=0):
+    """float64 attention of one sequence: q [sq, hq, d], k/v [sk, hkv, d] (GQA by repetition),
+    FlashAttention's bottom-right masks (the first sink_tokens keys kept beside a window),
+    ALiBi's -slope * |i + sk - sq - j|, sink logits [hq] in each row's denominator. A row that
+    sees no key gives 0, with zero gradients (no NaN, unlike SDPA), as flashjit does."""
+    q, k, v = (t.double() for t in (q, k, v))
+    heads, groups = q.shape[1], q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(groups, 1), v.repeat_interleave(groups, 1)
+    scale = scale or 1 / math.sqrt(q.shape[-1])
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    if softcap:
+        scores = softcap * torch.tanh(scores / softcap)
+    sq, sk = q.shape[0], k.shape[0]
+    rows = torch.arange(sq, device=q.device)[:, None] + (sk - sq)
+    cols = torch.arange(sk, device=q.device)[None, :]
+    if alibi is not None:
+        scores = scores - alibi.double().view(-1, 1, 1) * (rows - cols).abs()
+    visible = torch.ones(sq, sk, dtype=torch.bool, device=q.device)
+    left, right = window
+    if causal:
+        right = 0 if right < 0 else min(right, 0)
+    if left >= 0:
+        visible &= (cols >= rows - left) | (cols < sink_tokens)
+    if right >= 0:
+        visible &= cols <= rows + right
+    visible = visible.expand(heads, sq, sk)
+    if sink is not None:
+        scores = torch.cat([scores, sink.double().view(-1, 1, 1).expand(heads, sq, 1)], -1)
+        visible = torch.cat([visible, visible.new_ones(heads, sq, 1)], -1)
+    seen = visible.any(-1, keepdim=True)
+    scores = scores.masked_fill(~visible, float("-inf")).masked_fill(~seen, 0.0)
+    probs = torch.softmax(scores, -1) * seen
+    if sink is not None:
+        probs = probs[..., :-1]
+    return torch.einsum("hqk,khd->qhd", probs, v)
+
+
+def varlen_reference_gradients(q, k, v, dout, cu_q, cu_k, sink=None, **kwargs):
+    """float64 gradients (dq, dk, dv[, dsink]) of the packed batch, each sequence its own
+    sequence_reference64 problem: zero in rows past the last sequence."""
+    leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+    if sink is not None:
+        leaves.append(sink.detach().double().requires_grad_())
+    loss = leaves[0].sum() * 0
+    starts_q, starts_k = cu_q.tolist(), cu_k.tolist()
+    for i in range(len(starts_q) - 1):
+        rows, keys = slice(starts_q[i], starts_q[i + 1]), slice(starts_k[i], starts_k[i + 1])
+        out = sequence_reference64(leaves[0][rows], leaves[1][keys], leaves[2][keys],
+                                   sink=leaves[3] if sink is not None else None, **kwargs)
+        loss = loss + (out * dout[rows].double()).sum()
+    return torch.autograd.grad(loss, leaves)
+
+
+@unittest.skipUnless(HAVE_GPU, WHY)
+class VarlenBackward(unittest.TestCase):
+    """Gradients of flashjit.attention_varlen over a dense packed k/v (autograd through
+    flashjit.attention_varlen_backward) against float64 per-sequence references."""
+
+    # Ragged lengths: an empty sequence, one row, either side of a 64-row tile, a long one.
+    LENGTHS = [0, 1, 63, 65, 200]
+    # Keys of their own: none for the one-row sequence, more and fewer keys than queries
+    # (causal: the first 70 rows of the last sequence see no key).
+    KEY_LENGTHS = [7, 0, 100, 65, 130]
+    PAD_Q, PAD_K = 5, 3  # rows after the last sequence: no gradient, nothing written
+
+    def inputs(self, lengths, key_lengths, hq=8, hkv=2, d=128, dtype=torch.bfloat16, pad=True):
+        cu_q, cu_k = cu_seqlens(lengths), cu_seqlens(key_lengths)
+        pad_q, pad_k = (self.PAD_Q, self.PAD_K) if pad else (0, 0)
+        q = rand(sum(lengths) + pad_q, hq, d, dtype=dtype)
+        k = rand(sum(key_lengths) + pad_k, hkv, d, dtype=dtype)
+        v = rand(sum(key_lengths) + pad_k, hkv, d, dtype=dtype)
+        return q, k, v, cu_q, cu_k, max(lengths), max(key_lengths)
+
+    def flashjit_gradients(self, q, k, v, dout, cu_q, cu_k, max_q, max_k, sink=None, **kwargs):
+        """(dq, dk, dv[, dsink]) of flashjit.attention_varlen through autograd."""
+        leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+        if sink is not None:
+            leaves.append(sink.detach().requires_grad_())
+        out = flashjit.attention_varlen(*leaves[:3], cu_q, cu_k, max_q, max_k,
+                                        sink_logits=leaves[3] if sink is not None else None,
+                                        **kwargs)
+        # Rows past the last sequence are not written by the forward: no gradient flows there.
+        return torch.autograd.grad(out, leaves, dout)
+
+    def check(self, got, want, names=("dq", "dk", "dv", "dsink"), tol=2e-2):
+        """Each gradient within tol of the largest entry of the reference's (at least 1)."""
+        for name, g, w in zip(names, got, want):
+            self.assertEqual(g.shape, w.shape, name)
+            self.assertFalse(g.isnan().any().item(), name)
+            err = (g.double() - w).abs().max().item() if g.numel() else 0.0
+            largest = max(w.abs().max().item() if w.numel() else 0.0, 1.0)
+            self.assertLess(err / largest, tol, f"{name}: max abs error {err}, largest {largest}")
+
+    def flashjit_args(self, case):
+        window = case.get("window", (-1, -1))
+        return dict(causal=case.get("causal", False), softmax_scale=case.get("scale"),
+                    window_left=window[0], window_right=window[1],
+                    softcap=case.get("softcap", 0.0), alibi_slopes=case.get("alibi"),
+                    sink_tokens=case.get("sink_tokens", 0))
+
+    def reference_args(self, case):
+        return {key: value for key, value in case.items() if key != "dtype"}
+
+    def test_against_per_sequence_reference(self):
+        torch.manual_seed(50)
+        for keys in ("same", "own"):
+            key_lengths = self.LENGTHS if keys == "same" else self.KEY_LENGTHS
+            for d, causal, dtype in ((64, False, torch.bfloat16), (64, True, torch.bfloat16),
+                                     (128, False, torch.float16), (128, True, torch.bfloat16)):
+                with self.subTest(keys=keys, d=d, causal=causal, dtype=dtype):
+                    q, k, v, cu_q, cu_k, max_q, max_k = self.inputs(self.LENGTHS, key_lengths,
+                                                                    d=d, dtype=dtype)
+                    dout = rand(*q.shape, dtype=dtype)
+                    got = self.flashjit_gradients(q, k, v, dout, cu_q, cu_k, max_q, max_k,
+                                                  causal=causal)
+                    want = varlen_reference_gradients(q, k, v, dout, cu_q, cu_k, causal=causal)
+                    self.check(got, want)
+                    for name, g in zip(("dq", "dk", "dv"), got):
+                        self.assertEqual(g.dtype, dtype, name)
+                    # Past the last sequence, and the empty first sequence (no rows, no keys
+                    # when keys == "same"): exactly zero.
+                    dq, dk, dv = got
+                    self.assertEqual(dq[-self.PAD_Q:].abs().max().item(), 0.0)
+                    self.assertEqual(dk[-self.PAD_K:].abs().max().item(), 0.0)
+                    self.assertEqual(dv[-self.PAD_K:].abs().max().item(), 0.0)
+                    if keys == "own":  # the one-row sequence has no key: its dq is zero
+                        row = int(cu_q[1])
+                        self.assertEqual(dq[row].abs().max().item(), 0.0)
+
+    def test_score_variants(self):
+        # A window with soft-capping (causal), a two-sided window with sink tokens, ALiBi with
+        # learnable sinks (whose logits get their gradient), and a scale: GQA 4:1.
+        torch.manual_seed(51)
+        heads = 8
+        slopes = torch.tensor([2 ** (-8 * (h + 1) / heads) for h in range(heads)], device="cuda")
+        cases = [dict(window=(32, 0), causal=True, softcap=5.0),
+                 dict(window=(24, 8), sink_tokens=3, scale=0.1),
+                 dict(alibi=slopes, causal=True, sink=True),
+                 dict(softcap=3.0, window=(40, -1), sink=True)]
+        for case in cases:
+            with self.subTest(**{key: value for key, value in case.items() if key != "alibi"},
+                              alibi="alibi" in case):
+                q, k, v, cu_q, cu_k, max_q, max_k = self.inputs(self.LENGTHS, self.LENGTHS,
+                                                                hq=heads)
+                dout = rand(*q.shape)
+                sink = torch.randn(heads, device="cuda") if case.get("sink") else None
+                args = self.flashjit_args(case)
+                got = self.flashjit_gradients(q, k, v, dout, cu_q, cu_k, max_q, max_k,
+                                              sink=sink, **args)
+                reference = {key: value for key, value in case.items() if key != "sink"}
+                want = varlen_reference_gradients(q, k, v, dout, cu_q, cu_k, sink=sink,
+                                                  **reference)
+                self.assertEqual(len(got), 4 if sink is not None else 3)
+                self.check(got, want)
+
+    def test_deterministic_is_bitwise_repeatable(self):
+        torch.manual_seed(52)
+        q, k, v, cu_q, cu_k, max_q, max_k = self.inputs([300, 0, 513, 64, 129],
+                                                        [300, 0, 513, 64, 129])
+        dout = rand(*q.shape)
+        for causal in (False, True):
+            with self.subTest(causal=causal):
+                args = (q, k, v, dout, cu_q, cu_k, max_q, max_k)
+                first = self.flashjit_gradients(*args, causal=causal, deterministic=True)
+                second = self.flashjit_gradients(*args, causal=causal, deterministic=True)
+                for name, a, b in zip(("dq", "dk", "dv"), first, second):
+                    self.assertTrue(torch.equal(a, b), f"{name} differs between two runs")
+                # The default (atomic dQ) sums in another order: close, not bitwise.
+                atomic = self.flashjit_gradients(*args, causal=causal)
+                for name, a, b in zip(("dq", "dk", "dv"), first, atomic):
+                    torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2, msg=name)
+
+    def test_autograd_matches_attention_varlen_backward(self):
+        torch.manual_seed(53)
+        q, k, v, cu_q, cu_k, max_q, max_k = self.inputs(self.LENGTHS, self.KEY_LENGTHS)
+        sink = torch.randn(q.shape[1], device="cuda")
+        dout = rand(*q.shape)
+        args = dict(causal=True, window_left=48, window_right=0, deterministic=True)
+        out, lse = flashjit.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, return_lse=True,
+                                             sink_logits=sink, **args)
+        direct = flashjit.attention_varlen_backward(q, k, v, out, dout, lse, cu_q, cu_k, max_q,
+                                                    max_k, sink_logits=sink, **args)
+        # loss.backward() through flashjit.attention_varlen: the same gradients, bit for bit.
+        leaves = [t.detach().requires_grad_() for t in (q, k, v, sink)]
+        out = flashjit.attention_varlen(*leaves[:3], cu_q, cu_k, max_q, max_k,
+                                        sink_logits=leaves[3], **args)
+        (out.float() * dout.float()).sum().backward()
+        for name, a, leaf in zip(("dq", "dk", "dv", "dsink"), direct, leaves):
+            self.assertTrue(torch.equal(a, leaf.grad), name)
+        # Without sinks the result is three gradients.
+        self.assertEqual(len(flashjit.attention_varlen_backward(
+            q, k, v, out.detach(), dout, lse, cu_q, cu_k, max_q, max_k)), 3)
+
+    def test_compile_fullgraph_with_backward(self):
+        torch.manual_seed(54)
+        q, k, v, cu_q, cu_k, max_q, max_k = self.inputs(self.LENGTHS, self.KEY_LENGTHS, d=64)
+        weight = rand(*q.shape).float()
+        # Rows past the last sequence are not written by the forward: leave them out of the loss.
+        valid = int(cu_q[-1])
+
+        def loss(q, k, v):
+            out = flashjit.attention_varlen(q * 2, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                            deterministic=True)
+            return (out[:valid].float() * weight[:valid]).sum()
+
+        compiled = torch.compile(loss, fullgraph=True)
+        inputs = [t.detach().requires_grad_() for t in (q, k, v)]
+        grads = torch.autograd.grad(compiled(*inputs), inputs)
+        eager = torch.autograd.grad(loss(*inputs), inputs)
+        for name, a, b in zip(("dq", "dk", "dv"), grads, eager):
+            torch.testing.assert_close(a, b, atol=1e-2, rtol=1e-2, msg=name)
+
+    def test_cuda_graph_of_a_training_step(self):
+        torch.manual_seed(55)
+        q, k, v, cu_q, cu_k, max_q, max_k = self.inputs(self.LENGTHS, self.LENGTHS, d=64)
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        dout = rand(*q.shape)
+
+        def step():
+            for t in (q, k, v):
+                t.grad = None
+            flashjit.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                      deterministic=True).backward(dout)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up: kernels compiled and loaded outside capture
+            step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        for t in (q, k, v):
+            t.grad = None
+        with torch.cuda.graph(graph):
+            flashjit.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                      deterministic=True).backward(dout)
+        captured = [t.grad for t in (q, k, v)]
+        with torch.no_grad():
+            q.copy_(rand(*q.shape))
+        graph.replay()
+        torch.cuda.synchronize()
+        expected = self.flashjit_gradients(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal=True,
+                                           deterministic=True)
+        for name, a, b in zip(("dq", "dk", "dv"), captured, expected):
+            self.assertTrue(torch.equal(a, b), name)
+
+    def test_opcheck(self):
+        # No rows past the last sequence: the forward leaves those of out and the LSE unwritten,
+        # and opcheck compares whole outputs.
+        q, k, v, cu_q, cu_k, max_q, max_k = self.inputs([40, 0, 24], [40, 0, 30], hq=4, d=64,
+                                                        pad=False)
+        out, lse = flashjit.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                             return_lse=True)
+        torch.library.opcheck(torch.ops.flashjit.attention_varlen_backward.default,
+                              (q, k, v, out, rand(*q.shape), lse, cu_q, cu_k, max_q, max_k, True,
+                               0.0, True, 0.0, -1, -1, 0, None, None))
+        # The forward's autograd formula too (opcheck compares its gradients with AOTAutograd's).
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.library.opcheck(torch.ops.flashjit.attention_varlen.default,
+                              (*inputs, cu_q, cu_k, max_q, max_k, None, None, True, 0.0, True,
+                               -1, -1, 0.0, None, None, 0, 0, None, None, [], [], 0, True))
+
+    def test_the_binding_runs_the_c_api(self):
+        # flashjit_backward_varlen through the ctypes binding, as a C caller uses it.
+        from flashjit import _capi
+        torch.manual_seed(56)
+        q, k, v, cu_q, cu_k, max_q, max_k = self.inputs(self.LENGTHS, self.KEY_LENGTHS, hq=4,
+                                                        d=64)
+        out, lse = flashjit.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
+                                             return_lse=True)
+        dout = rand(*q.shape)
+        dq, dk, dv = (torch.zeros_like(t) for t in (q, k, v))
+        views = [_capi.tensor_from_torch(t.unsqueeze(0)) for t in (q, k, v, out, dout, dq, dk, dv)]
+        varlen = _capi.make_varlen(cu_q.data_ptr(), cu_k.data_ptr(), cu_q.numel() - 1, max_q,
+                                   max_k)
+        lib = flashjit.library()
+        with lib.create_engine(torch.cuda.current_device()) as engine:
+            options = engine.backward_options(causal=True, deterministic=True)
+            name = engine.select_backward_variant_varlen_raw(*views[:3], varlen, options)
+            self.assertIn(name.split(".")[0], lib.backward_families())
+            self.assertIn(".causal", name)
+            self.assertGreater(engine.backward_workspace_bytes_varlen_raw(*views[:3], varlen,
+                                                                          options), 0)
+            engine.backward_varlen_raw(*views[:5], lse.data_ptr(), *views[5:], varlen, options,
+                                       torch.cuda.current_stream().cuda_stream)
+            short = _capi.tensor_from_torch(dk[:, :1].unsqueeze(0))
+            with self.assertRaises(flashjit.InvalidArgumentError) as caught:
+                engine.backward_varlen_raw(*views[:5], lse.data_ptr(), views[5], short,
+                                           views[7], varlen, options)
+            self.assertIn("dk", caught.exception.message)
+        torch.cuda.synchronize()
+        expected = flashjit.attention_varlen_backward(q, k, v, out, dout, lse, cu_q, cu_k, max_q,
+                                                      max_k, causal=True, deterministic=True)
         for name, a, b in zip(("dq", "dk", "dv"), (dq, dk, dv), expected):
             self.assertTrue(torch.equal(a, b), name)
 
