@@ -32,15 +32,20 @@ flashjit::BackwardOptions options_of(const flashjit_backward_options* o) {
   return options;
 }
 
-// The eight tensors of a backward call, read in argument order (so the first null one is named).
-struct BackwardViews {
-  flashjit::TensorView q, k, v, out, dout, dq, dk, dv;
+// q, k and v of a call, read in argument order (so the first null one is named).
+struct QkvViews {
+  flashjit::TensorView q, k, v;
+  QkvViews(const flashjit_tensor* q_, const flashjit_tensor* k_, const flashjit_tensor* v_)
+      : q(view_of(q_, "q")), k(view_of(k_, "k")), v(view_of(v_, "v")) {}
+};
+
+// The eight tensors of a backward call, the same way.
+struct BackwardViews : QkvViews {
+  flashjit::TensorView out, dout, dq, dk, dv;
   BackwardViews(const flashjit_tensor* q_, const flashjit_tensor* k_, const flashjit_tensor* v_,
                 const flashjit_tensor* out_, const flashjit_tensor* dout_,
                 const flashjit_tensor* dq_, const flashjit_tensor* dk_, const flashjit_tensor* dv_)
-      : q(view_of(q_, "q")),
-        k(view_of(k_, "k")),
-        v(view_of(v_, "v")),
+      : QkvViews(q_, k_, v_),
         out(view_of(out_, "out")),
         dout(view_of(dout_, "dout")),
         dq(view_of(dq_, "dq")),
@@ -91,30 +96,23 @@ flashjit_status flashjit_backward_workspace_bytes(flashjit_engine* engine, const
                                                   const flashjit_backward_options* options,
                                                   uint64_t* bytes) {
   return guarded([&] {
-    const flashjit::TensorView q_view = view_of(q, "q");
-    const flashjit::TensorView k_view = view_of(k, "k");
-    const flashjit::TensorView v_view = view_of(v, "v");
+    const QkvViews views(q, k, v);
     flashjit::Engine& target = engine_of(engine);
     require(bytes != nullptr, "bytes is null: expected a uint64_t* to fill");
-    *bytes = target.backward_workspace_bytes(q_view, k_view, v_view, options_of(options));
+    *bytes = target.backward_workspace_bytes(views.q, views.k, views.v, options_of(options));
   });
 }
 
-flashjit_status flashjit_backward_workspace_bytes_varlen(flashjit_engine* engine,
-                                                         const flashjit_tensor* q,
-                                                         const flashjit_tensor* k,
-                                                         const flashjit_tensor* v,
-                                                         const flashjit_varlen* varlen,
-                                                         const flashjit_backward_options* options,
-                                                         uint64_t* bytes) {
+flashjit_status flashjit_backward_workspace_bytes_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_varlen* varlen,
+    const flashjit_backward_options* options, uint64_t* bytes) {
   return guarded([&] {
-    const flashjit::TensorView q_view = view_of(q, "q");
-    const flashjit::TensorView k_view = view_of(k, "k");
-    const flashjit::TensorView v_view = view_of(v, "v");
+    const QkvViews views(q, k, v);
     const flashjit::VarlenBatch batch = varlen_of(varlen);
     flashjit::Engine& target = engine_of(engine);
     require(bytes != nullptr, "bytes is null: expected a uint64_t* to fill");
-    *bytes = target.backward_workspace_bytes(q_view, k_view, v_view, batch, options_of(options));
+    *bytes = target.backward_workspace_bytes(views.q, views.k, views.v, batch, options_of(options));
   });
 }
 
@@ -123,31 +121,25 @@ flashjit_status flashjit_select_backward_variant(flashjit_engine* engine, const 
                                                  const flashjit_backward_options* options,
                                                  char* buf, int32_t buf_size) {
   return guarded([&] {
-    const flashjit::TensorView q_view = view_of(q, "q");
-    const flashjit::TensorView k_view = view_of(k, "k");
-    const flashjit::TensorView v_view = view_of(v, "v");
+    const QkvViews views(q, k, v);
     flashjit::Engine& target = engine_of(engine);
-    write_name(target.select_backward_variant(q_view, k_view, v_view, options_of(options)).name(),
-               buf, buf_size);
+    write_name(
+        target.select_backward_variant(views.q, views.k, views.v, options_of(options)).name(), buf,
+        buf_size);
   });
 }
 
-flashjit_status flashjit_select_backward_variant_varlen(flashjit_engine* engine,
-                                                        const flashjit_tensor* q,
-                                                        const flashjit_tensor* k,
-                                                        const flashjit_tensor* v,
-                                                        const flashjit_varlen* varlen,
-                                                        const flashjit_backward_options* options,
-                                                        char* buf, int32_t buf_size) {
+flashjit_status flashjit_select_backward_variant_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_varlen* varlen,
+    const flashjit_backward_options* options, char* buf, int32_t buf_size) {
   return guarded([&] {
-    const flashjit::TensorView q_view = view_of(q, "q");
-    const flashjit::TensorView k_view = view_of(k, "k");
-    const flashjit::TensorView v_view = view_of(v, "v");
+    const QkvViews views(q, k, v);
     const flashjit::VarlenBatch batch = varlen_of(varlen);
     flashjit::Engine& target = engine_of(engine);
-    write_name(
-        target.select_backward_variant(q_view, k_view, v_view, batch, options_of(options)).name(),
-        buf, buf_size);
+    write_name(target.select_backward_variant(views.q, views.k, views.v, batch, options_of(options))
+                   .name(),
+               buf, buf_size);
   });
 }
 

@@ -31,14 +31,6 @@ std::vector<std::string> families_here() {
   return names;
 }
 
-bool has_head_dim(const std::string& family, int head_dim) {
-  for (const FamilyInfo& info : families())
-    if (info.name == family)
-      return std::find(info.head_dims.begin(), info.head_dims.end(), head_dim) !=
-             info.head_dims.end();
-  return false;
-}
-
 // Each case in each family on this GPU (or only `only_family`): within the bounds, the forced
 // family's variant, one log line with the errors (what the bounds are tuned from). Seeds count up
 // from `seed`.
@@ -49,7 +41,7 @@ void check_cases(const std::vector<BackwardCase>& cases, unsigned seed,
       if (!only_family.empty() && family != only_family) continue;
       CAPTURE(family);
       CAPTURE(c.describe());
-      if (!has_head_dim(family, c.head_dim)) {
+      if (!family_has_head_dim(family, c.head_dim)) {
         MESSAGE(fmt::format("{} has no head_dim {}: not run", family, c.head_dim));
         continue;
       }
@@ -262,7 +254,7 @@ TEST_CASE("backward: deterministic mode repeats bitwise; the default mode repeat
         c.deterministic = deterministic;
         CAPTURE(family);
         CAPTURE(c.describe());
-        if (!has_head_dim(family, c.head_dim)) continue;
+        if (!family_has_head_dim(family, c.head_dim)) continue;
         if (deterministic && family == "bwd_wgmma_fused") continue;  // refused (CPU tests)
         BackwardProblem problem(engine(), c, seed++);
         const BackwardOptions options = problem.options(family);

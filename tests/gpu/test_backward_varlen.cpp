@@ -37,14 +37,12 @@ struct VarlenBackwardCase {
   bool deterministic = false;
 
   std::string describe() const {
-    return fmt::format("{}{}{}{}{}{}", shape.describe(),
-                       softcap > 0.f ? fmt::format(" softcap {}", softcap) : "",
-                       window_left >= 0 || window_right >= 0
-                           ? fmt::format(" window ({}, {}) sink tokens {}", window_left,
-                                         window_right, sink_tokens)
-                           : "",
-                       alibi ? " alibi" : "", sinks ? " sinks" : "",
-                       deterministic ? " deterministic" : "");
+    return fmt::format(
+        "{}{}{}{}{}{}", shape.describe(), softcap > 0.f ? fmt::format(" softcap {}", softcap) : "",
+        window_left >= 0 || window_right >= 0
+            ? fmt::format(" window ({}, {}) sink tokens {}", window_left, window_right, sink_tokens)
+            : "",
+        alibi ? " alibi" : "", sinks ? " sinks" : "", deterministic ? " deterministic" : "");
   }
   ScoreMods mods() const {
     ScoreMods mods;
@@ -103,8 +101,12 @@ void make_tail_finite(HostVarlen& host) {
 class VarlenBackwardProblem {
  public:
   VarlenBackwardProblem(const VarlenBackwardCase& c, unsigned seed)
-      : case_(c), rng_(seed), host_(make_host(c.shape, rng_)), device_(engine(), host_),
-        dout_(host_.q), dout_device_(engine(), host_.q.bytes()),
+      : case_(c),
+        rng_(seed),
+        host_(make_host(c.shape, rng_)),
+        device_(engine(), host_),
+        dout_(host_.q),
+        dout_device_(engine(), host_.q.bytes()),
         dq_(engine(), host_.q.view, host_.q.bits.size(), 0),
         dk_(engine(), host_.k.view, host_.k.bits.size(), 0),
         dv_(engine(), host_.v.view, host_.v.bits.size(), 0) {
@@ -219,14 +221,6 @@ class VarlenBackwardProblem {
   std::optional<DeviceBuffer> alibi_, sinks_, dsink_;
 };
 
-bool has_head_dim(const std::string& family, int head_dim) {
-  for (const FamilyInfo& info : families())
-    if (info.name == family)
-      return std::find(info.head_dims.begin(), info.head_dims.end(), head_dim) !=
-             info.head_dims.end();
-  return false;
-}
-
 // The case in every dK/dV family here that builds its head dim (the deterministic mode refuses
 // bwd_wgmma_fused): the family's varlen variant, each sequence within the bounds.
 void check_in_every_family(const VarlenBackwardCase& c, unsigned seed) {
@@ -234,7 +228,7 @@ void check_in_every_family(const VarlenBackwardCase& c, unsigned seed) {
   const std::vector<std::string> names = backward_family_names();
   REQUIRE_MESSAGE(!names.empty(), "no backward dK/dV family runs here");
   for (const std::string& family : names) {
-    if (!has_head_dim(family, c.shape.head_dim)) continue;
+    if (!family_has_head_dim(family, c.shape.head_dim)) continue;
     if (c.deterministic && family == "bwd_wgmma_fused") continue;
     CAPTURE(family);
     CAPTURE(c.describe());

@@ -34,6 +34,14 @@ std::vector<std::string> backward_family_names() {
   return names;
 }
 
+bool family_has_head_dim(const std::string& family, int head_dim) {
+  for (const FamilyInfo& info : families())
+    if (info.name == family)
+      return std::find(info.head_dims.begin(), info.head_dims.end(), head_dim) !=
+             info.head_dims.end();
+  return false;
+}
+
 Engine& shared_engine() {
   static Engine engine(0);
   return engine;

@@ -17,6 +17,8 @@ std::vector<std::string> family_names();
 // takes them), fastest first: those with FamilyInfo::backward, less the passes around them
 // (bwd_prep, bwd_convert) and the deterministic dQ kernels (names ending in _dq).
 std::vector<std::string> backward_family_names();
+// Whether the family (by name) has kernels for this head dim (FamilyInfo::head_dims).
+bool family_has_head_dim(const std::string& family, int head_dim);
 // A device copy of `values` on the engine's GPU (per-head inputs, user functions' args).
 template <typename T>
 DeviceBuffer device_copy(const Engine& engine, const std::vector<T>& values) {
