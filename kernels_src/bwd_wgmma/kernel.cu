@@ -146,8 +146,9 @@ __device__ __forceinline__ void produce(const BackwardParams& p,
 
 // Sᵀ -> Pᵀ in place: columns are queries row0 + 8 (e / 4) + at.col + e % 2, whose lse_log2 come
 // from the step's terms. Keys past seqlen_k are zero rows of K and V: their probabilities reach
-// only dK and dV rows that are never stored, so only the causal and window masks apply
-// (`masked`: some score of the warpgroup's block is masked). With Gradients (soft-capped
+// only dK and dV rows that are never stored, so only the scores' own masks apply (`masked`: some
+// score of the warpgroup's block is masked; the fused varlen kernel's masks include the keys past
+// the sequence, kKeyEnd in consume_keys). With Gradients (soft-capped
 // variants, whose dS needs each score's t) dPᵀ -> dSᵀ in `dp` in the same pass.
 template <int TileM, bool Gradients, typename Scores>
 __device__ __forceinline__ void probabilities(float (&s)[TileM / 2], float (&dp)[TileM / 2],

@@ -208,6 +208,33 @@ def flashjit_gradients(q, k, v, dout, **kwargs):
 
 
 @unittest.skipUnless(HAVE_GPU, WHY)
+def replayed_training_step(step, inputs, new_first):
+    """Runs step() (a forward and its .backward() over `inputs`, leaves that want gradients)
+    once on a side stream, so its kernels are compiled and loaded outside the capture, captures
+    it in a CUDA graph, overwrites inputs[0] with new_first and replays: the gradients the
+    capture's tensors hold after the replay."""
+    def fresh():
+        for t in inputs:
+            t.grad = None
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up: kernels compiled and loaded outside capture
+        fresh()
+        step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    fresh()
+    with torch.cuda.graph(graph):
+        step()
+    captured = [t.grad for t in inputs]
+    with torch.no_grad():
+        inputs[0].copy_(new_first)
+    graph.replay()
+    torch.cuda.synchronize()
+    return captured
+
+
 class Backward(unittest.TestCase):
     """Gradients of flashjit.attention (autograd through flashjit.attention_backward)."""
 
@@ -323,25 +350,9 @@ class Backward(unittest.TestCase):
         dout = rand(2, 128, 4, 64)
 
         def step():
-            for t in (q, k, v):
-                t.grad = None
             flashjit.attention(q, k, v, causal=True, deterministic=True).backward(dout)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: kernels compiled and loaded outside capture
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        for t in (q, k, v):
-            t.grad = None
-        with torch.cuda.graph(graph):
-            flashjit.attention(q, k, v, causal=True, deterministic=True).backward(dout)
-        captured = [t.grad for t in (q, k, v)]
-        with torch.no_grad():
-            q.copy_(rand(2, 128, 4, 64))
-        graph.replay()
-        torch.cuda.synchronize()
+        captured = replayed_training_step(step, (q, k, v), rand(2, 128, 4, 64))
         expected = flashjit_gradients(q, k, v, dout, causal=True, deterministic=True)
         for name, a, b in zip(("dq", "dk", "dv"), captured, expected):
             self.assertTrue(torch.equal(a, b), name)
@@ -652,27 +663,10 @@ class VarlenBackward(unittest.TestCase):
         dout = rand(*q.shape)
 
         def step():
-            for t in (q, k, v):
-                t.grad = None
             flashjit.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
                                       deterministic=True).backward(dout)
 
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up: kernels compiled and loaded outside capture
-            step()
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        for t in (q, k, v):
-            t.grad = None
-        with torch.cuda.graph(graph):
-            flashjit.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k, causal=True,
-                                      deterministic=True).backward(dout)
-        captured = [t.grad for t in (q, k, v)]
-        with torch.no_grad():
-            q.copy_(rand(*q.shape))
-        graph.replay()
-        torch.cuda.synchronize()
+        captured = replayed_training_step(step, (q, k, v), rand(*q.shape))
         expected = self.flashjit_gradients(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal=True,
                                            deterministic=True)
         for name, a, b in zip(("dq", "dk", "dv"), captured, expected):
