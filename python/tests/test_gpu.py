@@ -207,7 +207,6 @@ def flashjit_gradients(q, k, v, dout, **kwargs):
     return q.grad, k.grad, v.grad
 
 
-@unittest.skipUnless(HAVE_GPU, WHY)
 def replayed_training_step(step, inputs, new_first):
     """Runs step() (a forward and its .backward() over `inputs`, leaves that want gradients)
     once on a side stream, so its kernels are compiled and loaded outside the capture, captures
@@ -235,6 +234,7 @@ def replayed_training_step(step, inputs, new_first):
     return captured
 
 
+@unittest.skipUnless(HAVE_GPU, WHY)
 class Backward(unittest.TestCase):
     """Gradients of flashjit.attention (autograd through flashjit.attention_backward)."""
 
