@@ -230,6 +230,11 @@ typedef struct flashjit_backward_options {
   const float* alibi_slopes;
   const float* sink_logits;
   float* d_sink_logits;
+  /* The forward's user functions and user_args (BackwardOptions::user_functions): the backward
+   * recomputes the probabilities with them; a score_mod needs its score_mod_grad
+   * (FLASHJIT_INVALID_ARGUMENT otherwise). NULL: none. */
+  const flashjit_user_functions* user_functions;
+  const void* user_args[FLASHJIT_MAX_USER_ARGS];
   float softcap;
   int32_t sliding_window; /* nonzero applies window_left / window_right */
   int32_t window_left, window_right;
@@ -279,17 +284,21 @@ FLASHJIT_API flashjit_status flashjit_select_backward_variant_varlen(
     const flashjit_tensor* v, const flashjit_varlen* varlen,
     const flashjit_backward_options* options, char* buf, int32_t buf_size);
 
-/* User functions from source text: score_mod and mask_mod, each NULL or "" when absent (not both).
- * No GPU needed and nothing compiled here: a source NVRTC rejects fails the first forward (or
- * precompile) of a variant that uses it with FLASHJIT_COMPILE_FAILED, its log naming the lines as
- * "score_mod(LINE)" / "mask_mod(LINE)". *out is the new handle (NULL on failure). */
+/* User functions from source text: score_mod and mask_mod, each NULL or "" when absent (not both),
+ * and score_mod_grad, the score_mod's derivative the backward needs (NULL or "": none; it needs a
+ * score_mod). No GPU needed and nothing compiled here: a source NVRTC rejects fails the first
+ * forward (or precompile) of a variant that uses it with FLASHJIT_COMPILE_FAILED, its log naming
+ * the lines as "score_mod(LINE)" / "mask_mod(LINE)" / "score_mod_grad(LINE)". *out is the new
+ * handle (NULL on failure). */
 FLASHJIT_API flashjit_status flashjit_user_functions_create(const char* score_mod,
                                                             const char* mask_mod,
+                                                            const char* score_mod_grad,
                                                             flashjit_user_functions** out);
 /* The same with each source read from a file (NULL or "": absent); a file that cannot be read is
  * FLASHJIT_INVALID_ARGUMENT naming it. */
 FLASHJIT_API flashjit_status flashjit_user_functions_from_files(const char* score_mod_file,
                                                                 const char* mask_mod_file,
+                                                                const char* score_mod_grad_file,
                                                                 flashjit_user_functions** out);
 /* The 32 hex digits that name them in variant names (".user<hash>"), valid while the handle is;
  * NULL for a NULL handle. */

@@ -69,6 +69,12 @@ FLASHJIT_API std::string_view to_string(DType dtype);
 // its seqlen_k: functions are never called outside them). args.ptr[i] is
 // ForwardOptions::user_args[i], read-only device memory. The functions may be called any number
 // of times per (q_idx, kv_idx), so they must be pure.
+//   For the backward, a score_mod needs its derivative; score_mod_grad's source defines
+//     __device__ float score_mod_grad(float score, int batch, int head, int q_idx, int kv_idx,
+//                                     const flashjit::UserArgs& args);
+// returning d score_mod(score, ...) / d score at the same arguments (1 for a bias added to the
+// score). It sits beside score_mod's code, so it may call score_mod's helpers. The user_args are
+// constants to the backward: no gradient flows into what they point at.
 constexpr int kMaxUserArgs = 8;
 
 class FLASHJIT_API UserFunctions {
@@ -78,22 +84,29 @@ class FLASHJIT_API UserFunctions {
   // uses it with Error(compile_failed), whose log names the user's lines as "score_mod(LINE)" or
   // "mask_mod(LINE)". Every UserFunctions made in a process stays known to it by hash, so
   // KernelCache::compile can build a Variant that names it.
-  UserFunctions(std::string score_mod, std::string mask_mod);
+  // score_mod_grad (optional, needs a score_mod: Error(invalid_argument)) is what the backward
+  // of a score_mod needs; without it a backward with a score_mod is refused.
+  UserFunctions(std::string score_mod, std::string mask_mod, std::string score_mod_grad = {});
   // Reads the sources from files (an empty path: that function is absent); Error(invalid_argument)
   // naming a file that cannot be read.
   static UserFunctions from_files(const std::filesystem::path& score_mod_file,
-                                  const std::filesystem::path& mask_mod_file);
+                                  const std::filesystem::path& mask_mod_file,
+                                  const std::filesystem::path& score_mod_grad_file = {});
 
   const std::string& score_mod() const { return score_mod_; }
   const std::string& mask_mod() const { return mask_mod_; }
+  const std::string& score_mod_grad() const { return score_mod_grad_; }
   bool has_score_mod() const { return !score_mod_.empty(); }
   bool has_mask_mod() const { return !mask_mod_.empty(); }
-  // 32 hex digits of a 128-bit hash of both sources: Variant::user_functions, and through the
+  bool has_score_mod_grad() const { return !score_mod_grad_.empty(); }
+  // Whether a backward can run them: no score_mod, or one with its score_mod_grad.
+  bool differentiable() const { return !has_score_mod() || has_score_mod_grad(); }
+  // 32 hex digits of a 128-bit hash of the sources: Variant::user_functions, and through the
   // variant's name part of the cache key. Equal sources have equal hashes in every process.
   const std::string& hash() const { return hash_; }
 
  private:
-  std::string score_mod_, mask_mod_, hash_;
+  std::string score_mod_, mask_mod_, score_mod_grad_, hash_;
 };
 
 // A kernel family is one kernel template; a Variant fixes all of its compile-time parameters.
@@ -428,6 +441,14 @@ struct BackwardOptions {
   // nothing and leaves it as it was.
   const float* sink_logits = nullptr;
   float* d_sink_logits = nullptr;
+  // The forward's user functions and their arguments (ForwardOptions::user_functions,
+  // user_args): the backward recomputes the probabilities with the score_mod and mask_mod, in
+  // kernels built for them (.user<hash> variants), and takes the score_mod's derivative from
+  // score_mod_grad (a score_mod without one is Error(invalid_argument)). A forward's block mask
+  // changes no result, so it has no counterpart here: the backward evaluates the mask_mod score
+  // by score on every tile causal and window leave. No gradient flows into the user_args.
+  const UserFunctions* user_functions = nullptr;
+  std::array<const void*, kMaxUserArgs> user_args{};
   // Bitwise repeatable gradients: dQ comes from a kernel of its own that owns each query tile
   // and sums its key tiles in a fixed order (about 1.4x the work), instead of the default's fp32
   // atomic adds from every key tile, whose order varies from run to run. dK and dV never use

@@ -85,7 +85,7 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
   const float lse[2] = {p.lse_log2[terms], p.lse_log2[terms + 8]};
   const float delta[2] = {p.delta[terms], p.delta[terms + 8]};
   const int lane_row = row0 + warp_row0 + lane / 4;
-  const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, seq.lengths(), head);
+  const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, seq.lengths(), batch, head);
 
   const unsigned q_addr = base + ((warp_row0 + lane % 16) * kPitch + (lane / 16) * 8) * 2;
   const unsigned do_addr = q_addr + kShape.q_bytes();
@@ -128,10 +128,10 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
           const int key = key0 + nt * 8 + (lane % 4) * 2 + e;
-          float tanh_score = 0.f;
+          ScoreDerivative derivative;
           const float prob =
-              scores.prob(s[0][nt][2 * h + e], lse[h], lane_row + h * 8, key, masked, tanh_score);
-          d[e] = decltype(scores)::gradient(prob, dp[0][nt][2 * h + e], delta[h], tanh_score);
+              scores.prob(s[0][nt][2 * h + e], lse[h], lane_row + h * 8, key, masked, derivative);
+          d[e] = decltype(scores)::gradient(prob, dp[0][nt][2 * h + e], delta[h], derivative);
         }
         ds[0][nt / 2][(nt % 2) * 2 + h] = pack2<T>(d[0], d[1]);
       }

@@ -229,7 +229,7 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
     // their probabilities reach only dK and dV rows that are never stored, and dQ through a zero
     // row of K, so only the causal and window masks apply.
     const float* terms = reinterpret_cast<const float*>(smem + kShape.rows_offset(stage));
-    const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, sequence().lengths(),
+    const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, sequence().lengths(), batch,
                                                                 step_head(t));
     const bool masked = scores.any_masked(row0, row0 + TileM - 1, key0, key0 + TileN - 1);
 #pragma unroll
@@ -240,12 +240,12 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
         const int key = lane_key + (e / 2) * 8, row = row0 + col + e % 2;
-        float tanh_score = 0.f;
+        ScoreDerivative derivative;
         const float prob =
-            scores.prob(s[0][nt][e], e % 2 ? lse.y : lse.x, row, key, masked, tanh_score);
+            scores.prob(s[0][nt][e], e % 2 ? lse.y : lse.x, row, key, masked, derivative);
         s[0][nt][e] = prob;
         dp[0][nt][e] =
-            decltype(scores)::gradient(prob, dp[0][nt][e], e % 2 ? delta.y : delta.x, tanh_score);
+            decltype(scores)::gradient(prob, dp[0][nt][e], e % 2 ? delta.y : delta.x, derivative);
       }
     }
     unsigned packed[1][NQ / 2][4];

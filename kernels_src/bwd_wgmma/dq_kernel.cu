@@ -109,8 +109,8 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
   const unsigned do_rows = base + kShape.do_offset() + consumer * 64 * kRow;
   const int wg_row0 = tile.row0 + consumer * 64;
   const int lane_row = wg_row0 + at.row;  // the accumulators' rows: + 0, + 8
-  const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, lengths_of<Varlen>(f, tile.seq),
-                                                              tile.head);
+  using Scores = BackwardScores<Causal, Softcap, Window, Alibi>;
+  const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.head);
   // The two rows' terms (the workspace's rows are padded to whole tiles: no bounds check).
   const long long terms = BwdWorkspaceRows::first_row<Varlen>(tile.batch, tile.head, f.heads_q,
                                                       p.seqlen_rows, tile.seq.q_start) +
@@ -137,20 +137,22 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
     const int seqlen_k = lengths_of<Varlen>(f, tile.seq).seqlen_k;
     const bool past_end = key0 + TileN > seqlen_k;
     const bool masked = scores.any_masked(wg_row0, wg_row0 + 63, key0, key0 + TileN - 1);
-    // Soft-capped: dS needs each score's t, so both GEMMs first and one pass over the scores.
-    wgmma_wait<Softcap ? 0 : 1>();  // S is ready; dP may still run
+    // Soft-capped or with a score_mod: dS needs a factor of each score's, so both GEMMs first and
+    // one pass over the scores.
+    constexpr bool kOnePass = Scores::kPerScoreFactor;
+    wgmma_wait<kOnePass ? 0 : 1>();  // S is ready; dP may still run
     wgmma_fence_operands(s);
-    if (Softcap) wgmma_fence_operands(dp);
+    if (kOnePass) wgmma_fence_operands(dp);
 #pragma unroll
     for (int e = 0; e < TileN / 2; ++e) {
       const int key = key0 + 8 * (e / 4) + at.col + e % 2, h = (e / 2) % 2;
-      float t = 0.f;
-      float prob = scores.prob(s[e], lse[h], lane_row + 8 * h, key, masked, t);
+      ScoreDerivative derivative;
+      float prob = scores.prob(s[e], lse[h], lane_row + 8 * h, key, masked, derivative);
       if (past_end && key >= seqlen_k) prob = 0.f;
-      if constexpr (Softcap) dp[e] = decltype(scores)::gradient(prob, dp[e], delta[h], t);
+      if constexpr (kOnePass) dp[e] = Scores::gradient(prob, dp[e], delta[h], derivative);
       s[e] = prob;
     }
-    if constexpr (!Softcap) {
+    if constexpr (!kOnePass) {
       wgmma_wait<0>();
       wgmma_fence_operands(dp);
 #pragma unroll

@@ -131,7 +131,6 @@ __device__ __forceinline__ void produce(const BackwardParams& p,
       tma_load_4d(smem + kShape.do_offset(stage) + b * TileM * kRow, tma_do, &bars->full[stage],
                   64 * b, tile.seq.q_start + row0, head, tile.coord_batch);
     }
-    // The workspace's rows are padded to whole tiles (BwdRowsShape): TileM floats each, aligned.
     // The workspace's rows are padded to whole tiles (common/bwd_workspace.cuh): TileM floats
     // each, aligned. Query rows past a varlen sequence's end are the next one's: their padded
     // terms (+inf lse_log2) give them probability 0.
@@ -166,10 +165,11 @@ __device__ __forceinline__ void probabilities(float (&s)[TileM / 2], float (&dp)
 #pragma unroll
       for (int b = 0; b < 2; ++b) {
         const int e = 4 * j + 2 * h + b;
-        float t = 0.f;
-        const float prob =
-            scores.prob(s[e], b ? lse.y : lse.x, row0 + col + b, lane_key + 8 * h, masked, t);
-        if constexpr (Gradients) dp[e] = Scores::gradient(prob, dp[e], b ? delta.y : delta.x, t);
+        ScoreDerivative derivative;
+        const float prob = scores.prob(s[e], b ? lse.y : lse.x, row0 + col + b, lane_key + 8 * h,
+                                       masked, derivative);
+        if constexpr (Gradients)
+          dp[e] = Scores::gradient(prob, dp[e], b ? delta.y : delta.x, derivative);
         s[e] = prob;
       }
   }
@@ -284,11 +284,13 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(s, k_rows, q_tile);
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(dp, v_rows, do_tile);
     const int row0 = tile.steps.row0(t);
-    const BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd> scores(
-        f, lengths_of<Varlen>(f, tile.seq), tile.steps.head(t));
+    using Scores = BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd>;
+    const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
     const bool masked = scores.any_masked(row0, row0 + TileM - 1, lane_key - at.row,
                                           lane_key - at.row + 63);
-    if constexpr (Softcap) {  // dSᵀ needs each score's t: both GEMMs first, then one pass
+    // dSᵀ needs a factor of each score's (a cap's t, a score_mod's derivative): both GEMMs first,
+    // then one pass.
+    if constexpr (Scores::kPerScoreFactor) {
       wgmma_wait<0>();
       wgmma_fence_operands(s);
       wgmma_fence_operands(dp);
@@ -396,13 +398,14 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
       wgmma_wait<0>();
       wgmma_fence_operands(x);
       const int row0 = tile.steps.row0(t), lane_key = tile.key0 + key_row0 + at.row;
-      const BackwardScores<Causal, Softcap, Window, Alibi> scores(
-          f, lengths_of<Varlen>(f, tile.seq), tile.steps.head(t));
+      using Scores = BackwardScores<Causal, Softcap, Window, Alibi>;
+      const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
       const bool masked =
           scores.any_masked(row0, row0 + TileM - 1, tile.key0 + key_row0, tile.key0 + key_row0 + 63);
-      if constexpr (Softcap) {
-        // The partner's dSᵀ is Pᵀ (1 - t²) ∘ (dPᵀ - delta): that goes over, written as each
-        // group of four is computed (no second array of registers), Pᵀ stays for dV.
+      if constexpr (Scores::kPerScoreFactor) {
+        // The partner's dSᵀ is Pᵀ (1 - t²) g ∘ (dPᵀ - delta) (g: score_mod's derivative): that
+        // goes over, written as each group of four is computed (no second array of registers),
+        // Pᵀ stays for dV.
         named_barrier_sync(free, kPairThreads);  // the partner has read the last step's
 #pragma unroll
         for (int i = 0; i < TileM / 8; ++i) {
@@ -410,10 +413,10 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
 #pragma unroll
           for (int q = 0; q < 4; ++q) {
             const int e = 4 * i + q, col = 8 * i + at.col + q % 2;
-            float tanh_score = 0.f;
+            ScoreDerivative derivative;
             x[e] = scores.prob(x[e], terms[col], row0 + col, lane_key + 8 * (q / 2), masked,
-                               tanh_score);
-            capped[q] = decltype(scores)::capped(x[e], tanh_score);
+                               derivative);
+            capped[q] = Scores::capped(x[e], derivative);
           }
           exchange[i * kWarpgroupThreads] = make_float4(capped[0], capped[1], capped[2], capped[3]);
         }

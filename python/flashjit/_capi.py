@@ -128,6 +128,10 @@ class FlashjitBackwardOptions(ctypes.Structure):
         ("alibi_slopes", ctypes.c_void_p),
         ("sink_logits", ctypes.c_void_p),
         ("d_sink_logits", ctypes.c_void_p),
+        # The forward's user functions and their arguments (a score_mod needs its
+        # score_mod_grad).
+        ("user_functions", ctypes.c_void_p),
+        ("user_args", ctypes.c_void_p * MAX_USER_ARGS),
         ("softcap", ctypes.c_float),
         ("sliding_window", ctypes.c_int32),
         ("window_left", ctypes.c_int32),
@@ -364,8 +368,10 @@ class UserFunctions(_Handle):
 
     _destroy = "flashjit_user_functions_destroy"
 
-    def __init__(self, owner, pointer):
+    def __init__(self, owner, pointer, differentiable=True):
         super().__init__(owner, pointer)
+        # Whether a backward can run them: no score_mod, or one with its score_mod_grad.
+        self.differentiable = differentiable
         hash_of = owner.optional_function("flashjit_user_functions_hash", [ctypes.c_void_p],
                                           ctypes.c_char_p)
         self.hash = hash_of(pointer).decode()
@@ -554,25 +560,31 @@ class Flashjit:
             raise ValueError(f"family {family!r}: {self.path} has {', '.join(self.families())} "
                              "(or None for the dispatcher's choice)")
 
-    def user_functions_pointer(self, score_mod=None, mask_mod=None, files=False):
+    def user_functions_pointer(self, score_mod=None, mask_mod=None, score_mod_grad=None,
+                               files=False):
         """A new flashjit_user_functions from sources (or, files=True, the files holding them),
         None or "" for an absent one: the pointer, for UserFunctions (which owns it)."""
         name = "flashjit_user_functions_from_files" if files else "flashjit_user_functions_create"
-        function = self.optional_function(name, [ctypes.c_char_p, ctypes.c_char_p,
-                                                 ctypes.POINTER(ctypes.c_void_p)])
+        function = self.optional_function(name, [ctypes.c_char_p] * 3 +
+                                          [ctypes.POINTER(ctypes.c_void_p)])
         pointer = ctypes.c_void_p()
-        self.check(name, function(_encode(score_mod), _encode(mask_mod), ctypes.byref(pointer)))
+        self.check(name, function(_encode(score_mod), _encode(mask_mod), _encode(score_mod_grad),
+                                  ctypes.byref(pointer)))
         return pointer.value
 
-    def user_functions(self, score_mod=None, mask_mod=None):
+    def user_functions(self, score_mod=None, mask_mod=None, score_mod_grad=None):
         """UserFunctions from CUDA C source text (see flashjit.h); nothing is compiled yet."""
-        return UserFunctions(self, self.user_functions_pointer(score_mod, mask_mod))
+        return UserFunctions(self, self.user_functions_pointer(score_mod, mask_mod,
+                                                               score_mod_grad),
+                             differentiable=not score_mod or bool(score_mod_grad))
 
-    def user_functions_from_files(self, score_mod_file=None, mask_mod_file=None):
+    def user_functions_from_files(self, score_mod_file=None, mask_mod_file=None,
+                                  score_mod_grad_file=None):
         """UserFunctions from source files; a file that cannot be read: InvalidArgumentError."""
-        return UserFunctions(self, self.user_functions_pointer(
-            None if score_mod_file is None else os.fspath(score_mod_file),
-            None if mask_mod_file is None else os.fspath(mask_mod_file), files=True))
+        files = [None if f is None else os.fspath(f)
+                 for f in (score_mod_file, mask_mod_file, score_mod_grad_file)]
+        return UserFunctions(self, self.user_functions_pointer(*files, files=True),
+                             differentiable=not files[0] or bool(files[2]))
 
     def create_engine(self, device=0, cache_dir=None):
         handle = ctypes.c_void_p()
@@ -849,7 +861,8 @@ class Engine:
 
     def backward_options(self, causal=False, softmax_scale=0.0, deterministic=False, family=None,
                          tiles=None, workspace=None, workspace_bytes=0, softcap=0.0,
-                         window=(-1, -1), sink=None, alibi=None, sink_tokens=0, d_sink=None):
+                         window=(-1, -1), sink=None, alibi=None, sink_tokens=0, d_sink=None,
+                         user_functions=None, user_args=()):
         """A FlashjitBackwardOptions: causal and softmax_scale those of the forward (0.0 for
         1/sqrt(head_dim)); deterministic: bitwise repeatable gradients (dQ without atomics);
         family: None for the dispatcher's dK/dV family, else one of backward_families() (checked
@@ -857,7 +870,8 @@ class Engine:
         tile_n, stages); workspace: a device pointer of workspace_bytes, a torch tensor (its size
         is used), or None for the engine's own; softcap, window, sink, alibi, sink_tokens: the
         forward's (as options()); d_sink: fp32 [heads_q] (device pointer or torch tensor) for the
-        sink logits' gradient, or None."""
+        sink logits' gradient, or None; user_functions, user_args: the forward's (a score_mod
+        needs its score_mod_grad)."""
         if family and family not in self.owner.backward_families():
             raise ValueError(f"family {family!r}: the backward families of {self.owner.path} are "
                              f"{', '.join(self.owner.backward_families()) or 'none'} (or None "
@@ -882,6 +896,8 @@ class Engine:
         o.alibi_slopes = _address(alibi, "alibi", "torch.float32", 1) or None
         o.d_sink_logits = _address(d_sink, "d_sink", "torch.float32", 1) or None
         o.sink_tokens = int(sink_tokens)
+        o.user_functions = user_functions.pointer if user_functions is not None else None
+        o.user_args = tuple(user_arg_pointers(user_args))
         return o
 
     def backward_raw(self, q, k, v, out, dout, lse, dq, dk, dv, options, stream=None):

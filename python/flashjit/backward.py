@@ -7,14 +7,16 @@ flashjit.attention's formula saves q, k, v, out and the LSE (the forward keeps t
 an input wants gradients) and runs attention_backward on them, so eager autograd, torch.compile
 (AOTAutograd traces the op's fake implementation) and CUDA graphs of a training step all work.
 flashjit.attention_varlen's does the same over a dense packed k/v (cu_seqlens_q / cu_seqlens_k
-saved too) with attention_varlen_backward. Windows, soft-capping, ALiBi and sinks (the sink
-logits get their gradient) go to the backward kernels' variants. What the C++ backward does not
-take yet raises NotImplementedError when a backward reaches it: user functions and block masks
-on the dense and varlen ops, a paged cache or seqused_k on the varlen op, and the KV-cache and
-merge ops. The LSE output is not differentiable (as in FlashAttention).
+saved too) with attention_varlen_backward. Windows, soft-capping, ALiBi, sinks (the sink
+logits get their gradient) and user functions (a score_mod with its score_mod_grad; a block mask
+changes no result, so the backward evaluates the mask_mod score by score) go to the backward
+kernels' variants. What the C++ backward does not take raises NotImplementedError when a
+backward reaches it: a score_mod without score_mod_grad, a paged cache or seqused_k on the
+varlen op, and the KV-cache and merge ops. The LSE output is not differentiable (as in
+FlashAttention).
 """
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -22,7 +24,8 @@ from torch import Tensor
 from . import _capi
 from .ops import (_NAMESPACE, _attention, _attention_kvcache, _attention_varlen,
                   _check_same_device, _check_tensor, _engine, _merge_attention_states, _packed,
-                  _scale, _stream, _view)
+                  _scale, _set_user, _stream, _user_inputs, _view)
+from .user_functions import registered
 
 # --- flashjit::attention_backward ---------------------------------------------------------------
 
@@ -31,8 +34,9 @@ from .ops import (_NAMESPACE, _attention, _attention_kvcache, _attention_varlen,
 def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tensor, lse: Tensor,
                         causal: bool, softmax_scale: float, deterministic: bool, softcap: float,
                         window_left: int, window_right: int, sink_tokens: int,
-                        sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor]
-                        ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                        sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                        user_functions: Optional[str], user_args: List[Optional[Tensor]],
+                        user_pointers: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_backward(q, k, v, out, dout, lse)
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     # The sink logits' gradient, fp32 [heads_q] (empty without sinks: an op returns tensors).
@@ -53,6 +57,7 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tens
                                       window=(window_left, window_right), sink=sink_logits,
                                       alibi=alibi_slopes, sink_tokens=sink_tokens,
                                       d_sink=dsink if sink_logits is not None else None)
+    _set_user(options, user_functions, user_args, user_pointers, 0)
     # Scratch from torch's allocator, so a CUDA graph capture owns it and the library never
     # allocates during one.
     size = engine.backward_workspace_bytes_raw(q_view, k_view, v_view, options)
@@ -67,7 +72,8 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tens
 
 @_attention_backward.register_fake
 def _(q, k, v, out, dout, lse, causal, softmax_scale, deterministic, softcap, window_left,
-      window_right, sink_tokens, sink_logits, alibi_slopes):
+      window_right, sink_tokens, sink_logits, alibi_slopes, user_functions, user_args,
+      user_pointers):
     _check_backward(q, k, v, out, dout, lse)
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                  for t in (q, k, v)) + (lse.new_empty((q.shape[2] if sink_logits is not None
@@ -91,20 +97,23 @@ def _check_backward(q, k, v, out, dout, lse, where="flashjit.attention_backward"
 
 def attention_backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=None,
                        deterministic=False, window_left=-1, window_right=-1, softcap=0.0,
-                       sink_logits=None, alibi_slopes=None, sink_tokens=0):
+                       sink_logits=None, alibi_slopes=None, sink_tokens=0, user_functions=None,
+                       user_args=()):
     """The gradients (dq, dk, dv) of out = flashjit.attention(q, k, v, causal=causal,
     softmax_scale=softmax_scale, ...) for dout = dL/dout: what autograd runs for
     flashjit.attention, for callers who keep the forward's tensors themselves. lse: its fp32 LSE
     [batch, heads_q, seqlen_q] (return_lse=True). dq has q's shape, dk and dv k's and v's (with
     GQA/MQA summed over the query heads of each group); all contiguous. deterministic: bitwise
     repeatable gradients (dQ without atomics, about 1.4x the work). window_left, window_right,
-    softcap, sink_logits, alibi_slopes, sink_tokens: the forward's; with sink_logits the result
-    is (dq, dk, dv, dsink), dsink fp32 [heads_q] the sink logits' gradient. Not differentiable
-    itself."""
+    softcap, sink_logits, alibi_slopes, sink_tokens, user_functions, user_args: the forward's (a
+    score_mod needs its score_mod_grad); with sink_logits the result is (dq, dk, dv, dsink),
+    dsink fp32 [heads_q] the sink logits' gradient. Not differentiable itself."""
+    hash_, tensors, pointers, _ = _user_inputs("flashjit.attention_backward", user_functions,
+                                               user_args, None)
     dq, dk, dv, dsink = torch.ops.flashjit.attention_backward(
         q, k, v, out, dout, lse, bool(causal), _scale(softmax_scale), bool(deterministic),
         float(softcap), int(window_left), int(window_right), int(sink_tokens), sink_logits,
-        alibi_slopes)
+        alibi_slopes, hash_, tensors, pointers)
     return (dq, dk, dv, dsink) if sink_logits is not None else (dq, dk, dv)
 
 
@@ -117,8 +126,9 @@ def _attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dou
                                max_seqlen_q: int, max_seqlen_k: int, causal: bool,
                                softmax_scale: float, deterministic: bool, softcap: float,
                                window_left: int, window_right: int, sink_tokens: int,
-                               sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor]
-                               ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                               sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor],
+                               user_functions: Optional[str], user_args: List[Optional[Tensor]],
+                               user_pointers: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k)
     # Zeroed: the library writes no row past cu_seqlens_q[batch] of dq nor past
     # cu_seqlens_k[batch] of dk and dv (padding after the last sequence gets no gradient).
@@ -142,6 +152,7 @@ def _attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dou
                                       window=(window_left, window_right), sink=sink_logits,
                                       alibi=alibi_slopes, sink_tokens=sink_tokens,
                                       d_sink=dsink if sink_logits is not None else None)
+    _set_user(options, user_functions, user_args, user_pointers, 0)
     # Scratch from torch's allocator (a CUDA graph capture owns it), as _attention_backward.
     size = engine.backward_workspace_bytes_varlen_raw(q_view, k_view, v_view, varlen, options)
     workspace = q.new_empty((size,), dtype=torch.uint8) if size else None
@@ -157,7 +168,7 @@ def _attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dou
 @_attention_varlen_backward.register_fake
 def _(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal,
       softmax_scale, deterministic, softcap, window_left, window_right, sink_tokens, sink_logits,
-      alibi_slopes):
+      alibi_slopes, user_functions, user_args, user_pointers):
     _check_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k)
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                  for t in (q, k, v)) + (lse.new_empty((q.shape[1] if sink_logits is not None
@@ -197,7 +208,8 @@ def _check_offsets(cu_seqlens_q, cu_seqlens_k, where="flashjit.attention_varlen_
 def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                               max_seqlen_k, *, causal=False, softmax_scale=None,
                               deterministic=False, window_left=-1, window_right=-1, softcap=0.0,
-                              sink_logits=None, alibi_slopes=None, sink_tokens=0):
+                              sink_logits=None, alibi_slopes=None, sink_tokens=0,
+                              user_functions=None, user_args=()):
     """The gradients (dq, dk, dv) of out = flashjit.attention_varlen(q, k, v, cu_seqlens_q,
     cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=causal, ...) over a dense packed k/v, for
     dout = dL/dout: what autograd runs for flashjit.attention_varlen. q, out, dout: [total_q,
@@ -208,49 +220,81 @@ def attention_varlen_backward(q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_
     Other arguments as attention_backward's; with sink_logits the result is (dq, dk, dv,
     dsink). Not differentiable itself."""
     _check_offsets(cu_seqlens_q, cu_seqlens_k)  # before the op's schema refuses a None
+    hash_, tensors, pointers, _ = _user_inputs("flashjit.attention_varlen_backward",
+                                               user_functions, user_args, None)
     dq, dk, dv, dsink = torch.ops.flashjit.attention_varlen_backward(
         q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q),
         int(max_seqlen_k), bool(causal), _scale(softmax_scale), bool(deterministic),
         float(softcap), int(window_left), int(window_right), int(sink_tokens), sink_logits,
-        alibi_slopes)
+        alibi_slopes, hash_, tensors, pointers)
     return (dq, dk, dv, dsink) if sink_logits is not None else (dq, dk, dv)
 
 
 # --- flashjit::attention's formula -------------------------------------------------------------
 
-def _unsupported(user_functions, block_mask):
-    """The forward's features the backward kernels do not take yet, by argument name."""
-    return [name for name, used in (("user_functions", user_functions is not None),
-                                    ("block_mask", block_mask)) if used]
+def _unsupported(user_functions):
+    """The forward's features the backward kernels cannot take, by argument name: a score_mod
+    without its derivative. (A block mask changes no result: the backward runs the mask_mod score
+    by score instead.)"""
+    if user_functions is not None and not registered(user_functions).differentiable:
+        return ["user_functions with a score_mod but no score_mod_grad"]
+    return []
+
+
+def _save_user(ctx, user_functions, user_args, user_pointers):
+    """Keeps the user functions' hash and pointers on ctx; returns the user_args tensors to save
+    (the ones that are set), _saved_user_args puts them back in their places."""
+    ctx.user_functions, ctx.user_pointers = user_functions, list(user_pointers)
+    ctx.user_slots = [i for i, t in enumerate(user_args) if t is not None]
+    ctx.user_count = len(user_args)
+    return [user_args[i] for i in ctx.user_slots]
+
+
+def _saved_user_args(ctx, saved):
+    user_args = [None] * ctx.user_count
+    for slot, tensor in zip(ctx.user_slots, saved):
+        user_args[slot] = tensor
+    return user_args
+
 
 _SINK_INPUT = 9  # the index of sink_logits among flashjit::attention's inputs
+
+
+def _no_gradients(inputs):
+    """One None per input in the structure torch's custom-op autograd checks the gradients
+    against (measured with torch 2.11): a list of Nones for a list of tensors only (an empty
+    list too), one None for anything else, a list holding an int or a None included (user_args
+    with an absent entry, user_pointers), which it takes as one leaf."""
+    def tensor_list(x):
+        return isinstance(x, list) and all(isinstance(e, Tensor) for e in x)
+    return [[None] * len(x) if tensor_list(x) else None for x in inputs]
 
 
 def _setup_attention(ctx, inputs, output):
     (q, k, v, causal, softmax_scale, _return_lse, window_left, window_right, softcap,
      sink_logits, alibi_slopes, sink_tokens, family, user_functions, user_args, user_pointers,
-     block_mask, deterministic) = inputs
+     _block_mask, deterministic) = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
-    ctx.unsupported = _unsupported(user_functions, block_mask)
+    ctx.unsupported = _unsupported(user_functions)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
     ctx.family = family
     ctx.window, ctx.softcap, ctx.sink_tokens = (window_left, window_right), softcap, sink_tokens
-    # One gradient per input, in the inputs' own structure (a list for each list argument):
-    # q, k, v get theirs, every other argument None.
-    ctx.no_gradients = [[None] * len(x) if isinstance(x, list) else None for x in inputs]
+    ctx.no_gradients = _no_gradients(inputs)
     if not ctx.unsupported:
-        ctx.save_for_backward(q, k, v, out, lse, sink_logits, alibi_slopes)
+        ctx.save_for_backward(q, k, v, out, lse, sink_logits, alibi_slopes,
+                              *_save_user(ctx, user_functions, user_args, user_pointers))
 
 
 def _attention_grad(ctx, dout, _dlse):
     if ctx.unsupported:
         raise NotImplementedError(
-            f"flashjit.attention's backward does not take {', '.join(ctx.unsupported)} yet: "
-            "flashjit's backward kernels cover dense attention with causal, softmax_scale, "
-            "windows, soft-capping, sinks and ALiBi (GQA, seqlen_q != seqlen_k, bf16/fp16). "
-            "Detach the inputs, or run it under torch.no_grad(), where gradients are not needed")
-    q, k, v, out, lse, sink_logits, alibi_slopes = ctx.saved_tensors
+            f"flashjit.attention's backward does not take {', '.join(ctx.unsupported)}: the "
+            "backward of a score_mod needs its derivative, flashjit.UserFunctions(score_mod=..., "
+            "score_mod_grad=...). Detach the inputs, or run it under torch.no_grad(), where "
+            "gradients are not needed")
+    q, k, v, out, lse, sink_logits, alibi_slopes, *saved_user = ctx.saved_tensors
+    user = (ctx.user_functions, _saved_user_args(ctx, saved_user), ctx.user_pointers)
     window_left, window_right = ctx.window
     if lse.numel() == 0 and q.numel() != 0:
         # torch.ops.flashjit.attention called directly with return_lse=False: the forward again
@@ -258,10 +302,10 @@ def _attention_grad(ctx, dout, _dlse):
         _, lse = torch.ops.flashjit.attention(q, k, v, ctx.causal, ctx.softmax_scale, True,
                                               window_left, window_right, ctx.softcap,
                                               sink_logits, alibi_slopes, ctx.sink_tokens,
-                                              ctx.family, None, [], [], 0, False)
+                                              ctx.family, *user, 0, False)
     dq, dk, dv, dsink = torch.ops.flashjit.attention_backward(
         q, k, v, out, dout, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.softcap,
-        window_left, window_right, ctx.sink_tokens, sink_logits, alibi_slopes)
+        window_left, window_right, ctx.sink_tokens, sink_logits, alibi_slopes, *user)
     gradients = [dq, dk, dv] + list(ctx.no_gradients[3:])
     if sink_logits is not None:
         gradients[_SINK_INPUT] = dsink.to(sink_logits.dtype)
@@ -280,32 +324,34 @@ def _setup_attention_varlen(ctx, inputs, output):
     (q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, page_table, seqused_k,
      causal, softmax_scale, _return_lse, window_left, window_right, softcap, sink_logits,
      alibi_slopes, sink_tokens, num_splits, family, user_functions, user_args, user_pointers,
-     block_mask, deterministic) = inputs
+     _block_mask, deterministic) = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.unsupported = [name for name, used in (("page_table", page_table is not None),
                                                ("seqused_k", seqused_k is not None))
-                       if used] + _unsupported(user_functions, block_mask)
+                       if used] + _unsupported(user_functions)
     ctx.max_seqlen = (max_seqlen_q, max_seqlen_k)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
     ctx.num_splits, ctx.family = num_splits, family
     ctx.window, ctx.softcap, ctx.sink_tokens = (window_left, window_right), softcap, sink_tokens
-    ctx.no_gradients = [[None] * len(x) if isinstance(x, list) else None for x in inputs]
+    ctx.no_gradients = _no_gradients(inputs)
     if not ctx.unsupported:
         ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sink_logits,
-                              alibi_slopes)
+                              alibi_slopes,
+                              *_save_user(ctx, user_functions, user_args, user_pointers))
 
 
 def _attention_varlen_grad(ctx, dout, _dlse):
     if ctx.unsupported:
         raise NotImplementedError(
-            f"flashjit.attention_varlen's backward does not take {', '.join(ctx.unsupported)} "
-            "yet: flashjit's varlen backward covers a dense packed k/v (cu_seqlens_k, no "
-            "page_table or seqused_k) with causal, softmax_scale, windows, soft-capping, sinks "
-            "and ALiBi. Detach the inputs, or run it under torch.no_grad(), where gradients are "
-            "not needed")
-    (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sink_logits,
-     alibi_slopes) = ctx.saved_tensors
+            f"flashjit.attention_varlen's backward does not take {', '.join(ctx.unsupported)}: "
+            "flashjit's varlen backward covers a dense packed k/v (cu_seqlens_k, no page_table "
+            "or seqused_k) with causal, softmax_scale, windows, soft-capping, sinks, ALiBi and "
+            "user functions (a score_mod with its score_mod_grad). Detach the inputs, or run it "
+            "under torch.no_grad(), where gradients are not needed")
+    (q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, sink_logits, alibi_slopes,
+     *saved_user) = ctx.saved_tensors
+    user = (ctx.user_functions, _saved_user_args(ctx, saved_user), ctx.user_pointers)
     max_seqlen_q, max_seqlen_k = ctx.max_seqlen
     window_left, window_right = ctx.window
     if lse.numel() == 0 and q.numel() != 0:
@@ -314,12 +360,12 @@ def _attention_varlen_grad(ctx, dout, _dlse):
         _, lse = torch.ops.flashjit.attention_varlen(
             q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None,
             ctx.causal, ctx.softmax_scale, True, window_left, window_right, ctx.softcap,
-            sink_logits, alibi_slopes, ctx.sink_tokens, ctx.num_splits, ctx.family, None, [], [],
-            0, False)
+            sink_logits, alibi_slopes, ctx.sink_tokens, ctx.num_splits, ctx.family, *user, 0,
+            False)
     dq, dk, dv, dsink = torch.ops.flashjit.attention_varlen_backward(
         q, k, v, out, dout, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
         ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.softcap, window_left, window_right,
-        ctx.sink_tokens, sink_logits, alibi_slopes)
+        ctx.sink_tokens, sink_logits, alibi_slopes, *user)
     gradients = [dq, dk, dv] + list(ctx.no_gradients[3:])
     if sink_logits is not None:
         gradients[_VARLEN_SINK_INPUT] = dsink.to(sink_logits.dtype)

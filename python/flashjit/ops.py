@@ -382,10 +382,11 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, wi
     1.4x the work of the backward); the forward is the same either way.
 
     Differentiable in q, k and v, and in sink_logits (flashjit.attention_backward: causal,
-    softmax_scale, windows with sink tokens, soft-capping, sinks and ALiBi all have a backward;
-    user functions and block masks do not yet, and a backward through them raises
-    NotImplementedError). The LSE is not differentiable, as in FlashAttention: what flows back
-    through it is dropped."""
+    softmax_scale, windows with sink tokens, soft-capping, sinks, ALiBi and user functions all
+    have a backward: a score_mod needs its score_mod_grad, else a backward through it raises
+    NotImplementedError; with a block mask the backward runs the mask_mod score by score, which
+    gives the same gradients). The LSE is not differentiable, as in FlashAttention: what flows
+    back through it is dropped."""
     user = _user_inputs("flashjit.attention", user_functions, user_args, block_mask)
     # The backward needs the LSE: a forward whose inputs want gradients keeps it.
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad
@@ -642,9 +643,10 @@ def attention_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
     as positions within each sequence, batch as the sequence.
 
     Differentiable in q, k and v (and sink_logits) over a dense packed k/v
-    (flashjit.attention_varlen_backward; every score variant, deterministic as attention()'s);
-    a backward through a forward with page_table, seqused_k, user_functions or block_mask
-    raises NotImplementedError. The LSE is not differentiable."""
+    (flashjit.attention_varlen_backward; every score variant and user functions as
+    attention()'s, deterministic too); a backward through a forward with page_table or
+    seqused_k, or a score_mod without score_mod_grad, raises NotImplementedError. The LSE is not
+    differentiable."""
     user = _user_inputs("flashjit.attention_varlen", user_functions, user_args, block_mask)
     # The backward needs the LSE: a forward whose inputs want gradients keeps it.
     needs_grad = torch.is_grad_enabled() and any(

@@ -38,6 +38,11 @@ BIAS = """__device__ float score_mod(float s, int b, int h, int q, int k, const 
   return s + static_cast<const float*>(a.ptr[1])[h];
 }
 """
+BIAS_GRAD = """__device__ float score_mod_grad(float s, int b, int h, int q, int k,
+                                const flashjit::UserArgs& a) {
+  return 1.f;
+}
+"""
 
 
 def a_variant(arch="sm_80"):
@@ -246,7 +251,7 @@ class BackwardWithoutGpu(unittest.TestCase):
         align = ctypes.alignment(options)
         self.assertEqual(ctypes.sizeof(options), (end + align - 1) // align * align)
         if ctypes.sizeof(ctypes.c_void_p) == 8:  # the C test pins the same size
-            self.assertEqual(ctypes.sizeof(options), 96)
+            self.assertEqual(ctypes.sizeof(options), 168)
 
     def test_backward_families_are_the_librarys(self):
         import json
@@ -573,18 +578,28 @@ class TorchWithoutGpu(unittest.TestCase):
         torch = self.torch
         from flashjit import ops
         q = self.meta(1, 8, 2, 64).requires_grad_()
-        functions = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        masking = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        biasing = flashjit.UserFunctions(score_mod=BIAS)
         doc = torch.zeros(8, dtype=torch.int32, device="meta")
+        bias = torch.zeros(2, dtype=torch.float32, device="meta")
         mask = ops.BlockMask(None, [])  # no GPU: a mask without a library handle
-        for kwargs, named in ((dict(user_functions=functions, user_args=[doc]),
-                               "user_functions"),
-                              (dict(user_functions=functions, user_args=[doc], block_mask=mask),
-                               "user_functions, block_mask")):
-            with self.subTest(named=named):
-                out = flashjit.attention(q, q, q, **kwargs)  # the forward runs
-                with self.assertRaisesRegex(NotImplementedError,
-                                            f"does not take {named} yet"):
-                    out.sum().backward()
+        self.assertTrue(masking.differentiable)
+        self.assertFalse(biasing.differentiable)
+        # A score_mod without its derivative: the forward runs, its backward says what is missing.
+        out = flashjit.attention(q, q, q, user_functions=biasing, user_args=[None, bias])
+        with self.assertRaisesRegex(NotImplementedError,
+                                    "does not take user_functions with a score_mod but no "
+                                    "score_mod_grad"):
+            out.sum().backward()
+        # A mask_mod (with or without its block mask) and a score_mod with its derivative do.
+        with_grad = flashjit.UserFunctions(score_mod=BIAS, score_mod_grad=BIAS_GRAD)
+        self.assertTrue(with_grad.differentiable)
+        for kwargs in (dict(user_functions=masking, user_args=[doc]),
+                       dict(user_functions=masking, user_args=[doc], block_mask=mask),
+                       dict(user_functions=with_grad, user_args=[None, bias])):
+            with self.subTest(kwargs=sorted(kwargs)):
+                out = flashjit.attention(q, q, q, **kwargs)
+                self.assertEqual(torch.autograd.grad(out.sum(), q)[0].shape, q.shape)
         # The score variants have a backward: no error.
         out = flashjit.attention(q, q, q, softcap=5.0, window_left=16, window_right=0,
                                  alibi_slopes=self.meta(2, dtype=torch.float32))
@@ -658,7 +673,8 @@ class VarlenBackwardWithoutGpu(unittest.TestCase):
         self.assertEqual((grads[3].shape, grads[3].dtype), ((8,), torch.float32))
         # The op itself always returns four tensors (dsink empty without sinks).
         out = torch.ops.flashjit.attention_varlen_backward(
-            q, k, k, q, q, lse, cu, cu, 20, 25, False, 0.0, False, 0.0, -1, -1, 0, None, None)
+            q, k, k, q, q, lse, cu, cu, 20, 25, False, 0.0, False, 0.0, -1, -1, 0, None, None,
+            None, [], [])
         self.assertEqual([tuple(t.shape) for t in out], [(40, 8, 64), (50, 2, 64), (50, 2, 64),
                                                          (0,)])
 
@@ -741,24 +757,30 @@ class VarlenBackwardWithoutGpu(unittest.TestCase):
         pages = self.meta(10, 16, 2, 64)
         table = torch.zeros(2, 5, dtype=torch.int32, device="meta")
         used = torch.zeros(2, dtype=torch.int32, device="meta")
-        functions = flashjit.UserFunctions(mask_mod=DOC_MASK)
-        doc = torch.zeros(40, dtype=torch.int32, device="meta")
-        mask = ops.BlockMask(None, [])
+        functions = flashjit.UserFunctions(score_mod=BIAS)  # no score_mod_grad
+        bias = torch.zeros(4, dtype=torch.float32, device="meta")
         cases = ((dict(k=pages, cu_k=None, page_table=table), "page_table"),
                  (dict(seqused_k=used), "seqused_k"),
                  (dict(k=pages, cu_k=None, page_table=table, seqused_k=used),
                   "page_table, seqused_k"),
-                 (dict(user_functions=functions, user_args=[doc]), "user_functions"),
-                 (dict(user_functions=functions, user_args=[doc], block_mask=mask),
-                  "user_functions, block_mask"))
+                 (dict(user_functions=functions, user_args=[None, bias]),
+                  "user_functions with a score_mod but no score_mod_grad"))
         for kwargs, named in cases:
             with self.subTest(named=named):
                 keys, cu_k = kwargs.pop("k", k), kwargs.pop("cu_k", cu)
                 out = flashjit.attention_varlen(q, keys, keys, cu, cu_k, 20, 80, **kwargs)
                 with self.assertRaisesRegex(NotImplementedError,
                                             f"attention_varlen's backward does not take "
-                                            f"{named} yet"):
+                                            f"{named}"):
                     out.sum().backward()
+        # A mask_mod, with its block mask or not, has one.
+        masking = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        doc = torch.zeros(40, dtype=torch.int32, device="meta")
+        for kwargs in (dict(user_functions=masking, user_args=[doc]),
+                       dict(user_functions=masking, user_args=[doc],
+                            block_mask=ops.BlockMask(None, []))):
+            out = flashjit.attention_varlen(q, k, k, cu, cu, 20, 20, **kwargs)
+            self.assertEqual(torch.autograd.grad(out.sum(), q)[0].shape, q.shape)
         # The backward op itself has no backward (no double backward).
         q2, k2 = self.meta(40, 4, 64).requires_grad_(), self.meta(40, 2, 64)
         lse = self.meta(4, 40, dtype=torch.float32)

@@ -152,7 +152,7 @@ class Dense(unittest.TestCase):
         q, k, v = rand(1, 64, 2, 64), rand(1, 64, 2, 64), rand(1, 64, 2, 64)
         torch.library.opcheck(torch.ops.flashjit.attention.default,
                               (q, k, v, True, 0.0, True, -1, -1, 0.0, None, None, 0, None, None,
-                               [], [], 0))
+                               [], [], 0, False))
 
     def test_errors_carry_the_library_message(self):
         q = rand(1, 64, 3, 64)
@@ -362,7 +362,7 @@ class Backward(unittest.TestCase):
         out, lse = flashjit.attention(q, k, v, causal=True, return_lse=True)
         torch.library.opcheck(torch.ops.flashjit.attention_backward.default,
                               (q, k, v, out, rand(1, 64, 2, 64), lse, True, 0.0, True, 0.0, -1,
-                               -1, 0, None, None))
+                               -1, 0, None, None, None, [], []))
         # The forward's autograd formula too (opcheck compares its gradients with AOTAutograd's).
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
         torch.library.opcheck(torch.ops.flashjit.attention.default,
@@ -681,7 +681,7 @@ class VarlenBackward(unittest.TestCase):
                                              return_lse=True)
         torch.library.opcheck(torch.ops.flashjit.attention_varlen_backward.default,
                               (q, k, v, out, rand(*q.shape), lse, cu_q, cu_k, max_q, max_k, True,
-                               0.0, True, 0.0, -1, -1, 0, None, None))
+                               0.0, True, 0.0, -1, -1, 0, None, None, None, [], []))
         # The forward's autograd formula too (opcheck compares its gradients with AOTAutograd's).
         inputs = [t.clone().requires_grad_() for t in (q, k, v)]
         torch.library.opcheck(torch.ops.flashjit.attention_varlen.default,
@@ -833,6 +833,12 @@ __device__ float score_mod(float score, int b, int h, int q, int k,
   const int d = min(max(q - k, -{MAX_DISTANCE}), {MAX_DISTANCE});
   return score + table[h * {2 * MAX_DISTANCE + 1} + d + {MAX_DISTANCE}];
 }}"""
+# Its derivative, for the backward: a bias added to the score.
+RELATIVE_BIAS_GRAD = """
+__device__ float score_mod_grad(float score, int b, int h, int q, int k,
+                                const flashjit::UserArgs& a) {
+  return 1.f;
+}"""
 
 
 def documents(batch, seqlen, count, seed):
@@ -923,6 +929,48 @@ class UserFunctions(unittest.TestCase):
                 finite = ref_lse.isfinite()
                 self.assertLess((lse.double() - ref_lse)[finite].abs().max().item(), 1e-3)
 
+    def test_backward_against_float64_autograd(self):
+        # Autograd through user functions: a document mask (with and without its block mask,
+        # which changes no gradient) and the relative bias with its derivative, against
+        # reference64's float64 autograd; GQA, causal.
+        torch.manual_seed(24)
+        mask = flashjit.UserFunctions(mask_mod=DOC_MASK)
+        bias = flashjit.UserFunctions(score_mod=RELATIVE_BIAS, score_mod_grad=RELATIVE_BIAS_GRAD)
+        table = torch.randn(4, 2 * MAX_DISTANCE + 1, device="cuda")
+        doc = documents(2, SEQLEN, 7, seed=5)
+        visible = (doc[:, :, None] == doc[:, None, :])[:, None]
+        for d in (64, 128):
+            q, k, v = rand(2, SEQLEN, 4, d), rand(2, SEQLEN, 2, d), rand(2, SEQLEN, 2, d)
+            dout = rand(2, SEQLEN, 4, d)
+            masked = dict(causal=True, user_functions=mask, user_args=[doc])
+            cases = [("document mask", masked, dict(visible=visible)),
+                     ("relative bias", dict(causal=True, user_functions=bias, user_args=[table]),
+                      dict(bias=relative_bias(table, SEQLEN, SEQLEN)))]
+            try:
+                blocks = flashjit.create_block_mask(q, k, v, same_for_all_heads=True, **masked)
+                cases.append(("document mask, block mask", dict(block_mask=blocks, **masked),
+                              dict(visible=visible)))
+            except flashjit.InvalidArgumentError:
+                pass  # no block masks on this GPU's family: the other cases still run
+            for name, kwargs, ref_kwargs in cases:
+                with self.subTest(d=d, functions=name):
+                    leaves = [t.detach().requires_grad_() for t in (q, k, v)]
+                    got = torch.autograd.grad(flashjit.attention(*leaves, **kwargs), leaves, dout)
+                    ref_leaves = [t.detach().double().requires_grad_() for t in (q, k, v)]
+                    ref = reference64(*ref_leaves, causal=True, **ref_kwargs)[0]
+                    want = torch.autograd.grad(ref, ref_leaves, dout.double())
+                    for grad_name, g, w in zip(("dq", "dk", "dv"), got, want):
+                        self.assertFalse(g.isnan().any().item(), grad_name)
+                        err = (g.double() - w).abs().max().item() / max(1.0, w.abs().max().item())
+                        self.assertLess(err, 2e-2, f"{grad_name}: relative error {err}")
+        # A score_mod without its derivative: the forward runs, its backward says what is missing.
+        no_grad = flashjit.UserFunctions(score_mod=RELATIVE_BIAS)
+        leaf = q.detach().requires_grad_()
+        out = flashjit.attention(leaf, k, v, causal=True, user_functions=no_grad,
+                                 user_args=[table])
+        with self.assertRaisesRegex(NotImplementedError, "score_mod_grad"):
+            out.sum().backward()
+
     def test_varlen_and_kvcache(self):
         torch.manual_seed(23)
         bias = flashjit.UserFunctions(score_mod=RELATIVE_BIAS)
@@ -981,7 +1029,19 @@ class UserFunctions(unittest.TestCase):
         q, k, v = rand(1, 64, 2, 64), rand(1, 64, 2, 64), rand(1, 64, 2, 64)
         torch.library.opcheck(torch.ops.flashjit.attention.default,
                               (q, k, v, True, 0.0, True, -1, -1, 0.0, None, None, 0, None,
-                               bias.hash, [table], [0], 0))
+                               bias.hash, [table], [0], 0, False))
+        # With its derivative, the backward op and the forward's autograd formula too.
+        with_grad = flashjit.UserFunctions(score_mod=RELATIVE_BIAS,
+                                           score_mod_grad=RELATIVE_BIAS_GRAD)
+        out, lse = flashjit.attention(q, k, v, causal=True, return_lse=True,
+                                      user_functions=with_grad, user_args=[table])
+        torch.library.opcheck(torch.ops.flashjit.attention_backward.default,
+                              (q, k, v, out, rand(1, 64, 2, 64), lse, True, 0.0, True, 0.0, -1,
+                               -1, 0, None, None, with_grad.hash, [table], [0]))
+        inputs = [t.clone().requires_grad_() for t in (q, k, v)]
+        torch.library.opcheck(torch.ops.flashjit.attention.default,
+                              (*inputs, True, 0.0, False, -1, -1, 0.0, None, None, 0, None,
+                               with_grad.hash, [table], [0], 0, True))
 
     def test_nvrtc_errors_name_the_users_line(self):
         broken = flashjit.UserFunctions(score_mod=(

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "api/backward_kernels.hpp"
+#include "core/user_functions.hpp"
 #include "families/bwd_mma/bwd_mma.hpp"
 #include "families/bwd_rows/bwd_rows.hpp"
 #include "families/bwd_wgmma/bwd_wgmma.hpp"
@@ -34,13 +35,14 @@ bool runs(const KernelFamily& family, const BackwardProblem& problem, std::strin
   return why_not(family, problem, arch).empty();
 }
 
-// The family's dK/dV variant for the problem: its masks, varlen and score variants (not the
-// learnable sinks: the forward's LSE holds them).
+// The family's dK/dV variant for the problem: its masks, varlen, score variants and user
+// functions (not the learnable sinks: the forward's LSE holds them).
 Variant dkdv_variant(const KernelFamily& family, const BackwardProblem& problem,
                      std::string_view arch, TileConfig tiles) {
   const ForwardProblem& forward = problem.forward;
   return variant_of(family, arch, forward.dtype, forward.head_dim, forward.causal, tiles, false,
-                    forward.varlen, forward.softcap > 0.f, forward.window, false, forward.alibi);
+                    forward.varlen, forward.softcap > 0.f, forward.window, false, forward.alibi,
+                    forward.user_functions);
 }
 
 std::vector<std::string_view> dkdv_family_names() {
@@ -63,6 +65,7 @@ BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
           problem.forward.window,
           problem.forward.alibi,
           problem.forward.varlen,
+          user_functions_key(problem.forward.user_functions),
           problem.params.dsink != nullptr,
           problem.deterministic,
           options.family.value_or(std::string()),

@@ -4,6 +4,8 @@
 
 #include <cuda.h>
 
+#include <array>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -32,10 +34,12 @@ struct BackwardKernels {
   KernelHandle sink;  // bwd_sink, where BackwardOptions::d_sink_logits is set
 };
 
-// (context, dtype, head_dim, causal, softcap, window, alibi, varlen, d_sink_logits set,
-// deterministic, family, tiles). The sinks' gradient adds a kernel.
-using BackwardKey = std::tuple<CUcontext, DType, int, bool, bool, bool, bool, bool, bool, bool,
-                               std::string, int, int, int>;
+// (context, dtype, head_dim, causal, softcap, window, alibi, varlen, user functions' hash
+// (user_functions_key), d_sink_logits set, deterministic, family, tiles). The sinks' gradient
+// adds a kernel.
+using BackwardKey = std::tuple<CUcontext, DType, int, bool, bool, bool, bool, bool,
+                               std::array<std::uint64_t, 2>, bool, bool, std::string, int, int,
+                               int>;
 BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
                          const BackwardOptions& options);
 

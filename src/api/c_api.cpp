@@ -7,10 +7,6 @@
 
 #include "api/c_api_support.hpp"
 
-struct flashjit_user_functions {
-  flashjit::UserFunctions functions;
-};
-
 struct flashjit_block_mask {
   flashjit::BlockMask mask;
 };
@@ -328,18 +324,22 @@ flashjit_status flashjit_select_variant_kv(flashjit_engine* engine, const flashj
 }
 
 flashjit_status flashjit_user_functions_create(const char* score_mod, const char* mask_mod,
+                                               const char* score_mod_grad,
                                                flashjit_user_functions** out) {
   return make_user_functions(out, [&] {
-    return flashjit::UserFunctions(text_or_empty(score_mod), text_or_empty(mask_mod));
+    return flashjit::UserFunctions(text_or_empty(score_mod), text_or_empty(mask_mod),
+                                   text_or_empty(score_mod_grad));
   });
 }
 
 flashjit_status flashjit_user_functions_from_files(const char* score_mod_file,
                                                    const char* mask_mod_file,
+                                                   const char* score_mod_grad_file,
                                                    flashjit_user_functions** out) {
   return make_user_functions(out, [&] {
     return flashjit::UserFunctions::from_files(text_or_empty(score_mod_file),
-                                               text_or_empty(mask_mod_file));
+                                               text_or_empty(mask_mod_file),
+                                               text_or_empty(score_mod_grad_file));
   });
 }
 

@@ -1,5 +1,7 @@
 // The C API's backward entry points: Engine::backward and what goes with it, behind status codes.
+#include <algorithm>
 #include <cstddef>
+#include <iterator>
 #include <string>
 
 #include "api/c_api_support.hpp"
@@ -29,6 +31,8 @@ flashjit::BackwardOptions options_of(const flashjit_backward_options* o) {
     options.window_right = o->window_right;
   }
   options.sink_tokens = o->sink_tokens;
+  if (o->user_functions != nullptr) options.user_functions = &o->user_functions->functions;
+  std::copy(std::begin(o->user_args), std::end(o->user_args), options.user_args.begin());
   return options;
 }
 

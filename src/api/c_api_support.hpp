@@ -13,6 +13,10 @@ struct flashjit_engine {
   std::unique_ptr<flashjit::Engine> engine;
 };
 
+struct flashjit_user_functions {
+  flashjit::UserFunctions functions;
+};
+
 namespace flashjit::detail::c_api {
 
 // What flashjit_last_error() returns: the message of this thread's last failed call.

@@ -30,6 +30,13 @@ ForwardOptions forward_options(const BackwardOptions& options, const float* lse)
   forward.sink_tokens = options.sink_tokens;
   forward.alibi_slopes = options.alibi_slopes;
   forward.sink_logits = options.sink_logits;
+  if (options.user_functions != nullptr && !options.user_functions->differentiable())
+    reject(fmt::format("options.user_functions (hash {}) has a score_mod but no score_mod_grad: "
+                       "expected the score_mod's derivative d score_mod / d score "
+                       "(UserFunctions' third source) for the backward",
+                       options.user_functions->hash()));
+  forward.user_functions = options.user_functions;
+  forward.user_args = options.user_args;
   return forward;
 }
 

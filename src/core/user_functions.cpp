@@ -24,13 +24,17 @@ Registry& registry() {
   return instance;
 }
 
-std::string hash_sources(std::string_view score_mod, std::string_view mask_mod) {
+std::string hash_sources(std::string_view score_mod, std::string_view mask_mod,
+                         std::string_view score_mod_grad) {
   XXH3_state_t* state = XXH3_createState();
   XXH3_128bits_reset(state);
-  // Each source with its role and length: moving text from one function to the other, or across
-  // their boundary, changes the hash.
+  // Each source with its role and length: moving text from one function to another, or across
+  // their boundary, changes the hash. An absent score_mod_grad adds nothing (the hashes of
+  // functions without one are those they had before it existed, and their cache entries stay).
   for (auto [role, text] : {std::pair{std::string_view("score_mod"), score_mod},
-                            std::pair{std::string_view("mask_mod"), mask_mod}}) {
+                            std::pair{std::string_view("mask_mod"), mask_mod},
+                            std::pair{std::string_view("score_mod_grad"), score_mod_grad}}) {
+    if (role == "score_mod_grad" && text.empty()) continue;
     const std::string header = fmt::format("{}:{}:", role, text.size());
     XXH3_128bits_update(state, header.data(), header.size());
     XXH3_128bits_update(state, text.data(), text.size());
@@ -58,22 +62,31 @@ std::string read_source(const std::filesystem::path& file, std::string_view role
 
 }  // namespace
 
-UserFunctions::UserFunctions(std::string score_mod, std::string mask_mod)
-    : score_mod_(std::move(score_mod)), mask_mod_(std::move(mask_mod)) {
+UserFunctions::UserFunctions(std::string score_mod, std::string mask_mod,
+                             std::string score_mod_grad)
+    : score_mod_(std::move(score_mod)),
+      mask_mod_(std::move(mask_mod)),
+      score_mod_grad_(std::move(score_mod_grad)) {
   if (score_mod_.empty() && mask_mod_.empty())
     throw Error(ErrorCode::invalid_argument,
                 "UserFunctions: score_mod and mask_mod are both empty: expected the CUDA C source "
                 "of at least one of them");
-  hash_ = hash_sources(score_mod_, mask_mod_);
+  if (!score_mod_grad_.empty() && score_mod_.empty())
+    throw Error(ErrorCode::invalid_argument,
+                "UserFunctions: score_mod_grad is given without a score_mod: expected the "
+                "score_mod whose derivative it is, or no score_mod_grad");
+  hash_ = hash_sources(score_mod_, mask_mod_, score_mod_grad_);
   Registry& r = registry();
   std::lock_guard lock(r.mutex);
   r.by_hash.try_emplace(hash_, *this);
 }
 
 UserFunctions UserFunctions::from_files(const std::filesystem::path& score_mod_file,
-                                        const std::filesystem::path& mask_mod_file) {
+                                        const std::filesystem::path& mask_mod_file,
+                                        const std::filesystem::path& score_mod_grad_file) {
   return UserFunctions(read_source(score_mod_file, "score_mod"),
-                       read_source(mask_mod_file, "mask_mod"));
+                       read_source(mask_mod_file, "mask_mod"),
+                       read_source(score_mod_grad_file, "score_mod_grad"));
 }
 
 }  // namespace flashjit

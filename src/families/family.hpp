@@ -63,9 +63,9 @@ enum FamilyFeature : unsigned {
 };
 // What the backward's dK/dV and dQ kernels build variants of (BackwardOptions, VarlenBatch).
 // Learnable sinks need no variant there: the forward's LSE holds them (bwd_sink gives their
-// gradient).
-constexpr unsigned kBackwardVariantFeatures =
-    kFeatureVarlen | kFeatureSoftcap | kFeatureWindow | kFeatureAlibi;
+// gradient); nor block masks (they change no result).
+constexpr unsigned kBackwardVariantFeatures = kFeatureVarlen | kFeatureSoftcap | kFeatureWindow |
+                                              kFeatureAlibi | kFeatureUserFunctions;
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed
 // during another file's static initialization already finds every family.

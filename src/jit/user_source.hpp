@@ -1,5 +1,5 @@
 // The text that stands in for kernels_src/common/user_functions.cuh in a variant with user
-// functions: the caller's score_mod and mask_mod, each numbered from its own line 1 so NVRTC's
+// functions: the caller's score_mod, mask_mod and score_mod_grad, each numbered from its own line 1 so NVRTC's
 // messages point at the caller's lines ("score_mod(3): error: ..."), and the flags the kernels
 // test.
 #pragma once
@@ -17,8 +17,9 @@ namespace flashjit::detail {
 // The kernel source file it replaces.
 inline constexpr const char* kUserFunctionsFile = "common/user_functions.cuh";
 
-// Either may be empty (absent), as in UserFunctions.
-std::string user_functions_source(std::string_view score_mod, std::string_view mask_mod);
+// Any may be empty (absent), as in UserFunctions.
+std::string user_functions_source(std::string_view score_mod, std::string_view mask_mod,
+                                  std::string_view score_mod_grad);
 
 // The translation unit of a variant: kernel_translation_unit's, with the variant's user functions
 // (a UserFunctions made in this process) in place of the default file. Throws

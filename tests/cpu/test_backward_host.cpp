@@ -301,6 +301,48 @@ TEST_CASE("backward score variants: checked like the forward's, named, and carri
   CHECK(variants(h, "sm_90a").first.name() == "bwd_wgmma_fused.sm90a.bf16.d128.m64n128s2");
 }
 
+TEST_CASE("backward user functions: named in the variants, carried to dQ; a score_mod needs its derivative") {
+  const UserFunctions masking("", "__device__ bool mask_mod(int, int, int q, int k, "
+                                  "const flashjit::UserArgs&) { return k <= q; }");
+  const char* score = "__device__ float score_mod(float s, int, int, int, int, "
+                      "const flashjit::UserArgs&) { return 2.f * s; }";
+  const UserFunctions scaled(score, "");
+  const UserFunctions scaled_with_grad(score, "", "__device__ float score_mod_grad(float, int, "
+                                                  "int, int, int, const flashjit::UserArgs&) "
+                                                  "{ return 2.f; }");
+  BackwardArgs a;
+  a.options.user_functions = &masking;
+  a.options.user_args[0] = fake(0xd00000);
+  const detail::BackwardProblem problem = a.validate();
+  CHECK(problem.forward.user_functions == masking.hash());
+  CHECK(problem.params.fwd.user_args.ptr[0] == fake(0xd00000));
+  const Variant dkdv = detail::select_backward_variant(problem, device_of("sm_90a"), a.options);
+  CHECK(dkdv.name() == "bwd_wgmma_fused.sm90a.bf16.d128.m64n128s2.user" + masking.hash());
+  a.options.deterministic = true;
+  const detail::BackwardProblem repeatable = a.validate();
+  const Variant wgmma = detail::select_backward_variant(repeatable, device_of("sm_90a"), a.options);
+  CHECK(detail::backward_finish_variant(repeatable, wgmma).name() ==
+        "bwd_wgmma_dq.sm90a.bf16.d128.m128n64s2.user" + masking.hash());
+  const Variant mma = detail::select_backward_variant(repeatable, device_of("sm_80"), a.options);
+  CHECK(mma.name().ends_with(".user" + masking.hash()));
+  CHECK(detail::backward_finish_variant(repeatable, mma).name().ends_with(".user" +
+                                                                         masking.hash()));
+  // Other functions, another loaded set of kernels.
+  BackwardArgs b = a;
+  b.options.user_functions = &scaled_with_grad;
+  CHECK(detail::backward_key(nullptr, a.validate(), a.options) !=
+        detail::backward_key(nullptr, b.validate(), b.options));
+  // A score_mod without its derivative is refused before anything runs, naming it.
+  BackwardArgs c;
+  c.options.user_functions = &scaled;
+  CHECK(rejection(c).find("options.user_functions (hash " + scaled.hash() +
+                          ") has a score_mod but no score_mod_grad") != std::string::npos);
+  // user_args without user functions: the forward's check, with its argument name.
+  BackwardArgs d;
+  d.options.user_args[2] = fake(0xd00000);
+  CHECK(rejection(d).find("user_args[2] is set without user_functions") != std::string::npos);
+}
+
 namespace {
 
 // A varlen batch of 3 sequences: q [1, 250, 8, 128], k [1, 700, 2, 128]; cu_seqlens are device

@@ -77,17 +77,17 @@ TEST_CASE("user functions: a handle with the C++ hash; errors name the argument;
       "__device__ bool mask_mod(int b, int h, int q, int k, const flashjit::UserArgs& a) {\n"
       "  const int* doc = static_cast<const int*>(a.ptr[0]);\n  return doc[q] == doc[k];\n}\n";
   flashjit_user_functions* functions = nullptr;
-  REQUIRE(flashjit_user_functions_create(nullptr, mask_mod, &functions) == FLASHJIT_OK);
+  REQUIRE(flashjit_user_functions_create(nullptr, mask_mod, nullptr, &functions) == FLASHJIT_OK);
   REQUIRE(functions != nullptr);
   const std::string hash = flashjit_user_functions_hash(functions);
   CHECK(hash == flashjit::UserFunctions("", mask_mod).hash());
   // "" is absent too, and the hash tells score_mod from mask_mod.
   flashjit_user_functions* same = nullptr;
-  REQUIRE(flashjit_user_functions_create("", mask_mod, &same) == FLASHJIT_OK);
+  REQUIRE(flashjit_user_functions_create("", mask_mod, "", &same) == FLASHJIT_OK);
   CHECK(std::string(flashjit_user_functions_hash(same)) == hash);
   flashjit_user_functions_destroy(same);
   flashjit_user_functions* swapped = nullptr;
-  REQUIRE(flashjit_user_functions_create(mask_mod, nullptr, &swapped) == FLASHJIT_OK);
+  REQUIRE(flashjit_user_functions_create(mask_mod, nullptr, nullptr, &swapped) == FLASHJIT_OK);
   CHECK(std::string(flashjit_user_functions_hash(swapped)) != hash);
   flashjit_user_functions_destroy(swapped);
   CHECK(flashjit_user_functions_hash(nullptr) == nullptr);
@@ -97,19 +97,36 @@ TEST_CASE("user functions: a handle with the C++ hash; errors name the argument;
   const auto file = dir.path() / "doc_mask.cu";
   std::ofstream(file) << mask_mod;
   flashjit_user_functions* from_file = nullptr;
-  REQUIRE(flashjit_user_functions_from_files(nullptr, file.c_str(), &from_file) == FLASHJIT_OK);
+  REQUIRE(flashjit_user_functions_from_files(nullptr, file.c_str(), nullptr, &from_file) == FLASHJIT_OK);
   CHECK(std::string(flashjit_user_functions_hash(from_file)) == hash);
   flashjit_user_functions_destroy(from_file);
   const auto missing = (dir.path() / "missing.cu").string();
   flashjit_user_functions* none = functions;
-  CHECK(flashjit_user_functions_from_files(missing.c_str(), "", &none) ==
+  CHECK(flashjit_user_functions_from_files(missing.c_str(), "", "", &none) ==
         FLASHJIT_INVALID_ARGUMENT);
   CHECK(none == nullptr);
   CHECK(std::string(flashjit_last_error()).find("score_mod file " + missing) !=
         std::string::npos);
-  CHECK(flashjit_user_functions_create(nullptr, "", &none) == FLASHJIT_INVALID_ARGUMENT);
+  CHECK(flashjit_user_functions_create(nullptr, "", nullptr, &none) == FLASHJIT_INVALID_ARGUMENT);
   CHECK(std::string(flashjit_last_error()).find("both empty") != std::string::npos);
-  CHECK(flashjit_user_functions_create(nullptr, mask_mod, nullptr) == FLASHJIT_INVALID_ARGUMENT);
+  // A derivative needs its score_mod; with one it changes the hash (the backward's kernels
+  // compile it), without one the hash is what it was.
+  CHECK(flashjit_user_functions_create(nullptr, mask_mod, "float score_mod_grad() {}", &none) ==
+        FLASHJIT_INVALID_ARGUMENT);
+  CHECK(std::string(flashjit_last_error()).find("score_mod_grad is given without a score_mod") !=
+        std::string::npos);
+  const char* bias = "float score_mod(float s, int, int, int, int, const flashjit::UserArgs&) "
+                     "{ return s + 1.f; }";
+  const char* bias_grad = "float score_mod_grad(float, int, int, int, int, "
+                          "const flashjit::UserArgs&) { return 1.f; }";
+  flashjit_user_functions* with_grad = nullptr;
+  REQUIRE(flashjit_user_functions_create(bias, mask_mod, bias_grad, &with_grad) == FLASHJIT_OK);
+  CHECK(std::string(flashjit_user_functions_hash(with_grad)) ==
+        flashjit::UserFunctions(bias, mask_mod, bias_grad).hash());
+  CHECK(std::string(flashjit_user_functions_hash(with_grad)) !=
+        flashjit::UserFunctions(bias, mask_mod).hash());
+  flashjit_user_functions_destroy(with_grad);
+  CHECK(flashjit_user_functions_create(nullptr, mask_mod, nullptr, nullptr) == FLASHJIT_INVALID_ARGUMENT);
   CHECK(std::string(flashjit_last_error()).find("out is null") != std::string::npos);
 
   // A handle made here lets flashjit_precompile build a variant that names its hash.

@@ -42,13 +42,16 @@ TEST_CASE("flashjit_backward_options: zero is the default, and no padding lies b
   CHECK(offsetof(O, alibi_slopes) == offsetof(O, workspace_bytes) + sizeof(std::uint64_t));
   CHECK(offsetof(O, sink_logits) == offsetof(O, alibi_slopes) + sizeof(void*));
   CHECK(offsetof(O, d_sink_logits) == offsetof(O, sink_logits) + sizeof(void*));
-  CHECK(offsetof(O, softcap) == offsetof(O, d_sink_logits) + sizeof(void*));
+  CHECK(offsetof(O, user_functions) == offsetof(O, d_sink_logits) + sizeof(void*));
+  CHECK(offsetof(O, user_args) == offsetof(O, user_functions) + sizeof(void*));
+  CHECK(offsetof(O, softcap) == offsetof(O, user_args) + FLASHJIT_MAX_USER_ARGS * sizeof(void*));
   CHECK(offsetof(O, sliding_window) == offsetof(O, softcap) + 4);
   CHECK(offsetof(O, window_left) == offsetof(O, sliding_window) + 4);
   CHECK(offsetof(O, window_right) == offsetof(O, window_left) + 4);
   CHECK(offsetof(O, sink_tokens) == offsetof(O, window_right) + 4);
   CHECK(sizeof(O) >= offsetof(O, sink_tokens) + 4);
-  if (sizeof(void*) == 8) CHECK(sizeof(O) == 96);
+  if (sizeof(void*) == 8) CHECK(sizeof(O) == 168);
+  CHECK(options.user_functions == nullptr);
   CHECK(options.softcap == 0.f);  // no variant
   CHECK(options.sliding_window == 0);
   CHECK(options.alibi_slopes == nullptr);

@@ -311,3 +311,49 @@ TEST_CASE("a .user<hash> that no UserFunctions of this process has fails to comp
   check_compile_fails(v, unknown);
   check_compile_fails(v, "make a flashjit::UserFunctions");
 }
+
+TEST_CASE("backward user variants compile for every dK/dV and dQ family, without spills") {
+  // The examples in the backward's kernels: a mask_mod, and a score_mod with its derivative.
+  TempDir dir;
+  KernelCache cache(CacheOptions{dir.path()});
+  const UserFunctions documents = document_mask_functions(),
+                      bias = relative_position_bias_functions();
+  REQUIRE(bias.has_score_mod_grad());
+  const std::pair<const char*, const char*> targets[] = {{"bwd_wgmma_fused", "sm_90a"},
+                                                         {"bwd_wgmma", "sm_90a"},
+                                                         {"bwd_wgmma_dq", "sm_90a"},
+                                                         {"bwd_mma", "sm_80"},
+                                                         {"bwd_mma_dq", "sm_80"}};
+  std::vector<Variant> variants;
+  for (const auto& [family, arch] : targets)
+    for (const UserFunctions* f : {&documents, &bias})
+      variants.push_back(user_variant(family, arch, *f));
+  for (const CompileOutcome& outcome : cache.precompile(variants)) {
+    INFO(outcome.variant.name(), ": ", outcome.error);
+    REQUIRE(outcome.ok);
+    CHECK(outcome.entry->spill_bytes == 0);
+    MESSAGE(fmt::format("{}: {} registers, {} B spilled", outcome.variant.name(),
+                        outcome.entry->registers, outcome.entry->spill_bytes));
+  }
+}
+
+TEST_CASE("a backward kernel refuses a score_mod without score_mod_grad; its errors name its lines") {
+  // Only a forward can run without the derivative: the backward's kernels say what is missing.
+  const UserFunctions no_grad(kIdentityScore, "");
+  CHECK_FALSE(no_grad.differentiable());
+  check_compile_fails(user_variant("bwd_mma", "sm_80", no_grad), "needs its derivative");
+  const UserFunctions broken_grad(
+      kIdentityScore, "",
+      "// line 1\n"
+      "__device__ float score_mod_grad(float, int, int, int, int, const flashjit::UserArgs&) {\n"
+      "  return missing_name;\n"
+      "}\n");
+  CHECK(broken_grad.differentiable());
+  check_compile_fails(user_variant("wgmma", "sm_90a", broken_grad), "score_mod_grad(3)");
+  // A derivative needs its score_mod; with one, it is part of the hash; without, the hash is the
+  // one the functions had before derivatives existed.
+  CHECK(refusal([] { UserFunctions("", "__device__ bool mask_mod();", "float g();"); })
+            .find("score_mod_grad is given without a score_mod") != std::string::npos);
+  CHECK(UserFunctions(kIdentityScore, "", "x").hash() != no_grad.hash());
+  CHECK(UserFunctions(kIdentityScore, "", "").hash() == no_grad.hash());
+}

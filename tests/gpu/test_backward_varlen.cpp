@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <numeric>
 #include <optional>
@@ -19,6 +20,7 @@
 #include "gpu.hpp"
 #include "poisoned_output.hpp"
 #include "reference_backward.hpp"
+#include "user_examples.hpp"
 #include "varlen_problem.hpp"
 
 using namespace flashjit;
@@ -35,14 +37,21 @@ struct VarlenBackwardCase {
   int window_left = -1, window_right = -1, sink_tokens = 0;
   bool alibi = false, sinks = false;
   bool deterministic = false;
+  // User functions given to both passes, and their host mirrors (batch: the sequence).
+  const UserFunctions* user_functions = nullptr;
+  std::array<const void*, kMaxUserArgs> user_args{};
+  HostScoreMod score_mod, score_mod_grad;
+  HostMaskMod mask_mod;
 
   std::string describe() const {
     return fmt::format(
-        "{}{}{}{}{}{}", shape.describe(), softcap > 0.f ? fmt::format(" softcap {}", softcap) : "",
+        "{}{}{}{}{}{}{}", shape.describe(),
+        softcap > 0.f ? fmt::format(" softcap {}", softcap) : "",
         window_left >= 0 || window_right >= 0
             ? fmt::format(" window ({}, {}) sink tokens {}", window_left, window_right, sink_tokens)
             : "",
-        alibi ? " alibi" : "", sinks ? " sinks" : "", deterministic ? " deterministic" : "");
+        alibi ? " alibi" : "", sinks ? " sinks" : "", deterministic ? " deterministic" : "",
+        user_functions ? " user" + user_functions->hash().substr(0, 8) : "");
   }
   ScoreMods mods() const {
     ScoreMods mods;
@@ -55,6 +64,9 @@ struct VarlenBackwardCase {
       if (alibi) mods.alibi_slopes.push_back(std::exp2(-8.0 * (h + 1) / shape.heads_q));
       if (sinks) mods.sink_logits.push_back(0.75 - 0.5 * (h % 4));
     }
+    mods.score_mod = score_mod;
+    mods.score_mod_grad = score_mod_grad;
+    mods.mask_mod = mask_mod;
     return mods;
   }
   template <typename Options>
@@ -66,6 +78,8 @@ struct VarlenBackwardCase {
     options.sink_tokens = sink_tokens;
     options.alibi_slopes = alibi_slopes;
     options.sink_logits = sink_logits;
+    options.user_functions = user_functions;
+    options.user_args = user_args;
   }
 };
 
@@ -166,10 +180,11 @@ class VarlenBackwardProblem {
   void check(const Gradients& g) const {
     const VarlenCase& s = case_.shape;
     const double scale = 1.0 / std::sqrt(static_cast<double>(s.head_dim));
-    const ScoreMods mods = case_.mods();
+    ScoreMods mods = case_.mods();
     std::vector<double> dsink(mods.sink_logits.size(), 0.0);
     for (int b = 0; b < s.batch(); ++b) {
       CAPTURE(b);
+      mods.first_batch = b;  // what the user functions see as the batch
       const HostTensor dq = host_.sequence_rows(g.dq, b);
       const HostTensor dk = host_.sequence_keys(g.dk, b), dv = host_.sequence_keys(g.dv, b);
       CAPTURE(s.seqlens_q[b]);
@@ -321,5 +336,38 @@ TEST_CASE("varlen backward: the deterministic mode repeats bitwise") {
     c.shape = ragged({0, 65, 200, 129}, {10, 65, 300, 1}, 8, 2, head_dim, true, 9400);
     c.deterministic = true;
     check_in_every_family(c, 9400 + static_cast<unsigned>(head_dim));
+  }
+}
+
+TEST_CASE("varlen backward with user functions: prefix LM per sequence, a relative-position bias") {
+  // The prefix mask reads the sequence (batch) and positions within it; the bias its derivative.
+  static const UserFunctions prefix = prefix_lm_functions();
+  static const UserFunctions bias = relative_position_bias_functions();
+  std::mt19937 rng(9900);
+  for (int head_dim : {64, 128}) {
+    VarlenBackwardCase masked;
+    masked.shape = ragged({0, 90, 200, 130, 1}, {3, 90, 260, 130, 9}, 4, 2, head_dim, false,
+                          9900 + head_dim);
+    std::vector<std::int32_t> prefix_of;
+    for (int length : masked.shape.seqlens_k)
+      prefix_of.push_back(length > 0 ? static_cast<std::int32_t>(rng() % length) : 0);
+    const DeviceBuffer prefix_args = device_copy(engine(), prefix_of);
+    masked.user_functions = &prefix;
+    masked.user_args[0] = prefix_args.data();
+    masked.mask_mod = prefix_lm(prefix_of);
+    check_in_every_family(masked, 9910 + head_dim);
+
+    VarlenBackwardCase biased;
+    biased.shape = ragged({70, 150, 33}, {120, 150, 33}, 4, 4, head_dim, true, 9920 + head_dim);
+    std::vector<float> table(
+        static_cast<std::size_t>(4 * (2 * relative_position_range() + 1)));
+    std::normal_distribution<float> normal(0.f, 1.f);
+    for (float& x : table) x = normal(rng);
+    const DeviceBuffer table_args = device_copy(engine(), table);
+    biased.user_functions = &bias;
+    biased.user_args[0] = table_args.data();
+    biased.score_mod = relative_position_bias(table);
+    biased.score_mod_grad = relative_position_bias_grad;
+    check_in_every_family(biased, 9930 + head_dim);
   }
 }

@@ -157,7 +157,7 @@ TEST_CASE("the C API's user functions and block masks reach the engine: the same
       "  const int* doc = static_cast<const int*>(a.ptr[0]);\n  return doc[q] == doc[k];\n}\n";
   const UserFunctions cpp_functions("", source);
   flashjit_user_functions* functions = nullptr;
-  REQUIRE(flashjit_user_functions_create(nullptr, source, &functions) == FLASHJIT_OK);
+  REQUIRE(flashjit_user_functions_create(nullptr, source, nullptr, &functions) == FLASHJIT_OK);
 
   flashjit_engine* handle = nullptr;
   REQUIRE(flashjit_engine_create(0, nullptr, &handle) == FLASHJIT_OK);

@@ -61,6 +61,8 @@ struct ScoreMods {
   // query head, batch first_batch + the batch index of the tensors.
   HostScoreMod score_mod;
   HostMaskMod mask_mod;
+  // d score_mod / d score, for the backward reference (needed there with a score_mod).
+  HostScoreMod score_mod_grad;
   // The batch the user functions see for batch 0: a per-sequence reference (one sequence at a
   // time, reference_per_sequence, HostVarlen::reference) passes each sequence's own.
   int first_batch = 0;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <stdexcept>
 
 namespace flashjit::test {
 namespace {
@@ -50,15 +51,23 @@ ReferenceGradients reference_attention_backward(const HostTensor& q, const HostT
   grads.query_sees_nothing.assign(static_cast<std::size_t>(SQ), false);
   grads.key_seen_by_none.assign(static_cast<std::size_t>(SK), true);
   if (!mods.sink_logits.empty()) grads.dsink.assign(static_cast<std::size_t>(HQ), 0.0);
-  // Bottom-right alignment: query i sits at key position i + SK - SQ.
-  auto seen = [&](std::int64_t i, std::int64_t j) {
-    return visible_by_masks(mods, causal, i + SK - SQ, j);
+  if (mods.score_mod && !mods.score_mod_grad)
+    throw std::invalid_argument("reference_attention_backward: a score_mod needs score_mod_grad");
+  // Bottom-right alignment: query i sits at key position i + SK - SQ; mask_mod sees the rows of
+  // the tensors and the batch the user functions see.
+  auto seen = [&](std::int64_t b, std::int64_t h, std::int64_t i, std::int64_t j) {
+    return visible_by_masks(mods, causal, i + SK - SQ, j) &&
+           (!mods.mask_mod || mods.mask_mod(mods.first_batch + static_cast<int>(b),
+                                            static_cast<int>(h), static_cast<int>(i),
+                                            static_cast<int>(j)));
   };
-  for (std::int64_t i = 0; i < SQ; ++i) {
-    grads.query_sees_nothing[i] = true;
-    for (std::int64_t j = 0; j < SK; ++j)
-      if (seen(i, j)) grads.query_sees_nothing[i] = grads.key_seen_by_none[j] = false;
-  }
+  // Zero by the masks in every batch and head.
+  grads.query_sees_nothing.assign(static_cast<std::size_t>(SQ), true);
+  for (std::int64_t b = 0; b < (mods.mask_mod ? B : std::min<std::int64_t>(B, 1)); ++b)
+    for (std::int64_t h = 0; h < (mods.mask_mod ? HQ : std::min<std::int64_t>(HQ, 1)); ++h)
+      for (std::int64_t i = 0; i < SQ; ++i)
+        for (std::int64_t j = 0; j < SK; ++j)
+          if (seen(b, h, i, j)) grads.query_sees_nothing[i] = grads.key_seen_by_none[j] = false;
 
   constexpr double kNegInf = -std::numeric_limits<double>::infinity();
   // Per key: P, dP, and d score / d(q·k) (softmax_scale, times 1 - tanh² under a cap).
@@ -69,16 +78,18 @@ ReferenceGradients reference_attention_backward(const HostTensor& q, const HostT
       const std::int64_t hk = h / (HQ / HKV);
       const double sink = mods.sink_logits.empty() ? kNegInf : mods.sink_logits[h];
       const double slope = mods.alibi_slopes.empty() ? 0.0 : mods.alibi_slopes[h];
+      const int batch = mods.first_batch + static_cast<int>(b), head = static_cast<int>(h);
       for (std::int64_t i = 0; i < SQ; ++i) {
-        if (grads.query_sees_nothing[i]) continue;  // zero dq, nothing to dk, dv (and the sink)
         const double* q_i = &Q[row(b, i, h, SQ, HQ)];
         const double* do_i = &dO[row(b, i, h, SQ, HQ)];
         double max_score = sink;
+        bool sees_some = false;
         for (std::int64_t j = 0; j < SK; ++j) {
-          if (!seen(i, j)) {
+          if (!seen(b, h, i, j)) {
             p[j] = kNegInf;
             continue;
           }
+          sees_some = true;
           double s = softmax_scale * dot(q_i, &K[row(b, j, hk, SK, HKV)], D);
           dscore[j] = softmax_scale;
           if (mods.softcap > 0) {
@@ -86,9 +97,16 @@ ReferenceGradients reference_attention_backward(const HostTensor& q, const HostT
             s = mods.softcap * t;
             dscore[j] *= 1 - t * t;
           }
-          p[j] = s - slope * static_cast<double>(std::abs(i + SK - SQ - j));
+          s -= slope * static_cast<double>(std::abs(i + SK - SQ - j));
+          if (mods.score_mod) {
+            const int q_idx = static_cast<int>(i), kv_idx = static_cast<int>(j);
+            dscore[j] *= mods.score_mod_grad(s, batch, head, q_idx, kv_idx);
+            s = mods.score_mod(s, batch, head, q_idx, kv_idx);
+          }
+          p[j] = s;
           max_score = std::max(max_score, p[j]);
         }
+        if (!sees_some) continue;  // zero dq, nothing to dk, dv (and the sink)
         double sum = sink == kNegInf ? 0.0 : std::exp(sink - max_score);
         for (std::int64_t j = 0; j < SK; ++j)
           if (p[j] != kNegInf) sum += (p[j] = std::exp(p[j] - max_score));

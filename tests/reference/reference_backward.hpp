@@ -1,6 +1,6 @@
 // Host-side attention backward in float64: the ground truth for Engine::backward. The gradients
 // of L = Σ out∘dout for the forward (softmax scale, bottom-right causal, GQA/MQA, and the score
-// variants of ScoreMods but the user functions), from the same bf16/fp16 inputs the GPU reads.
+// variants and user functions of ScoreMods), from the same bf16/fp16 inputs the GPU reads.
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,9 @@ struct ReferenceGradients {
 // Causal: query i sees key j iff j <= i + sk - sq; the window and sink tokens as in ScoreMods. A
 // row with no visible key has zero dq and adds nothing to dk and dv. Soft-capped, dS takes the
 // cap's 1 - tanh² on its way to dq and dk; ALiBi is a constant bias; a learnable sink joins the
-// denominator and gets dsink_h = -Σ_i exp(sink_h - LSE_i) D_i.
+// denominator and gets dsink_h = -Σ_i exp(sink_h - LSE_i) D_i. A score_mod's derivative
+// (ScoreMods::score_mod_grad, required with one) multiplies dS; mask_mod hides keys as in the
+// forward. query_sees_nothing / key_seen_by_none then hold for every batch and head.
 ReferenceGradients reference_attention_backward(const HostTensor& q, const HostTensor& k,
                                                 const HostTensor& v, const HostTensor& dout,
                                                 double softmax_scale, bool causal,

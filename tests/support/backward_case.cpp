@@ -42,13 +42,15 @@ void set_variants(Options& options, const BackwardCase& c, const float* alibi_sl
   options.sink_tokens = c.sink_tokens;
   options.alibi_slopes = alibi_slopes;
   options.sink_logits = sink_logits;
+  options.user_functions = c.user_functions;
+  options.user_args = c.user_args;
 }
 
 }  // namespace
 
 std::string BackwardCase::describe() const {
   return fmt::format(
-      "b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}{}{}{}{}{}{}", batch, heads_q, heads_kv, seqlen_q,
+      "b{} hq{} hkv{} sq{} sk{} d{} {} {} {}{}{}{}{}{}{}{}{}", batch, heads_q, heads_kv, seqlen_q,
       seqlen_k, head_dim, causal ? "causal" : "full", to_string(dtype), bhsd ? "bhsd" : "bshd",
       softmax_scale ? fmt::format(" scale {}", *softmax_scale) : "",
       deterministic ? " deterministic" : "",
@@ -58,7 +60,8 @@ std::string BackwardCase::describe() const {
           ? fmt::format(" window ({}, {}){}", window_left, window_right,
                         sink_tokens > 0 ? fmt::format(" sink tokens {}", sink_tokens) : "")
           : "",
-      alibi ? " alibi" : "", sinks ? " sinks" : "");
+      alibi ? " alibi" : "", sinks ? " sinks" : "",
+      user_functions ? " user" + user_functions->hash().substr(0, 8) : "");
 }
 
 ScoreMods BackwardCase::mods() const {
@@ -72,6 +75,9 @@ ScoreMods BackwardCase::mods() const {
     if (alibi) mods.alibi_slopes.push_back(std::exp2(-8.0 * (h + 1) / heads_q));
     if (sinks) mods.sink_logits.push_back(0.75 - 0.5 * (h % 4));
   }
+  mods.score_mod = score_mod;
+  mods.score_mod_grad = score_mod_grad;
+  mods.mask_mod = mask_mod;
   return mods;
 }
 

@@ -2,6 +2,7 @@
 // from a random dout), and checked against the float64 reference gradients.
 #pragma once
 
+#include <array>
 #include <optional>
 #include <string>
 #include <vector>
@@ -30,6 +31,12 @@ struct BackwardCase {
   int window_left = -1, window_right = -1, sink_tokens = 0;
   bool alibi = false;  // slopes 2^(-8 (h + 1) / heads_q), as BLOOM's
   bool sinks = false;  // learnable sink logits per head; their gradient is checked too
+  // User functions given to both passes (the caller keeps them and what user_args point to
+  // alive), and their host mirrors for the reference (ScoreMods' meaning).
+  const UserFunctions* user_functions = nullptr;
+  std::array<const void*, kMaxUserArgs> user_args{};
+  HostScoreMod score_mod, score_mod_grad;
+  HostMaskMod mask_mod;
   std::string describe() const;
   double scale() const;  // the softmax scale in effect
   ScoreMods mods() const;  // the variants as the reference takes them

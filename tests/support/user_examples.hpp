@@ -31,9 +31,11 @@ inline std::filesystem::path user_example(std::string_view file) {
 inline UserFunctions document_mask_functions() {
   return UserFunctions::from_files({}, user_example("document_mask.cu"));
 }
-// score_mod: args.ptr[0] = fp32 table[heads_q * (2 R + 1)], R = relative_position_range().
+// score_mod: args.ptr[0] = fp32 table[heads_q * (2 R + 1)], R = relative_position_range(); with
+// its derivative for the backward.
 inline UserFunctions relative_position_bias_functions() {
-  return UserFunctions::from_files(user_example("relative_position_bias.cu"), {});
+  return UserFunctions::from_files(user_example("relative_position_bias.cu"), {},
+                                   user_example("relative_position_bias_grad.cu"));
 }
 // mask_mod: args.ptr[0] = int32 prefix[batch]; the prefix is seen by all, the rest causally.
 inline UserFunctions prefix_lm_functions() {
@@ -67,6 +69,8 @@ inline HostScoreMod relative_position_bias(std::vector<float> table) {
     return score + table.at(static_cast<std::size_t>(head * (2 * range + 1) + range + distance));
   };
 }
+// d relative_position_bias / d score.
+inline double relative_position_bias_grad(double, int, int, int, int) { return 1.0; }
 inline HostMaskMod prefix_lm(std::vector<std::int32_t> prefix) {
   return [prefix = std::move(prefix)](int batch, int, int q_idx, int kv_idx) {
     return kv_idx < prefix.at(static_cast<std::size_t>(batch)) || kv_idx <= q_idx;

@@ -31,6 +31,7 @@ struct PrecompileOptions {
   // User functions compiled into every chosen variant (UserFunctions::from_files; empty: none).
   std::string score_mod_file;
   std::string mask_mod_file;
+  std::string score_mod_grad_file;
   std::string manifest;  // a variant manifest to build exactly (retargeted to --arch if given)
   std::string out;       // a bundle directory to write (entries + its manifest)
   int jobs = 0;
@@ -64,11 +65,12 @@ const FamilyInfo* family_info(const std::string& family) {
   return nullptr;
 }
 
-// The attention families that compile user functions (the block-mask builder is no choice here).
+// The attention and backward families that compile user functions (the block-mask builder is no
+// choice here).
 std::string user_function_families() {
   std::vector<std::string> names;
   for (const FamilyInfo& info : families())
-    if (info.attention && info.user_functions) names.push_back(info.name);
+    if ((info.attention || info.backward) && info.user_functions) names.push_back(info.name);
   return names.empty() ? "none" : fmt::format("{}", fmt::join(names, ", "));
 }
 
@@ -78,7 +80,15 @@ std::string user_function_files(const PrecompileOptions& options) {
   if (!options.score_mod_file.empty()) text += "--score-mod " + options.score_mod_file;
   if (!options.mask_mod_file.empty())
     text += (text.empty() ? "" : " ") + ("--mask-mod " + options.mask_mod_file);
+  if (!options.score_mod_grad_file.empty())
+    text += " --score-mod-grad " + options.score_mod_grad_file;
   return text;
+}
+
+// Whether the family compiles these user functions: one that has user functions, and for a
+// backward family a score_mod's derivative (--score-mod-grad) where there is a score_mod.
+bool compiles_user_functions(const FamilyInfo* info, const UserFunctions& functions) {
+  return info && info->user_functions && (!info->backward || functions.differentiable());
 }
 
 // A named variant (`where`: "--variant NAME" or "--manifest FILE: NAME") with the run's user
@@ -102,11 +112,14 @@ Variant with_user_functions(Variant variant, const UserFunctions* functions,
   }
   if (!functions || !add) return variant;
   const FamilyInfo* info = family_info(variant.family);
-  if (!(info && info->user_functions))
+  if (!compiles_user_functions(info, *functions))
     throw Error(ErrorCode::invalid_argument,
-                fmt::format("{}: family {} compiles no user functions ({}): expected a variant "
+                fmt::format("{}: family {} compiles no user functions ({}{}): expected a variant "
                             "of {}",
                             where, variant.family, user_function_files(options),
+                            info && info->user_functions
+                                ? "; a backward needs the score_mod's --score-mod-grad"
+                                : "",
                             user_function_families()));
   variant.user_functions = functions->hash();
   return variant;
@@ -196,12 +209,16 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options,
   // are left out (and named in a note).
   if (functions)
     for (const std::string& family : options.families)
-      if (const FamilyInfo* info = family_info(family); !(info && info->user_functions))
+      if (const FamilyInfo* info = family_info(family); !compiles_user_functions(info, *functions))
         throw Error(ErrorCode::invalid_argument,
-                    fmt::format("--family {}: it compiles no user functions ({}): expected "
+                    fmt::format("--family {}: it compiles no user functions ({}{}): expected "
                                 "families among {}",
-                                family, user_function_files(options), user_function_families()));
-  std::vector<std::string> skipped;
+                                family, user_function_files(options),
+                                info && info->user_functions
+                                    ? "; a backward needs the score_mod's --score-mod-grad"
+                                    : "",
+                                user_function_families()));
+  std::vector<std::string> skipped, need_grad;
   for (const std::string& arch : archs)
     for (const Variant& variant : default_variants(arch)) {
       if (!contains(head_dims, variant.head_dim) || !contains(dtypes, variant.dtype) ||
@@ -211,8 +228,9 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options,
       // Each default shape once per --softcap, --window, --sink and --alibi value, where the
       // family builds soft-capped, sliding-window, sink or ALiBi kernels.
       const FamilyInfo* info = family_info(variant.family);
-      if (functions && !(info && info->user_functions)) {
-        if (!contains(skipped, variant.family)) skipped.push_back(variant.family);
+      if (functions && !compiles_user_functions(info, *functions)) {
+        auto& list = info && info->user_functions ? need_grad : skipped;
+        if (!contains(list, variant.family)) list.push_back(variant.family);
         continue;
       }
       for (bool capped : softcap)
@@ -238,6 +256,11 @@ std::vector<Variant> chosen_variants(const PrecompileOptions& options,
                                 fmt::join(skipped, ", "),
                                 skipped.size() == 1 ? "compiles" : "compile",
                                 user_function_files(options)));
+  if (!need_grad.empty())
+    notes.push_back(fmt::format("backward {} {}: left out of this run, because the backward of a "
+                                "score_mod needs its derivative (--score-mod-grad FILE)",
+                                need_grad.size() == 1 ? "family" : "families",
+                                fmt::join(need_grad, ", ")));
   if (chosen.empty())
     throw Error(ErrorCode::invalid_argument,
                 fmt::format("no default variant for {} matches --head-dim, --dtype, --causal, "
@@ -283,7 +306,8 @@ int run_precompile(const PrecompileOptions& options, const GlobalOptions& global
   // cache compile a variant that names its hash.
   std::optional<UserFunctions> functions;
   if (!options.score_mod_file.empty() || !options.mask_mod_file.empty())
-    functions = UserFunctions::from_files(options.score_mod_file, options.mask_mod_file);
+    functions = UserFunctions::from_files(options.score_mod_file, options.mask_mod_file,
+                                          options.score_mod_grad_file);
   std::vector<std::string> notes;
   const std::vector<Variant> variants =
       chosen_variants(options, functions ? &*functions : nullptr, notes);
@@ -370,12 +394,15 @@ int run_precompile(const PrecompileOptions& options, const GlobalOptions& global
   for (const CompileOutcome& outcome : outcomes) {
     if (outcome.ok) continue;
     fmt::print(stderr, "\n=== {}\n{}\n", outcome.variant.name(), outcome.error);
-    // NVRTC's log names the user's lines "score_mod(LINE)" / "mask_mod(LINE)": say which files.
+    // NVRTC's log names the user's lines "score_mod(LINE)", "mask_mod(LINE)" or
+    // "score_mod_grad(LINE)": say which files.
     if (!outcome.variant.user_functions.empty()) {
       if (!options.score_mod_file.empty())
         fmt::print(stderr, "score_mod = {}\n", options.score_mod_file);
       if (!options.mask_mod_file.empty())
         fmt::print(stderr, "mask_mod = {}\n", options.mask_mod_file);
+      if (!options.score_mod_grad_file.empty())
+        fmt::print(stderr, "score_mod_grad = {}\n", options.score_mod_grad_file);
     }
   }
   return 1;
@@ -424,6 +451,12 @@ void add_precompile_command(CLI::App& app, const GlobalOptions& globals, int& st
   command
       ->add_option("--mask-mod", options->mask_mod_file,
                    "CUDA C source of a mask_mod, as --score-mod (either or both)")
+      ->check(CLI::ExistingFile)
+      ->type_name("FILE");
+  command
+      ->add_option("--score-mod-grad", options->score_mod_grad_file,
+                   "CUDA C source of the score_mod's derivative, score_mod_grad (needs "
+                   "--score-mod): without it the backward families are left out")
       ->check(CLI::ExistingFile)
       ->type_name("FILE");
   command

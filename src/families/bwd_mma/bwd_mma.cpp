@@ -118,7 +118,7 @@ constinit extern const KernelFamily kBwdMmaDqFamily = {
 Variant bwd_mma_dq_variant(const Variant& dkdv) {
   return variant_of(kBwdMmaDqFamily, dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal,
                     bwd_mma_dq_tiles_for(dkdv.arch, dkdv.head_dim), false, dkdv.varlen,
-                    dkdv.softcap, dkdv.window, false, dkdv.alibi);
+                    dkdv.softcap, dkdv.window, false, dkdv.alibi, dkdv.user_functions);
 }
 
 }  // namespace flashjit::detail

@@ -227,7 +227,7 @@ constinit extern const KernelFamily kBwdWgmmaDqFamily = {
 Variant bwd_wgmma_dq_variant(const Variant& dkdv) {
   return variant_of(kBwdWgmmaDqFamily, dkdv.arch, dkdv.dtype, dkdv.head_dim, dkdv.causal,
                     bwd_wgmma_dq_tiles_for(dkdv.head_dim), false, dkdv.varlen, dkdv.softcap,
-                    dkdv.window, false, dkdv.alibi);
+                    dkdv.window, false, dkdv.alibi, dkdv.user_functions);
 }
 
 }  // namespace flashjit::detail
