@@ -72,14 +72,6 @@ struct UserCase {
   std::vector<DeviceBuffer> args;
 };
 
-std::vector<std::int32_t> random_documents(int length, int max_length, std::mt19937& rng) {
-  std::vector<std::int32_t> doc_id;
-  for (std::int32_t id = 0; static_cast<int>(doc_id.size()) < length; ++id)
-    doc_id.insert(doc_id.end(), 1 + rng() % max_length, id);
-  doc_id.resize(static_cast<std::size_t>(length));
-  return doc_id;
-}
-
 UserCase with_documents(BackwardCase c, std::mt19937& rng) {
   const std::vector<std::int32_t> doc_id = random_documents(c.seqlen_k, 90, rng);
   UserCase u{c, {}};

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
+#include <random>
 #include <regex>
 #include <sstream>
 #include <stdexcept>
@@ -53,6 +54,16 @@ inline int relative_position_range() {
   if (!std::regex_search(source, match, std::regex(R"(constexpr int kMaxDistance = (\d+);)")))
     throw std::runtime_error("relative_position_bias.cu declares no `constexpr int kMaxDistance`");
   return std::stoi(match[1]);
+}
+
+// document_mask.cu's doc_id: documents of 1 to max_length tokens packed one after another over
+// `length` positions.
+inline std::vector<std::int32_t> random_documents(int length, int max_length, std::mt19937& rng) {
+  std::vector<std::int32_t> doc_id;
+  for (std::int32_t id = 0; static_cast<int>(doc_id.size()) < length; ++id)
+    doc_id.insert(doc_id.end(), 1 + rng() % max_length, id);
+  doc_id.resize(static_cast<std::size_t>(length));
+  return doc_id;
 }
 
 // Host mirrors of the examples over the host copies of what their args.ptr[0] points to.
