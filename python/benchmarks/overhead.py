@@ -60,10 +60,10 @@ def main():
          lambda: flashjit.attention(q, k, v, causal=args.causal)),
         ("  torch.ops.flashjit.attention",
          lambda: torch.ops.flashjit.attention(q, k, v, args.causal, 0.0, False, -1, -1, 0.0,
-                                              None, None, 0, None, None, [], [], 0)),
+                                              None, None, 0, None, None, [], [], 0, False)),
         ("  its implementation, no dispatch",
          lambda: ops._run_attention(q, k, v, args.causal, 0.0, False, -1, -1, 0.0, None,
-                                    None, 0, None, None, [], [], 0)),
+                                    None, 0, None, None, [], [], 0, False)),
         ("flashjit.attention, return_lse",
          lambda: flashjit.attention(q, k, v, causal=args.causal, return_lse=True)),
     ]
