@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <regex>
+#include <set>
 #include <string>
 
 #include "flashjit/flashjit.hpp"
@@ -596,6 +597,47 @@ TEST_CASE("precompile --mask-mod / --score-mod: the default set of the families 
       flashjit::UserFunctions::from_files(sources.score_mod, sources.mask_mod).hash();
   CHECK(both_hash != hash);
   CHECK(both.out == "mma.sm80.bf16.d64.m128n128s1.causal.user" + both_hash + "\n");
+}
+
+TEST_CASE("precompile --score-mod: the backward families need --score-mod-grad, named in a note "
+          "or an error") {
+  TempCache cache;
+  const UserSources sources(cache.dir);
+  const fs::path grad = cache.dir / "bias_grad.cu";
+  std::ofstream(grad) << "__device__ float score_mod_grad(float s, int b, int h, int q, int k,\n"
+                         "                                const flashjit::UserArgs& a) {\n"
+                         "  return 1.f;\n}\n";
+  const std::string dir = "--cache-dir " + cache.dir.string();
+  const std::string base = dir + " precompile --arch sm_80 --head-dim 64 --dtype bf16 --causal yes "
+                                 "--score-mod " + sources.score_mod.string();
+  auto families_of = [](const std::string& names) {
+    std::set<std::string> families;
+    for (const std::string& name : lines_of(names)) families.insert(name.substr(0, name.find('.')));
+    return families;
+  };
+  // Without the derivative: the forward families only, and a note naming the backward ones.
+  const Run forward_only = run_cli(cache, base + " --dry-run");
+  INFO(forward_only.out, forward_only.err);
+  REQUIRE(forward_only.status == 0);
+  const std::set<std::string> forward_families = families_of(forward_only.out);
+  CHECK(forward_families.count("mma") == 1);
+  CHECK(forward_families.count("bwd_mma") == 0);
+  CHECK(contains(forward_only.err, "backward families bwd_mma, bwd_mma_dq: left out"));
+  CHECK(contains(forward_only.err, "--score-mod-grad FILE"));
+  // With it: the backward's dK/dV and dQ families too, under the hash of all three sources.
+  const Run with_grad = run_cli(cache, base + " --score-mod-grad " + grad.string() + " --dry-run");
+  INFO(with_grad.err);
+  REQUIRE(with_grad.status == 0);
+  const std::set<std::string> all = families_of(with_grad.out);
+  CHECK(all.count("bwd_mma") == 1);
+  CHECK(all.count("bwd_mma_dq") == 1);
+  const std::string hash = flashjit::UserFunctions::from_files(sources.score_mod, "", grad).hash();
+  for (const std::string& name : lines_of(with_grad.out)) CHECK(name.ends_with(".user" + hash));
+  // A backward family asked for by name without the derivative: an error that says what is missing.
+  const Run refused = run_cli(cache, base + " --family bwd_mma --dry-run");
+  CHECK(refused.status != 0);
+  CHECK(contains(refused.err, "--family bwd_mma"));
+  CHECK(contains(refused.err, "a backward needs the score_mod's --score-mod-grad"));
 }
 
 TEST_CASE("precompile with user functions compiles them in; list, its JSON and the metadata "
