@@ -75,6 +75,9 @@ class FlashjitTensor(ctypes.Structure):
                 f"shape={list(self.shape)}, stride={list(self.stride)})")
 
 
+TENSOR_BYTES = ctypes.sizeof(FlashjitTensor)
+
+
 class FlashjitForwardOptions(ctypes.Structure):
     """flashjit_forward_options, field for field as the header declares it."""
 
@@ -429,6 +432,11 @@ class Flashjit:
         tensor_args = [ctypes.c_void_p] + [P(FlashjitTensor)] * 4 + [P(FlashjitForwardOptions)]
         lib.flashjit_forward.restype = ctypes.c_int
         lib.flashjit_forward.argtypes = tensor_args + [ctypes.c_void_p]
+        # The same function taking plain addresses (ints): for callers that pack the structs into
+        # buffers of their own (the package's eager hot path). A CFUNCTYPE call with ints costs
+        # a third of one that converts byref() arguments.
+        self.forward_at = ctypes.CFUNCTYPE(ctypes.c_int, *[ctypes.c_void_p] * 7)(
+            ctypes.cast(lib.flashjit_forward, ctypes.c_void_p).value)
         lib.flashjit_select_variant.restype = ctypes.c_int
         lib.flashjit_select_variant.argtypes = tensor_args + [ctypes.c_char_p, ctypes.c_int32]
         lib.flashjit_precompile.restype = ctypes.c_int
@@ -608,11 +616,22 @@ class Engine:
         self.owner = owner
         self.lib = owner.lib
         self.handle = handle
+        self.address = handle.value if handle else None  # for Flashjit.forward_at
+
+    def forward_at(self, tensors, options, stream):
+        """flashjit_forward on structs at addresses: `tensors` holds q, k, v and out as four
+        consecutive flashjit_tensor, `options` a flashjit_forward_options (ints, valid for the
+        call)."""
+        size = TENSOR_BYTES
+        status = self.owner.forward_at(self.address, tensors, tensors + size, tensors + 2 * size,
+                                       tensors + 3 * size, options, stream)
+        if status != OK:
+            raise_status("flashjit_forward", status, self.owner.last_error())
 
     def close(self):
         if self.handle:
             self.lib.flashjit_engine_destroy(self.handle)
-            self.handle = None
+            self.handle = self.address = None
 
     def __enter__(self):
         return self

@@ -252,6 +252,8 @@ def _eager(*tensors):
 
 _CODES = {torch.bfloat16: _capi.DTYPES["bf16"], torch.float16: _capi.DTYPES["fp16"]}
 _LSE_OFFSET = _capi.FlashjitForwardOptions.lse.offset
+_OPTIONS_BYTES = ctypes.sizeof(_capi.FlashjitForwardOptions)
+_ADDRESS = struct.Struct("=Q")
 
 
 # FlashjitTensor's bytes packed by struct and copied in: 0.5 us, where the ctypes constructor
@@ -260,6 +262,9 @@ _TENSOR = struct.Struct("=Qi4x4q4q")
 _T = _capi.FlashjitTensor
 assert (_TENSOR.size, _T.dtype.offset, _T.shape.offset, _T.stride.offset) == \
     (ctypes.sizeof(_T), 8, 16, 48), "flashjit.ops._TENSOR no longer matches FlashjitTensor"
+# q, k, v and out of one forward, packed by one call into the calling thread's buffer (the C API
+# reads them before it returns): a third of the time of four FlashjitTensor objects.
+_TENSORS = struct.Struct("=" + _TENSOR.format.lstrip("=") * 4)
 
 
 def _view(t):
@@ -268,14 +273,39 @@ def _view(t):
                                             *t.stride()))
 
 
+class _CallBuffers(threading.local):
+    """Per thread: the four tensors and the options of the forward in progress."""
+
+    def __init__(self):
+        self.tensors = (_T * 4)()
+        self.tensors_at = ctypes.addressof(self.tensors)
+        self.options = _capi.FlashjitForwardOptions()
+        self.options_at = ctypes.addressof(self.options)
+
+
+_buffers = _CallBuffers()
+
+
+def _forward_dense(engine, index, q, k, v, out, options):
+    """flashjit_forward of four dense tensors (checked by the caller) and a FlashjitForwardOptions,
+    on torch's current stream of device `index`."""
+    buffers = _buffers
+    _TENSORS.pack_into(buffers.tensors, 0,
+                       q.data_ptr(), _CODES[q.dtype], *q.shape, *q.stride(),
+                       k.data_ptr(), _CODES[k.dtype], *k.shape, *k.stride(),
+                       v.data_ptr(), _CODES[v.dtype], *v.shape, *v.stride(),
+                       out.data_ptr(), _CODES[out.dtype], *out.shape, *out.stride())
+    engine.forward_at(buffers.tensors_at, ctypes.addressof(options), _stream(index))
+
+
 _templates = {}
 
 
-def _dense_options(engine, causal, softmax_scale, lse, window_left, window_right, softcap,
-                   sink_logits, alibi_slopes, sink_tokens, family):
-    """engine.options() for these arguments, built once per distinct set and copied per call
-    (a copy is one memcpy; building costs microseconds); only the LSE pointer differs (and the
-    user functions' fields, which _set_user fills in)."""
+def _options_template(engine, causal, softmax_scale, window_left, window_right, softcap,
+                      sink_logits, alibi_slopes, sink_tokens, family):
+    """engine.options() for these arguments with no LSE and no user functions, built once per
+    distinct set (building costs microseconds) and never written after: calls copy it, or pass
+    it as it is."""
     key = (causal, softmax_scale, window_left, window_right, softcap, family,
            sink_logits.data_ptr() if sink_logits is not None else 0,
            alibi_slopes.data_ptr() if alibi_slopes is not None else 0, sink_tokens)
@@ -287,10 +317,66 @@ def _dense_options(engine, causal, softmax_scale, lse, window_left, window_right
             causal, softmax_scale, None, family,
             **_variants(window_left, window_right, softcap, sink_logits, alibi_slopes,
                         sink_tokens))
-    options = _capi.FlashjitForwardOptions.from_buffer_copy(template)
+    return template
+
+
+def _dense_options(engine, causal, softmax_scale, lse, window_left, window_right, softcap,
+                   sink_logits, alibi_slopes, sink_tokens, family):
+    """A copy of the template for these arguments (a copy is one memcpy), with lse's pointer; the
+    user functions' fields are _set_user's."""
+    options = _capi.FlashjitForwardOptions.from_buffer_copy(_options_template(
+        engine, causal, softmax_scale, window_left, window_right, softcap, sink_logits,
+        alibi_slopes, sink_tokens, family))
     if lse is not None:
         ctypes.c_void_p.from_buffer(options, _LSE_OFFSET).value = lse.data_ptr()
     return options
+
+
+def _attention_eager(q, k, v, causal, softmax_scale, return_lse, window_left, window_right,
+                     softcap, sink_tokens, family):
+    """flashjit.attention without sinks, ALiBi or user functions on plain CUDA tensors of one
+    device and dtype that need no autograd, run directly (the _eager rules); None where the call
+    must take the general path (which also words the errors). Every tensor attribute is read once:
+    each read costs ~0.25 us."""
+    if (not _HOT_PATH or type(q) is not Tensor or type(k) is not Tensor or type(v) is not Tensor
+            or _is_compiling() or _dispatch_modes() or _function_modes() or _profiling()):
+        return None
+    if (q.requires_grad or k.requires_grad or v.requires_grad) and torch.is_grad_enabled():
+        return None
+    index, dtype, q_shape, k_shape, v_shape = q.get_device(), q.dtype, q.shape, k.shape, v.shape
+    code = _CODES.get(dtype)
+    if (not (q.is_cuda and k.is_cuda and v.is_cuda) or code is None
+            or k.get_device() != index or v.get_device() != index
+            or k.dtype is not dtype or v.dtype is not dtype or len(q_shape) != 4
+            or len(k_shape) != 4 or len(v_shape) != 4):
+        return None
+    engine = _engines.get(index)
+    if engine is None:
+        engine = _engine(q.device)[0]
+    scale = 0.0 if softmax_scale is None else _scale(softmax_scale)
+    options = _options_template(engine, causal, scale, window_left, window_right, softcap, None,
+                                None, sink_tokens, family)
+    batch, seqlen, heads, head_dim = q_shape
+    q_stride = q.stride()
+    out_stride = (seqlen * heads * head_dim, heads * head_dim, head_dim, 1)
+    # empty_like keeps a contiguous q's strides, and is faster without a memory format.
+    out = torch.empty_like(q) if q_stride == out_stride else \
+        torch.empty_like(q, memory_format=torch.contiguous_format)
+    buffers = _buffers
+    options_at = ctypes.addressof(options)
+    lse = None
+    if return_lse:
+        lse = q.new_empty((batch, heads, seqlen), dtype=torch.float32)
+        ctypes.memmove(buffers.options_at, options_at, _OPTIONS_BYTES)
+        _ADDRESS.pack_into(buffers.options, _LSE_OFFSET, lse.data_ptr())
+        options_at = buffers.options_at
+    _TENSORS.pack_into(buffers.tensors, 0,
+                       q.data_ptr(), code, *q_shape, *q_stride,
+                       k.data_ptr(), code, *k_shape, *k.stride(),
+                       v.data_ptr(), code, *v_shape, *v.stride(),
+                       out.data_ptr(), code, *q_shape, *out_stride)
+    engine.forward_at(buffers.tensors_at, options_at, _stream(index))
+    return (out, lse) if return_lse else out
 
 
 # --- flashjit::attention: dense [batch, seqlen, heads, head_dim] --------------------------------
@@ -314,7 +400,7 @@ def _run_attention(q, k, v, causal, softmax_scale, return_lse, window_left, wind
     options = _dense_options(engine, causal, softmax_scale, lse, window_left, window_right,
                              softcap, sink_logits, alibi_slopes, sink_tokens, family)
     _set_user(options, user_functions, user_args, user_pointers, block_mask)
-    engine.forward_raw(_view(q), _view(k), _view(v), _view(out), options, _stream(index))
+    _forward_dense(engine, index, q, k, v, out, options)
     return out, lse
 
 
@@ -387,6 +473,13 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, wi
     NotImplementedError; with a block mask the backward runs the mask_mod score by score, which
     gives the same gradients). The LSE is not differentiable, as in FlashAttention: what flows
     back through it is dropped."""
+    if (user_functions is None and block_mask is None and sink_logits is None
+            and alibi_slopes is None and type(user_args) in (tuple, list) and not user_args):
+        result = _attention_eager(q, k, v, bool(causal), softmax_scale, bool(return_lse),
+                                  int(window_left), int(window_right), float(softcap),
+                                  int(sink_tokens), family)
+        if result is not None:
+            return result
     user = _user_inputs("flashjit.attention", user_functions, user_args, block_mask)
     # The backward needs the LSE: a forward whose inputs want gradients keeps it.
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad

@@ -347,6 +347,10 @@ class VarlenBackwardBinding(unittest.TestCase):
             "flashjit_select_backward_variant_varlen":
                 lambda: engine.select_backward_variant_varlen_raw(t, t, t, varlen, self.options),
         }
+        tensors = (_capi.FlashjitTensor * 4)(t, t, t, t)
+        forward_options = _capi.FlashjitForwardOptions()
+        calls["flashjit_forward"] = lambda: engine.forward_at(
+            ctypes.addressof(tensors), ctypes.addressof(forward_options), None)
         for function, call in calls.items():
             with self.subTest(function=function):
                 with self.assertRaises(flashjit.InvalidArgumentError) as caught:
@@ -431,6 +435,26 @@ class TorchWithoutGpu(unittest.TestCase):
             flashjit.attention(q, q, q)
         with self.assertRaisesRegex(ValueError, "on cpu"):
             flashjit.merge_attention_states(q, torch.zeros(1, 2, 8), q, torch.zeros(1, 2, 8))
+
+    def test_one_packing_of_four_tensors_is_four_views(self):
+        # The eager hot path packs q, k, v and out with one struct call: the bytes must be those
+        # of four FlashjitTensor built field by field (make_tensor).
+        from flashjit import ops
+        torch = self.torch
+        tensors = [torch.empty(2, 8, 3, 64, dtype=torch.bfloat16).transpose(1, 2),
+                   torch.empty(2, 16, 1, 64, dtype=torch.float16)]
+        packed = (_capi.FlashjitTensor * 4)()
+        fields = []
+        for i in range(4):
+            t = tensors[i % 2]
+            fields += [t.data_ptr(), ops._CODES[t.dtype], *t.shape, *t.stride()]
+        ops._TENSORS.pack_into(packed, 0, *fields)
+        for i in range(4):
+            t = tensors[i % 2]
+            dtype = "bf16" if t.dtype == torch.bfloat16 else "fp16"
+            expected = _capi.make_tensor(t.data_ptr(), dtype, t.shape, t.stride())
+            self.assertEqual(bytes(packed[i]), bytes(expected))
+        self.assertEqual(ops._TENSORS.size, 4 * _capi.TENSOR_BYTES)
 
     def test_argument_checks(self):
         torch = self.torch

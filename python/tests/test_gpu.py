@@ -154,6 +154,44 @@ class Dense(unittest.TestCase):
                               (q, k, v, True, 0.0, True, -1, -1, 0.0, None, None, 0, None, None,
                                [], [], 0, False))
 
+    def test_the_eager_path_matches_the_op(self):
+        # flashjit.attention runs plain calls without torch's dispatcher (ops._attention_eager,
+        # structs packed into per-thread buffers): same bits as the registered op, whatever the
+        # strides, dtype, LSE or options, from several threads at once.
+        torch.manual_seed(5)
+        op = torch.ops.flashjit.attention
+        cases = [
+            (rand(2, 100, 4, 64), rand(2, 130, 2, 64), rand(2, 130, 2, 64), {}),
+            (*(rand(2, 4, 96, 128).transpose(1, 2) for _ in range(3)), {"causal": True}),
+            (*(rand(1, 77, 2, 64, dtype=torch.float16) for _ in range(3)),
+             {"return_lse": True, "softmax_scale": 0.3, "window_left": 20, "window_right": 3}),
+            (*(rand(1, 64, 2, 128) for _ in range(3)), {"causal": True, "softcap": 20.0,
+                                                         "return_lse": True}),
+        ]
+        for q, k, v, kw in cases:
+            with self.subTest(shape=tuple(q.shape), **kw):
+                got = flashjit.attention(q, k, v, **kw)
+                out, lse = op(q, k, v, kw.get("causal", False), kw.get("softmax_scale", 0.0),
+                              kw.get("return_lse", False), kw.get("window_left", -1),
+                              kw.get("window_right", -1), kw.get("softcap", 0.0), None, None, 0,
+                              None, None, [], [], 0, False)
+                if kw.get("return_lse"):
+                    got, got_lse = got
+                    self.assertTrue(torch.equal(got_lse, lse))
+                self.assertTrue(got.is_contiguous())
+                self.assertTrue(torch.equal(got, out))
+        q, k, v, kw = cases[1]
+        expected = flashjit.attention(q, k, v, **kw)
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(lambda _: flashjit.attention(q, k, v, **kw), range(16)))
+        torch.cuda.synchronize()
+        for result in results:
+            self.assertTrue(torch.equal(result, expected))
+        with self.assertRaises(flashjit.InvalidArgumentError) as caught:
+            flashjit.attention(q, k.half(), v)  # the library's dtype check, through the eager path
+        self.assertIn("dtype", caught.exception.message)
+
     def test_errors_carry_the_library_message(self):
         q = rand(1, 64, 3, 64)
         k = rand(1, 64, 2, 64)
