@@ -160,7 +160,9 @@ class BlockMask:
     holds device memory of the GPU it was made on and the user_args tensors its build reads.
     Rebuild it when the contents of user_args change: the forward cannot check those."""
 
-    _ids = itertools.count(1)
+    # From 2: 0 is "no mask", and torch.compile specializes the ints 0 and 1, so a first mask
+    # numbered 1 cost torch 2.4 one more recompile before its id became a dynamic int.
+    _ids = itertools.count(2)
 
     def __init__(self, handle, user_args):
         self._handle = handle  # _capi.BlockMask
