@@ -112,22 +112,26 @@ __device__ __forceinline__ TileOrder<Window> tile_order(const Lengths& len, cons
   return {range.sink_end, range.first, u0, u1, range.end};
 }
 
-// The key tiles a query tile visits, in order: its TileOrder, or with a block mask (Listed: the
-// kernel has a mask_mod; FmhaParams::block_tiles set) the mask's list, the tiles no mask touches
-// first (the block mask kernel writes those at the front of a row of block_tiles, the partly
-// masked at its back, from the last slot down). With a mask_mod every visit is masked but those
-// a block mask lists as untouched.
-template <bool Window, bool Listed>
-struct TileVisits {
-  TileOrder<Window> order;
+// The key tiles a query tile visits, in order: its Order (TileOrder in wgmma, kv_tile_range's
+// TileRange in mma), or with a block mask (Listed: the kernel has a mask_mod;
+// FmhaParams::block_tiles set) the mask's list, the tiles no mask touches first (the block mask
+// kernel writes those at the front of a row of block_tiles, the partly masked at its back, from
+// the last slot down). With a mask_mod every visit is masked but those a block mask lists as
+// untouched.
+template <typename Order, bool Listed>
+struct ListedVisits {
+  Order order;
   const int* listed;  // the block mask's tiles; nullptr: none
   int listed_unmasked, listed_count;
 
   __device__ __forceinline__ int count() const {
     return Listed && listed != nullptr ? listed_count : order.count();
   }
-  __device__ __forceinline__ int unmasked() const {
+  __device__ __forceinline__ int unmasked() const {  // TileOrder's visits needing no mask
     return Listed ? (listed != nullptr ? listed_unmasked : 0) : order.unmasked();
+  }
+  __device__ __forceinline__ bool untouched(int i) const {  // listed as needing no mask
+    return Listed && listed != nullptr && i < listed_unmasked;
   }
   __device__ __forceinline__ int tile(int i) const {
     if (!Listed || listed == nullptr) return order.tile(i);
@@ -136,12 +140,14 @@ struct TileVisits {
   }
   int last_slot;  // block_key_tiles - 1
 };
-template <bool Causal, bool Window, bool Listed, int TileM, int TileN, typename Lengths>
-__device__ __forceinline__ TileVisits<Window, Listed> tile_visits(const Lengths& len,
-                                                                  const FmhaParams& p, int batch,
-                                                                  int head, int m_block) {
-  TileVisits<Window, Listed> v{tile_order<Causal, Window, TileM, TileN>(len, p, m_block * TileM),
-                               nullptr, 0, 0, 0};
+template <bool Window, bool Listed>
+using TileVisits = ListedVisits<TileOrder<Window>, Listed>;
+
+// Lists the block mask's tiles for query tile m_block of (batch, head) in `v`, where there is one.
+template <typename Order, bool Listed>
+__device__ __forceinline__ void list_block_mask(ListedVisits<Order, Listed>& v,
+                                                const FmhaParams& p, int batch, int head,
+                                                int m_block) {
   if (Listed && p.block_tiles != nullptr) {
     const long long entry = batch * p.block_stride_b + head * p.block_stride_h + m_block;
     v.listed = p.block_tiles + entry * p.block_key_tiles;
@@ -149,6 +155,14 @@ __device__ __forceinline__ TileVisits<Window, Listed> tile_visits(const Lengths&
     v.listed_count = v.listed_unmasked + __ldg(p.block_counts + kBlockCounts * entry + 1);
     v.last_slot = p.block_key_tiles - 1;
   }
+}
+template <bool Causal, bool Window, bool Listed, int TileM, int TileN, typename Lengths>
+__device__ __forceinline__ TileVisits<Window, Listed> tile_visits(const Lengths& len,
+                                                                  const FmhaParams& p, int batch,
+                                                                  int head, int m_block) {
+  TileVisits<Window, Listed> v{tile_order<Causal, Window, TileM, TileN>(len, p, m_block * TileM),
+                               nullptr, 0, 0, 0};
+  list_block_mask(v, p, batch, head, m_block);
   return v;
 }
 

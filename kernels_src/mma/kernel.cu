@@ -86,23 +86,32 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   const unsigned v_smem = smem_address(v_tiles);
   constexpr unsigned kKvTileBytes = kKvTile * sizeof(T);
 
-  // Key tiles range.tile(j), j in [0, n_tiles) (kv_tile_range: a window's sink tiles, then its
-  // band). cp.async groups, one per tile, in the order K0 V0 K1 V1 ...: the prologue issues
-  // Q with K0, then up to V_{Stages-2} and K_{Stages-1}; iteration j adds V_{j+Stages-1} and
-  // K_{j+Stages}. So when K_j or V_j is waited for, exactly 2·(Stages-1) newer groups exist.
-  // Tiles past the end commit empty groups to keep that count.
-  const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(p, p, row0);
-  const int n_tiles = range.count();
+  // Key tiles visits.tile(j), j in [0, n_tiles) (kv_tile_range: a window's sink tiles, then its
+  // band; or a block mask's list). cp.async groups, one per tile, in the order K0 V0 K1 V1 ...:
+  // the prologue issues Q with K0, then up to V_{Stages-2} and K_{Stages-1}; iteration j adds
+  // V_{j+Stages-1} and K_{j+Stages}. So when K_j or V_j is waited for, exactly 2·(Stages-1)
+  // newer groups exist. Tiles past the end commit empty groups to keep that count.
+  const auto visits = [&] {
+    const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(p, p, row0);
+    if constexpr (user::kMaskMod) {  // a block mask may list the tiles
+      ListedVisits<TileRange, true> listed{range, nullptr, 0, 0, 0};
+      list_block_mask(listed, p, batch, head, m_tile);
+      return listed;
+    } else {
+      return range;
+    }
+  }();
+  const int n_tiles = visits.count();
   TileStream<T, HeadDim, TileM, kPitch, kThreads>(q, p.q_stride_s)
       .copy(smem_address(q_tile), row0, p.seqlen_q, p.q_stride_s);
 #pragma unroll
   for (int j = 0; j < Stages; ++j) {
     if (j < n_tiles)
-      k_stream.copy(k_smem + j * kKvTileBytes, range.tile(j) * TileN, p.seqlen_k, p.k_stride_s);
+      k_stream.copy(k_smem + j * kKvTileBytes, visits.tile(j) * TileN, p.seqlen_k, p.k_stride_s);
     cp_async_commit();
     if (j == Stages - 1) break;
     if (j < n_tiles)
-      v_stream.copy(v_smem + j * kKvTileBytes, range.tile(j) * TileN, p.seqlen_k, p.v_stride_s);
+      v_stream.copy(v_smem + j * kKvTileBytes, visits.tile(j) * TileN, p.seqlen_k, p.v_stride_s);
     cp_async_commit();
   }
 
@@ -123,13 +132,13 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   const int alibi_diagonal = row0 + warp_row0 + lane / 4 + p.seqlen_k - p.seqlen_q;
 
   for (int j = 0; j < n_tiles; ++j) {
-    const int tile = range.tile(j);
+    const int tile = visits.tile(j);
     const unsigned stage_offset = j % Stages * kKvTileBytes;
     cp_async_wait<2 * (Stages - 1)>();
     __syncthreads();  // K_tile has landed for all; every warp is done with P·V of tile - 1
     if (j + Stages - 1 < n_tiles)
       v_stream.copy(v_smem + (j + Stages - 1) % Stages * kKvTileBytes,
-                    range.tile(j + Stages - 1) * TileN, p.seqlen_k, p.v_stride_s);
+                    visits.tile(j + Stages - 1) * TileN, p.seqlen_k, p.v_stride_s);
     cp_async_commit();
 
     float s[MT][NT][4];
@@ -141,14 +150,19 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
       add_alibi<MT, NT>(
           s, [&](int, int) { return alibi_slope; },
           [&](int mt, int h) { return alibi_diagonal + mt * 16 + h * 8; }, key0 + (lane % 4) * 2);
-    // With a mask_mod every tile is masked: no block mask tells the untouched ones here.
-    user_scores_m16n8<true, MT, NT>(
-        s, p, batch,
-        [&](int mt, int h) {
-          return UserRow{min(row0 + warp_row0 + lane / 4 + mt * 16 + h * 8, p.seqlen_q - 1),
-                         head};
-        },
-        p.seqlen_k, key0 + (lane % 4) * 2);
+    // With a mask_mod every tile is masked but those a block mask lists as untouched. (Only
+    // where there is a mask_mod: even an empty branch changed the other kernels' machine code.)
+    const auto user_row = [&](int mt, int h) {
+      return UserRow{min(row0 + warp_row0 + lane / 4 + mt * 16 + h * 8, p.seqlen_q - 1), head};
+    };
+    if constexpr (user::kMaskMod) {
+      if (visits.untouched(j))
+        user_scores_m16n8<false, MT, NT>(s, p, batch, user_row, p.seqlen_k, key0 + (lane % 4) * 2);
+      else
+        user_scores_m16n8<true, MT, NT>(s, p, batch, user_row, p.seqlen_k, key0 + (lane % 4) * 2);
+    } else {
+      user_scores_m16n8<true, MT, NT>(s, p, batch, user_row, p.seqlen_k, key0 + (lane % 4) * 2);
+    }
     if (tile_needs_band_mask<Causal, Window, kWarpRows, TileN>(p, p, row0 + warp_row0, key0))
       mask_scores<Causal, Window, MT, NT>(s, p, row0 + warp_row0 + lane / 4,
                                           key0 + (lane % 4) * 2);
@@ -156,7 +170,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
     cp_async_wait<2 * (Stages - 1)>();
     __syncthreads();  // V_tile has landed for all; every warp is done reading K_tile
     if (j + Stages < n_tiles)
-      k_stream.copy(k_smem + j % Stages * kKvTileBytes, range.tile(j + Stages) * TileN,
+      k_stream.copy(k_smem + j % Stages * kKvTileBytes, visits.tile(j + Stages) * TileN,
                     p.seqlen_k, p.k_stride_s);
     cp_async_commit();
 

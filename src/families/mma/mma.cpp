@@ -97,7 +97,8 @@ constexpr int kMmaHeadDims[] = {32, 64, 96, 128, 192, 256};
 }  // namespace
 
 constinit extern const KernelFamily kMmaFamily = {
-    .features = kFeatureUserFunctions | kFeatureSoftcap | kFeatureWindow | kFeatureSink | kFeatureAlibi,
+    .features = kFeatureUserFunctions | kFeatureBlockMask | kFeatureSoftcap | kFeatureWindow |
+                kFeatureSink | kFeatureAlibi,
     .name = "mma",
     .summary = "tensor cores through mma.sync, FlashAttention-2 class",
     .source_file = "mma/kernel.cu",
