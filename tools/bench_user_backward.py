@@ -8,7 +8,8 @@ FlexAttention (torch.compile) with the same functions in Python, on one long cau
 
 Cases (bf16, BSHD, causal, bottom-right): plain; a document mask over --documents documents of
 random lengths (ids from a tensor; the backward evaluates it score by score on every causal tile,
-FlexAttention skips the tiles its BlockMask hides); a relative-position bias from a table
+FlexAttention skips the tiles its BlockMask hides); the same with flashjit's block mask made
+with backward=True (its backward skips the hidden tiles too); a relative-position bias from a table
 [heads, 2 --max-distance + 1] (flashjit's derivative: 1). Each backend's gradients are checked
 against FlexAttention's before timing (max |diff| / max |Flex|). Timed: the backward alone,
 torch.autograd.grad over a kept graph, in bursts of back-to-back calls between CUDA events after a
@@ -83,6 +84,10 @@ def main():
     def relative(score, b, hh, qi, ki):
         return score + table[hh, (qi - ki).clamp(-r, r) + r]
 
+    # flashjit's block mask for the document mask, with the backward's maps (session 18): the
+    # forward and the backward skip the tiles it hides.
+    fj_blocks = flashjit.create_block_mask(q, k, v, user_functions=masking, user_args=[doc],
+                                           causal=True, same_for_all_heads=True, backward=True)
     flex = torch.compile(flex_attention, fullgraph=True)
     causal_blocks = create_block_mask(causal_mask, None, None, n, n, device=dev)
     doc_blocks = create_block_mask(doc_mask, None, None, n, n, device=dev)
@@ -90,6 +95,8 @@ def main():
         "causal": (dict(), dict(block_mask=causal_blocks), causal_pairs),
         "document mask": (dict(user_functions=masking, user_args=[doc]),
                           dict(block_mask=doc_blocks), doc_pairs),
+        "doc mask+blocks": (dict(user_functions=masking, user_args=[doc], block_mask=fj_blocks),
+                            dict(block_mask=doc_blocks), doc_pairs),
         "relative bias": (dict(user_functions=biasing, user_args=[table]),
                           dict(score_mod=relative, block_mask=causal_blocks), causal_pairs),
     }

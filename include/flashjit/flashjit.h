@@ -239,6 +239,9 @@ typedef struct flashjit_backward_options {
   int32_t sliding_window; /* nonzero applies window_left / window_right */
   int32_t window_left, window_right;
   int32_t sink_tokens;
+  /* A block mask made by flashjit_backward_block_mask_create* for this backward's arguments
+   * (BackwardOptions::block_mask): tiles the mask_mod hides wholly are skipped; NULL: none. */
+  const flashjit_block_mask* block_mask;
 } flashjit_backward_options;
 
 /* Gradients of flashjit_forward(q, k, v, out) (Engine::backward): given dout = dL/dout, writes
@@ -326,6 +329,21 @@ FLASHJIT_API flashjit_status flashjit_block_mask_create_varlen(
     flashjit_engine* engine, const flashjit_tensor* q, const flashjit_kv_cache* kv,
     const flashjit_tensor* out, const flashjit_varlen* varlen,
     const flashjit_forward_options* options, int32_t same_for_all_heads,
+    int32_t same_for_all_batches, void* stream, flashjit_block_mask** mask);
+/* Engine::create_backward_block_mask: the block masks of options->user_functions' mask_mod for
+ * a flashjit_backward with these q, k, v and options (its family, tiles and deterministic
+ * included; options->block_mask is ignored), for flashjit_backward_options.block_mask. As
+ * flashjit_block_mask_create otherwise. */
+FLASHJIT_API flashjit_status flashjit_backward_block_mask_create(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_backward_options* options,
+    int32_t same_for_all_heads, int32_t same_for_all_batches, void* stream,
+    flashjit_block_mask** mask);
+/* The same for flashjit_backward_varlen. */
+FLASHJIT_API flashjit_status flashjit_backward_block_mask_create_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_varlen* varlen,
+    const flashjit_backward_options* options, int32_t same_for_all_heads,
     int32_t same_for_all_batches, void* stream, flashjit_block_mask** mask);
 FLASHJIT_API void flashjit_block_mask_destroy(flashjit_block_mask* mask);
 /* BlockMask::counts: key tiles visited, partly masked (partial) and not masked (full), and those

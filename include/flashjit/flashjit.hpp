@@ -444,11 +444,19 @@ struct BackwardOptions {
   // The forward's user functions and their arguments (ForwardOptions::user_functions,
   // user_args): the backward recomputes the probabilities with the score_mod and mask_mod, in
   // kernels built for them (.user<hash> variants), and takes the score_mod's derivative from
-  // score_mod_grad (a score_mod without one is Error(invalid_argument)). A forward's block mask
-  // changes no result, so it has no counterpart here: the backward evaluates the mask_mod score
-  // by score on every tile causal and window leave. No gradient flows into the user_args.
+  // score_mod_grad (a score_mod without one is Error(invalid_argument)). No gradient flows into
+  // the user_args.
   const UserFunctions* user_functions = nullptr;
   std::array<const void*, kMaxUserArgs> user_args{};
+  // Tiles to skip, made by Engine::create_backward_block_mask for the same arguments (shapes,
+  // options, user functions, deterministic, family, tiles; not a forward's create_block_mask):
+  // the dK/dV kernel skips the query tiles the mask_mod hides wholly from each key tile, the dQ
+  // kernel the key tiles it hides from each query tile, and tiles it hides nowhere skip the
+  // per-score mask. The gradients are those without it (dK and dV bit for bit; dQ up to fp32
+  // rounding where a dQ kernel visits the tiles in another order). Checked like the forward's
+  // (Error(invalid_argument) naming what differs); the contents of user_args are not: rebuild
+  // it when they change. Null: every tile causal and window leave, masked score by score.
+  const BlockMask* block_mask = nullptr;
   // Bitwise repeatable gradients: dQ comes from a kernel of its own that owns each query tile
   // and sums its key tiles in a fixed order (about 1.4x the work), instead of the default's fp32
   // atomic adds from every key tile, whose order varies from run to run. dK and dV never use
@@ -473,7 +481,10 @@ struct BackwardOptions {
 // UserFunctions' mask_mod (with the causal / window masks) over every score of the problem:
 // per (batch, head, query tile), the key tiles that no mask touches, then those partly masked
 // (docs/variants.md, "Block masks"). Made by Engine::create_block_mask for the kernel tiles the
-// forward runs; owns device memory on the engine's GPU.
+// forward runs, or by Engine::create_backward_block_mask for a backward's kernels (per key tile
+// and KV head, the query tiles of each query head of its group, for the dK/dV kernel; and the
+// forward's kind at the dQ kernel's tiles where one runs); owns device memory on the engine's
+// GPU.
 struct BlockMaskOptions {
   // The mask_mod does not depend on the head (or the batch): one map serves every head (batch),
   // evaluated at head 0 (batch 0). Smaller, built faster.
@@ -492,17 +503,22 @@ class FLASHJIT_API BlockMask {
   ~BlockMask();
 
   // The attention variant it was built for (its tiles, masks and user functions): the forward
-  // given this mask runs exactly it.
+  // given this mask runs exactly it. A backward's: the dK/dV variant the backward runs.
   const Variant& variant() const;
+  // Made by create_backward_block_mask (for BackwardOptions::block_mask), not create_block_mask.
+  bool backward() const;
   int query_tiles() const;  // per sequence (of the longest, for a varlen batch)
   int key_tiles() const;
-  std::size_t device_bytes() const;
+  std::size_t device_bytes() const;  // a backward's: both of its maps
   // Key tiles visited (partly masked, not masked) summed over the map; copies the map's counts to
-  // the host and waits for them (for reports and tests, not the hot path).
+  // the host and waits for them (for reports and tests, not the hot path). A backward's counts
+  // its dK/dV kernel's (key tile, query head, query tile) steps; dq_counts() its dQ kernel's map
+  // (zeros where no dQ kernel runs: the dK/dV kernel adds dQ up).
   struct Counts {
     long long partial = 0, full = 0, total = 0;  // total: tiles the causal / window masks leave
   };
   Counts counts() const;
+  Counts dq_counts() const;
 
  private:
   friend struct detail::BlockMaskAccess;
@@ -579,6 +595,21 @@ class FLASHJIT_API Engine {
                               const VarlenBatch& varlen, const ForwardOptions& options,
                               const BlockMaskOptions& mask_options = {},
                               CUstream_st* stream = nullptr);
+
+  // Builds the block masks of options.user_functions' mask_mod for a backward with these
+  // arguments (BackwardOptions::block_mask): for the dK/dV kernel and, where one runs, the dQ
+  // kernel that Engine::backward would run for them (options.family, tiles and deterministic
+  // included). On `stream`, asynchronously; it allocates device memory. Throws
+  // Error(invalid_argument) without a mask_mod.
+  BlockMask create_backward_block_mask(const TensorView& q, const TensorView& k,
+                                       const TensorView& v, const BackwardOptions& options,
+                                       const BlockMaskOptions& mask_options = {},
+                                       CUstream_st* stream = nullptr);
+  BlockMask create_backward_block_mask(const TensorView& q, const TensorView& k,
+                                       const TensorView& v, const VarlenBatch& varlen,
+                                       const BackwardOptions& options,
+                                       const BlockMaskOptions& mask_options = {},
+                                       CUstream_st* stream = nullptr);
 
   // Merges two partial attention results over disjoint key sets (cascade / shared-prefix
   // attention, context-parallel ring attention): out = (e^lse_a·out_a + e^lse_b·out_b) /

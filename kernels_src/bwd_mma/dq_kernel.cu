@@ -5,6 +5,7 @@
 //   S = Q Kᵀ, P = exp2(scale_log2 S - lse_log2), dP = dO Vᵀ, dS = P ∘ (dP - delta), dQ += dS K
 // K and V stream through `Stages` buffers by cp.async, one group per key tile.
 #include "bwd_mma/shape.cuh"
+#include "common/bwd_block_mask.cuh"
 #include "common/bwd_scores.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/fast_math.cuh"
@@ -60,11 +61,17 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
                               k_row0 * f.v_stride_s + kv_head * f.v_stride_h,
                           f.v_stride_s);
   const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(seq, f, row0);
-  const int n_tiles = range.count();
+  ListedKeyTiles<user::kMaskMod> listed;
+  if constexpr (user::kMaskMod) listed.find(f, batch, head, m_tile);
+  const int n_tiles = listed.count_or(range.count());
+  auto key_tile = [&](int j) {
+    if constexpr (user::kMaskMod) return listed.tile_or(j, range.tile(j));
+    return range.tile(j);
+  };
   auto load_tile = [&](int j) {  // key tile j into buffer j % Stages
-    k_stream.copy(base + kShape.k_offset(j % Stages), range.tile(j) * TileN, seq.seqlen_k,
+    k_stream.copy(base + kShape.k_offset(j % Stages), key_tile(j) * TileN, seq.seqlen_k,
                   f.k_stride_s);
-    v_stream.copy(base + kShape.v_offset(j % Stages), range.tile(j) * TileN, seq.seqlen_k,
+    v_stream.copy(base + kShape.v_offset(j % Stages), key_tile(j) * TileN, seq.seqlen_k,
                   f.v_stride_s);
   };
   // Groups: Q and dO with tile 0, then one per tile up to Stages - 1 ahead (empty past the end).
@@ -116,9 +123,10 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
     gemm_qk<T, HeadDim, 1, NT, kPitch>(s, q_addr, k_tile + kv_rows);
     gemm_qk<T, HeadDim, 1, NT, kPitch>(dp, do_addr, v_tile + kv_rows);
     // Keys past seqlen_k are zero rows of K and V: their dS meets a zero row of K in dQ.
-    const int key0 = range.tile(j) * TileN;
-    const bool masked =
+    const int key0 = key_tile(j) * TileN;
+    bool masked =
         scores.any_masked(row0 + warp_row0, row0 + warp_row0 + 15, key0, key0 + TileN - 1);
+    if constexpr (user::kMaskMod) masked = listed.masked_or(j, masked);
     unsigned ds[1][NT / 2][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)

@@ -13,6 +13,7 @@
 // delta and lse_log2) stream through `Stages` buffers by cp.async; rows are padded by 16 bytes
 // (no bank conflicts in ldmatrix, as in mma/kernel.cu).
 #include "bwd_mma/shape.cuh"
+#include "common/bwd_block_mask.cuh"
 #include "common/bwd_scores.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/fast_math.cuh"
@@ -137,13 +138,26 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
 
   // The rows that see a key of this tile (causal: from the first whose diagonal reaches key0; a
   // window: up to the last its left side reaches), for each head of the group: step t is head
-  // t / m_tiles, query tile m_first + t % m_tiles.
+  // t / m_tiles, query tile m_first + t % m_tiles. With a block mask (kernels with a mask_mod,
+  // common/bwd_block_mask.cuh): its list of them for this key tile.
   const QueryTilesSeeing<Causal, Window, TileM> seeing(f, sequence().lengths(), key0,
                                                        key0 + TileN - 1);
   const int m_first = seeing.first, m_tiles = seeing.count;
-  const int steps = m_tiles * f.heads_per_kv;
-  auto step_head = [&](int t) { return kv_head * f.heads_per_kv + t / m_tiles; };
-  auto step_row0 = [&](int t) { return (m_first + t % m_tiles) * TileM; };
+  ListedSteps<user::kMaskMod> listed;
+  int steps = m_tiles * f.heads_per_kv;
+  if constexpr (user::kMaskMod) {
+    listed.find(f, batch, kv_head, blockIdx.x);
+    steps = listed.count_or(steps);
+  }
+  auto step_head = [&](int t) {
+    if constexpr (user::kMaskMod)
+      return kv_head * f.heads_per_kv + listed.head_offset_or(t, t / m_tiles);
+    return kv_head * f.heads_per_kv + t / m_tiles;
+  };
+  auto step_row0 = [&](int t) {
+    if constexpr (user::kMaskMod) return listed.tile_or(t, m_first + t % m_tiles) * TileM;
+    return (m_first + t % m_tiles) * TileM;
+  };
   auto row_terms = [&](int t) {  // first workspace row of step t
     if constexpr (Varlen)
       return shared_terms + static_cast<long long>(step_head(t)) * p.seqlen_rows + step_row0(t);
@@ -231,7 +245,8 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
     const float* terms = reinterpret_cast<const float*>(smem + kShape.rows_offset(stage));
     const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, sequence().lengths(), batch,
                                                                 step_head(t));
-    const bool masked = scores.any_masked(row0, row0 + TileM - 1, key0, key0 + TileN - 1);
+    bool masked = scores.any_masked(row0, row0 + TileM - 1, key0, key0 + TileN - 1);
+    if constexpr (user::kMaskMod) masked = listed.masked_or(t, masked);
 #pragma unroll
     for (int nt = 0; nt < NQ; ++nt) {
       const int col = nt * 8 + (lane % 4) * 2;

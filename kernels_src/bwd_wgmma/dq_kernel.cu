@@ -12,6 +12,7 @@
 // and writes dq = softmax_scale · dQ at the end.
 #include "bwd_wgmma/shape.cuh"
 #include "bwd_wgmma/warp_roles.cuh"
+#include "common/bwd_block_mask.cuh"
 #include "common/bwd_scores.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/fast_math.cuh"
@@ -38,7 +39,7 @@ struct QueryTileBarriers {
 // band and sink tiles only). Varlen: its sequence's lengths and rows (the grid covers the
 // longest sequence; a CTA past a shorter one's rows does nothing).
 template <bool Causal, bool Window, bool Varlen, int TileM, int TileN>
-struct QueryTile {
+struct QueryTile : ListedKeyTiles<user::kMaskMod> {  // with a mask_mod: a block mask's tiles
   int row0, head, kv_head, batch;
   SequenceSpan seq;  // equal-length batches: the launch's lengths, starts 0
   int coord_batch;   // the TMA maps' batch coordinate: 0 for a packed batch
@@ -51,9 +52,20 @@ struct QueryTile {
         batch(blockIdx.z),
         seq(packed_sequence_span<Varlen>(f, blockIdx.z)),
         coord_batch(Varlen ? 0 : blockIdx.z),
-        keys(kv_tile_range<Causal, Window, TileM, TileN>(lengths_of<Varlen>(f, seq), f, row0)) {}
+        keys(kv_tile_range<Causal, Window, TileM, TileN>(lengths_of<Varlen>(f, seq), f, row0)) {
+    if constexpr (user::kMaskMod) find(f, batch, head, row0 / TileM);
+  }
 
   __device__ __forceinline__ bool outside() const { return row0 >= seq.seqlen_q; }
+  // The key tiles visited: a block mask's, or those the masks leave (plain kernels: only those).
+  __device__ __forceinline__ int key_tiles() const {
+    if constexpr (user::kMaskMod) return count_or(keys.count());
+    return keys.count();
+  }
+  __device__ __forceinline__ int key_tile(int j) const {
+    if constexpr (user::kMaskMod) return tile_or(j, keys.tile(j));
+    return keys.tile(j);
+  }
 };
 
 // ---- producer ---------------------------------------------------------------------------------
@@ -66,7 +78,7 @@ __device__ __forceinline__ void produce(const QueryTile<Causal, Window, Varlen, 
                                         unsigned char* smem, QueryTileBarriers<Stages>* bars) {
   constexpr BwdWgmmaDqShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kRow = BwdWgmmaLimits::kRowBytes;
-  const int n_tiles = tile.keys.count();
+  const int n_tiles = tile.key_tiles();
   if (n_tiles <= 0) return;  // the rows see no key: the consumers write zeros
   mbarrier_arrive_expect_tx(&bars->q_full, 2 * kShape.q_bytes());
 #pragma unroll
@@ -81,7 +93,7 @@ __device__ __forceinline__ void produce(const QueryTile<Causal, Window, Varlen, 
     // Free once every consumer warp is done with tile j - Stages (a fresh barrier passes).
     mbarrier_wait(&bars->empty[stage], ((j / Stages) & 1) ^ 1);
     mbarrier_arrive_expect_tx(&bars->full[stage], 2 * kShape.kv_bytes());
-    const int key0 = tile.seq.k_start + tile.keys.tile(j) * TileN;
+    const int key0 = tile.seq.k_start + tile.key_tile(j) * TileN;
 #pragma unroll
     for (int b = 0; b < kShape.dim_blocks(); ++b) {
       tma_load_4d(smem + kShape.k_offset(stage) + b * TileN * kRow, tma_k, &bars->full[stage],
@@ -121,7 +133,7 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
 #pragma unroll
   for (int e = 0; e < HeadDim / 2; ++e) dq[e] = 0.f;
 
-  const int n_tiles = tile.keys.count();
+  const int n_tiles = tile.key_tiles();
   if (n_tiles > 0) mbarrier_wait(&bars->q_full, 0);
   for (int j = 0; j < n_tiles; ++j) {
     const int stage = j % Stages;
@@ -133,10 +145,11 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
     // Keys past seqlen_k are zero rows of K and V (or, in a varlen batch, the next sequence's),
     // which would give them P = exp2(-lse_log2): masked with the others, so no overflow there
     // can reach dQ as inf · 0.
-    const int key0 = tile.keys.tile(j) * TileN;
+    const int key0 = tile.key_tile(j) * TileN;
     const int seqlen_k = lengths_of<Varlen>(f, tile.seq).seqlen_k;
     const bool past_end = key0 + TileN > seqlen_k;
-    const bool masked = scores.any_masked(wg_row0, wg_row0 + 63, key0, key0 + TileN - 1);
+    bool masked = scores.any_masked(wg_row0, wg_row0 + 63, key0, key0 + TileN - 1);
+    if constexpr (user::kMaskMod) masked = tile.masked_or(j, masked);
     // Soft-capped or with a score_mod: dS needs a factor of each score's, so both GEMMs first and
     // one pass over the scores.
     constexpr bool kOnePass = Scores::kPerScoreFactor;

@@ -19,6 +19,7 @@
 // rounds it afterwards): one kernel of five GEMMs instead of two of seven, and not deterministic.
 #include "bwd_wgmma/shape.cuh"
 #include "bwd_wgmma/warp_roles.cuh"
+#include "common/bwd_block_mask.cuh"
 #include "common/bwd_scores.cuh"
 #include "common/fast_math.cuh"
 #include "common/params.cuh"
@@ -47,8 +48,11 @@ struct KeyTileBarriers {
 // the rows start where the diagonal reaches key0 (every key is seen by the last row: m_tiles >= 1
 // whenever seqlen_q > 0). A window also ends them where its left side leaves the tile's last key
 // (common/bwd_scores.cuh, QueryTilesSeeing), so time scales with the window.
+// With a block mask (kernels with a mask_mod, common/bwd_block_mask.cuh) the steps are its list
+// for the key tile: the same order, without the steps it hides wholly, and masked_or(t, ...) true
+// only where it hides some score.
 template <bool Causal, bool Window, int TileM, int TileN>
-struct QuerySteps {
+struct QuerySteps : ListedSteps<user::kMaskMod> {
   int m_first, m_tiles, count, first_head;
 
   __device__ __forceinline__ QuerySteps(const FmhaParams& f, SequenceLengths len, int key0,
@@ -58,9 +62,19 @@ struct QuerySteps {
     m_tiles = tiles.count;
     count = m_tiles * f.heads_per_kv;
     first_head = kv_head * f.heads_per_kv;
+    if constexpr (user::kMaskMod) {
+      find(f, blockIdx.z, kv_head, key0 / TileN);
+      count = count_or(count);
+    }
   }
-  __device__ __forceinline__ int head(int t) const { return first_head + t / m_tiles; }
-  __device__ __forceinline__ int row0(int t) const { return (m_first + t % m_tiles) * TileM; }
+  __device__ __forceinline__ int head(int t) const {
+    if constexpr (user::kMaskMod) return first_head + head_offset_or(t, t / m_tiles);
+    return first_head + t / m_tiles;
+  }
+  __device__ __forceinline__ int row0(int t) const {
+    if constexpr (user::kMaskMod) return tile_or(t, m_first + t % m_tiles) * TileM;
+    return (m_first + t % m_tiles) * TileM;
+  }
 };
 
 // Where the CTA works, and how many steps. Varlen: its sequence's lengths and rows (the grid
@@ -286,8 +300,9 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     const int row0 = tile.steps.row0(t);
     using Scores = BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd>;
     const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
-    const bool masked = scores.any_masked(row0, row0 + TileM - 1, lane_key - at.row,
-                                          lane_key - at.row + 63);
+    bool masked = scores.any_masked(row0, row0 + TileM - 1, lane_key - at.row,
+                                    lane_key - at.row + 63);
+    if constexpr (user::kMaskMod) masked = tile.steps.masked_or(t, masked);
     // dSᵀ needs a factor of each score's (a cap's t, a score_mod's derivative): both GEMMs first,
     // then one pass.
     if constexpr (Scores::kPerScoreFactor) {
@@ -400,8 +415,9 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
       const int row0 = tile.steps.row0(t), lane_key = tile.key0 + key_row0 + at.row;
       using Scores = BackwardScores<Causal, Softcap, Window, Alibi>;
       const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
-      const bool masked =
+      bool masked =
           scores.any_masked(row0, row0 + TileM - 1, tile.key0 + key_row0, tile.key0 + key_row0 + 63);
+      if constexpr (user::kMaskMod) masked = tile.steps.masked_or(t, masked);
       if constexpr (Scores::kPerScoreFactor) {
         // The partner's dSᵀ is Pᵀ (1 - t²) g ∘ (dPᵀ - delta) (g: score_mod's derivative): that
         // goes over, written as each group of four is computed (no second array of registers),

@@ -140,6 +140,7 @@ class FlashjitBackwardOptions(ctypes.Structure):
         ("window_left", ctypes.c_int32),
         ("window_right", ctypes.c_int32),
         ("sink_tokens", ctypes.c_int32),
+        ("block_mask", ctypes.c_void_p),  # appended in session 18 (create_backward_block_mask)
     ]
 
 
@@ -386,7 +387,8 @@ class UserFunctions(_Handle):
 class BlockMask(_Handle):
     """A flashjit_block_mask handle (flashjit::BlockMask): the key tiles one forward's mask_mod
     lets through, made by Engine.create_block_mask*; Engine.options(block_mask=) passes it to
-    the forward with the same arguments. Close it (or drop it) before its engine."""
+    the forward with the same arguments. Engine.create_backward_block_mask_raw makes a
+    backward's (FlashjitBackwardOptions.block_mask). Close it (or drop it) before its engine."""
 
     _destroy = "flashjit_block_mask_destroy"
 
@@ -716,13 +718,23 @@ class Engine:
             T, ctypes.POINTER(FlashjitKvCache), T, ctypes.POINTER(FlashjitVarlen)],
             (q, kv, out, varlen), options, same_for_all_heads, same_for_all_batches, stream)
 
+    def create_backward_block_mask_raw(self, q, k, v, options, same_for_all_heads=False,
+                                       same_for_all_batches=False, stream=None):
+        """Engine::create_backward_block_mask for flashjit_backward's structs (a
+        FlashjitBackwardOptions with the forward's user functions and masks, and the backward's
+        deterministic, family and tiles): a BlockMask for FlashjitBackwardOptions.block_mask."""
+        T = ctypes.POINTER(FlashjitTensor)
+        return self._block_mask("flashjit_backward_block_mask_create", [T] * 3, (q, k, v),
+                                options, same_for_all_heads, same_for_all_batches, stream,
+                                FlashjitBackwardOptions)
+
     def _block_mask(self, name, struct_types, structs, options, same_for_all_heads,
-                    same_for_all_batches, stream):
+                    same_for_all_batches, stream, options_type=None):
         P = ctypes.POINTER
         function = self.owner.optional_function(
-            name, [ctypes.c_void_p] + struct_types + [P(FlashjitForwardOptions), ctypes.c_int32,
-                                                      ctypes.c_int32, ctypes.c_void_p,
-                                                      P(ctypes.c_void_p)])
+            name, [ctypes.c_void_p] + struct_types + [P(options_type or FlashjitForwardOptions),
+                                                      ctypes.c_int32, ctypes.c_int32,
+                                                      ctypes.c_void_p, P(ctypes.c_void_p)])
         pointer = ctypes.c_void_p()
         self.owner.check(name, function(self.handle, *(ctypes.byref(s) for s in structs),
                                         ctypes.byref(options), 1 if same_for_all_heads else 0,

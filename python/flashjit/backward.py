@@ -8,9 +8,10 @@ an input wants gradients) and runs attention_backward on them, so eager autograd
 (AOTAutograd traces the op's fake implementation) and CUDA graphs of a training step all work.
 flashjit.attention_varlen's does the same over a dense packed k/v (cu_seqlens_q / cu_seqlens_k
 saved too) with attention_varlen_backward. Windows, soft-capping, ALiBi, sinks (the sink
-logits get their gradient) and user functions (a score_mod with its score_mod_grad; a block mask
-changes no result, so the backward evaluates the mask_mod score by score) go to the backward
-kernels' variants. What the C++ backward does not take raises NotImplementedError when a
+logits get their gradient) and user functions (a score_mod with its score_mod_grad) go to the
+backward kernels' variants; a block_mask made with create_block_mask(backward=True) lets
+attention's backward skip the tiles its mask_mod hides (without, or for attention_varlen, the
+backward evaluates the mask_mod score by score on every tile). What the C++ backward does not take raises NotImplementedError when a
 backward reaches it: a score_mod without score_mod_grad, a paged cache or seqused_k on the
 varlen op, and the KV-cache and merge ops. The LSE output is not differentiable (as in
 FlashAttention).
@@ -23,8 +24,9 @@ from torch import Tensor
 
 from . import _capi
 from .ops import (_NAMESPACE, _attention, _attention_kvcache, _attention_varlen,
-                  _check_same_device, _check_tensor, _engine, _merge_attention_states, _packed,
-                  _scale, _set_user, _stream, _user_inputs, _view)
+                  _block_masks, _check_same_device, _check_tensor, _engine,
+                  _merge_attention_states, _packed, _scale, _set_user, _stream, _user_inputs,
+                  _view)
 from .user_functions import registered
 
 # --- flashjit::attention_backward ---------------------------------------------------------------
@@ -36,7 +38,8 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tens
                         window_left: int, window_right: int, sink_tokens: int,
                         sink_logits: Optional[Tensor], alibi_slopes: Optional[Tensor],
                         user_functions: Optional[str], user_args: List[Optional[Tensor]],
-                        user_pointers: List[int]) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+                        user_pointers: List[int],
+                        block_mask: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     _check_backward(q, k, v, out, dout, lse)
     dq, dk, dv = (torch.empty_like(t, memory_format=torch.contiguous_format) for t in (q, k, v))
     # The sink logits' gradient, fp32 [heads_q] (empty without sinks: an op returns tensors).
@@ -58,6 +61,12 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tens
                                       alibi=alibi_slopes, sink_tokens=sink_tokens,
                                       d_sink=dsink if sink_logits is not None else None)
     _set_user(options, user_functions, user_args, user_pointers, 0)
+    # A BlockMask (by id) made with backward=True: its backward maps; one without (or gone: the
+    # autograd context keeps the forward's alive): none, the mask_mod score by score.
+    mask = _block_masks.get(int(block_mask)) if block_mask else None
+    backward_maps = mask._backward if mask is not None else None
+    if backward_maps is not None:
+        options.block_mask = backward_maps.pointer
     # Scratch from torch's allocator, so a CUDA graph capture owns it and the library never
     # allocates during one.
     size = engine.backward_workspace_bytes_raw(q_view, k_view, v_view, options)
@@ -73,7 +82,7 @@ def _attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, dout: Tens
 @_attention_backward.register_fake
 def _(q, k, v, out, dout, lse, causal, softmax_scale, deterministic, softcap, window_left,
       window_right, sink_tokens, sink_logits, alibi_slopes, user_functions, user_args,
-      user_pointers):
+      user_pointers, block_mask=0):
     _check_backward(q, k, v, out, dout, lse)
     return tuple(torch.empty_like(t, memory_format=torch.contiguous_format)
                  for t in (q, k, v)) + (lse.new_empty((q.shape[2] if sink_logits is not None
@@ -98,7 +107,7 @@ def _check_backward(q, k, v, out, dout, lse, where="flashjit.attention_backward"
 def attention_backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=None,
                        deterministic=False, window_left=-1, window_right=-1, softcap=0.0,
                        sink_logits=None, alibi_slopes=None, sink_tokens=0, user_functions=None,
-                       user_args=()):
+                       user_args=(), block_mask=None):
     """The gradients (dq, dk, dv) of out = flashjit.attention(q, k, v, causal=causal,
     softmax_scale=softmax_scale, ...) for dout = dL/dout: what autograd runs for
     flashjit.attention, for callers who keep the forward's tensors themselves. lse: its fp32 LSE
@@ -107,13 +116,16 @@ def attention_backward(q, k, v, out, dout, lse, *, causal=False, softmax_scale=N
     repeatable gradients (dQ without atomics, about 1.4x the work). window_left, window_right,
     softcap, sink_logits, alibi_slopes, sink_tokens, user_functions, user_args: the forward's (a
     score_mod needs its score_mod_grad); with sink_logits the result is (dq, dk, dv, dsink),
-    dsink fp32 [heads_q] the sink logits' gradient. Not differentiable itself."""
-    hash_, tensors, pointers, _ = _user_inputs("flashjit.attention_backward", user_functions,
-                                               user_args, None)
+    dsink fp32 [heads_q] the sink logits' gradient. block_mask: a flashjit.BlockMask made by
+    create_block_mask(..., backward=True, deterministic=deterministic) for these arguments: the
+    backward skips the tiles its mask_mod hides (the same gradients). Not differentiable
+    itself."""
+    hash_, tensors, pointers, mask_id = _user_inputs("flashjit.attention_backward",
+                                                     user_functions, user_args, block_mask)
     dq, dk, dv, dsink = torch.ops.flashjit.attention_backward(
         q, k, v, out, dout, lse, bool(causal), _scale(softmax_scale), bool(deterministic),
         float(softcap), int(window_left), int(window_right), int(sink_tokens), sink_logits,
-        alibi_slopes, hash_, tensors, pointers)
+        alibi_slopes, hash_, tensors, pointers, mask_id)
     return (dq, dk, dv, dsink) if sink_logits is not None else (dq, dk, dv)
 
 
@@ -273,11 +285,15 @@ def _no_gradients(inputs):
 def _setup_attention(ctx, inputs, output):
     (q, k, v, causal, softmax_scale, _return_lse, window_left, window_right, softcap,
      sink_logits, alibi_slopes, sink_tokens, family, user_functions, user_args, user_pointers,
-     _block_mask, deterministic) = inputs
+     block_mask, deterministic) = inputs
     out, lse = output
     ctx.mark_non_differentiable(lse)
     ctx.unsupported = _unsupported(user_functions)
     ctx.causal, ctx.softmax_scale, ctx.deterministic = causal, softmax_scale, deterministic
+    # The mask's backward maps (made with backward=True) go on to the backward; ctx keeps the
+    # mask alive until then.
+    ctx.block_mask = block_mask
+    ctx.block_mask_object = _block_masks.get(int(block_mask)) if block_mask else None
     ctx.family = family
     ctx.window, ctx.softcap, ctx.sink_tokens = (window_left, window_right), softcap, sink_tokens
     ctx.no_gradients = _no_gradients(inputs)
@@ -305,7 +321,8 @@ def _attention_grad(ctx, dout, _dlse):
                                               ctx.family, *user, 0, False)
     dq, dk, dv, dsink = torch.ops.flashjit.attention_backward(
         q, k, v, out, dout, lse, ctx.causal, ctx.softmax_scale, ctx.deterministic, ctx.softcap,
-        window_left, window_right, ctx.sink_tokens, sink_logits, alibi_slopes, *user)
+        window_left, window_right, ctx.sink_tokens, sink_logits, alibi_slopes, *user,
+        ctx.block_mask)
     gradients = [dq, dk, dv] + list(ctx.no_gradients[3:])
     if sink_logits is not None:
         gradients[_SINK_INPUT] = dsink.to(sink_logits.dtype)

@@ -164,8 +164,11 @@ class BlockMask:
     # numbered 1 cost torch 2.4 one more recompile before its id became a dynamic int.
     _ids = itertools.count(2)
 
-    def __init__(self, handle, user_args):
+    def __init__(self, handle, user_args, backward=None):
         self._handle = handle  # _capi.BlockMask
+        # create_block_mask(backward=True): the backward's maps (create_backward_block_mask),
+        # which flashjit.attention's autograd backward passes on; None: it masks score by score.
+        self._backward = backward
         self._user_args = [t for t in user_args if t is not None]  # read while it builds
         self._id = next(self._ids)
         _block_masks[self._id] = self
@@ -174,6 +177,13 @@ class BlockMask:
         """{'partial', 'full', 'total'}: key tiles visited partly masked and not masked, and the
         tiles the causal / window masks leave, summed over the map (waits for its build)."""
         return dict(zip(("partial", "full", "total"), self._handle.counts()))
+
+    def backward_counts(self):
+        """counts() of the backward's key-major map ((key tile, query head, query tile) steps of
+        its dK/dV kernel), or None when it was made without backward=True."""
+        if self._backward is None:
+            return None
+        return dict(zip(("partial", "full", "total"), self._backward.counts()))
 
     @property
     def variant(self):
@@ -497,12 +507,15 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, wi
 def create_block_mask(q, k, v, *, user_functions, user_args=(), causal=False, softmax_scale=None,
                       window_left=-1, window_right=-1, softcap=0.0, sink_logits=None,
                       alibi_slopes=None, sink_tokens=0, family=None, same_for_all_heads=False,
-                      same_for_all_batches=False):
+                      same_for_all_batches=False, backward=False, deterministic=False):
     """The BlockMask of user_functions' mask_mod for attention(q, k, v, ...) with these same
     arguments (block_mask= aside), built on the current stream from q's, k's and v's shapes and
     user_args (their contents, not q/k/v's). same_for_all_heads / same_for_all_batches: the
-    mask_mod reads neither head nor batch, so one map serves all (smaller, built faster). Call it
-    outside compiled code and before a CUDA graph capture (it allocates device memory)."""
+    mask_mod reads neither head nor batch, so one map serves all (smaller, built faster).
+    backward=True also builds the backward's maps (Engine::create_backward_block_mask, for the
+    kernels a backward with this `deterministic` runs), which attention's autograd backward then
+    uses: the tiles the mask hides are skipped there too. Call it outside compiled code and
+    before a CUDA graph capture (it allocates device memory)."""
     where = "flashjit.create_block_mask"
     hash_, tensors, pointers = _mask_user_inputs(where, user_functions, user_args)
     _check_attention(q, k, v, sink_logits, alibi_slopes, hash_, tensors, where)
@@ -512,9 +525,21 @@ def create_block_mask(q, k, v, *, user_functions, user_args=(), causal=False, so
                              int(sink_tokens), family)
     _set_user(options, hash_, tensors, pointers, 0)
     # The mask reads no output: q's view stands in for out (they have one shape).
-    return BlockMask(engine.create_block_mask_raw(
-        _view(q), _view(k), _view(v), _view(q), options, same_for_all_heads,
-        same_for_all_batches, _stream(index)), tensors)
+    forward = engine.create_block_mask_raw(_view(q), _view(k), _view(v), _view(q), options,
+                                           same_for_all_heads, same_for_all_batches,
+                                           _stream(index))
+    backward_maps = None
+    if backward:
+        # The options attention's backward gives (flashjit.backward), masks and user functions.
+        backward_options = engine.backward_options(
+            bool(causal), _scale(softmax_scale), bool(deterministic), softcap=float(softcap),
+            window=(int(window_left), int(window_right)), sink=sink_logits, alibi=alibi_slopes,
+            sink_tokens=int(sink_tokens))
+        _set_user(backward_options, hash_, tensors, pointers, 0)
+        backward_maps = engine.create_backward_block_mask_raw(
+            _view(q), _view(k), _view(v), backward_options, same_for_all_heads,
+            same_for_all_batches, _stream(index))
+    return BlockMask(forward, tensors, backward_maps)
 
 
 def _mask_user_inputs(where, user_functions, user_args):

@@ -988,6 +988,15 @@ class UserFunctions(unittest.TestCase):
                 blocks = flashjit.create_block_mask(q, k, v, same_for_all_heads=True, **masked)
                 cases.append(("document mask, block mask", dict(block_mask=blocks, **masked),
                               dict(visible=visible)))
+                # With the backward's maps too: autograd's backward skips the hidden tiles.
+                both = flashjit.create_block_mask(q, k, v, same_for_all_heads=True,
+                                                  backward=True, **masked)
+                steps = both.backward_counts()
+                self.assertLess(steps["full"] + steps["partial"], steps["total"])
+                self.assertIsNone(blocks.backward_counts())
+                cases.append(("document mask, block mask with backward", dict(block_mask=both,
+                                                                              **masked),
+                              dict(visible=visible)))
             except flashjit.InvalidArgumentError:
                 pass  # no block masks on this GPU's family: the other cases still run
             for name, kwargs, ref_kwargs in cases:

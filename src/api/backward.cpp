@@ -6,6 +6,8 @@
 #include <fmt/format.h>
 
 #include "api/engine_impl.hpp"
+#include "families/block_mask/block_mask.hpp"
+#include "families/registry.hpp"
 #include "families/bwd_rows/bwd_rows.hpp"
 
 namespace flashjit {
@@ -55,12 +57,61 @@ void Engine::backward(const TensorView& q, const TensorView& k, const TensorView
                   options, stream);
 }
 
+BlockMask Engine::create_backward_block_mask(const TensorView& q, const TensorView& k,
+                                             const TensorView& v, const BackwardOptions& options,
+                                             const BlockMaskOptions& mask_options,
+                                             CUstream_st* stream) {
+  return impl_->backward_block_mask(*this, detail::validate_backward(q, k, v, nullptr, options),
+                                    options, mask_options, stream);
+}
+
+BlockMask Engine::create_backward_block_mask(const TensorView& q, const TensorView& k,
+                                             const TensorView& v, const VarlenBatch& varlen,
+                                             const BackwardOptions& options,
+                                             const BlockMaskOptions& mask_options,
+                                             CUstream_st* stream) {
+  return impl_->backward_block_mask(*this, detail::validate_backward(q, k, v, &varlen, options),
+                                    options, mask_options, stream);
+}
+
+BlockMask Engine::Impl::backward_block_mask(const Engine& engine,
+                                            const detail::BackwardProblem& problem,
+                                            const BackwardOptions& options,
+                                            const BlockMaskOptions& mask_options,
+                                            CUstream_st* stream) {
+  if (!problem.forward.mask_mod)
+    throw Error(ErrorCode::invalid_argument,
+                "create_backward_block_mask: options.user_functions has no mask_mod: expected "
+                "user functions with the mask_mod to build the block mask of");
+  const Variant dkdv = detail::select_backward_variant(problem, device, options);
+  const Variant finish = detail::backward_finish_variant(problem, dkdv);
+  detail::BlockMaskData mask =
+      detail::plan_backward_block_mask(engine, dkdv, problem.forward, mask_options);
+  const bool dq_kernel =
+      detail::family_named(finish.family, "family").role == detail::FamilyRole::backward_dq;
+  if (dq_kernel)
+    mask.dq = std::make_shared<const detail::BlockMaskData>(
+        detail::plan_block_mask(engine, finish, problem.forward, mask_options));
+  const detail::LaunchContext context(stream, primary.get());
+  build_map(context, detail::backward_block_mask_variant(dkdv), problem.forward.params, mask,
+            stream);
+  if (mask.dq)
+    build_map(context, detail::block_mask_variant(finish), problem.forward.params, *mask.dq,
+              stream);
+  return detail::BlockMaskAccess::make(std::move(mask));
+}
+
 void Engine::Impl::backward(detail::BackwardProblem problem, const BackwardOptions& options,
                             CUstream_st* stream) {
   const detail::ForwardProblem& forward = problem.forward;
   if (forward.batch == 0 || forward.heads_q == 0 || forward.seqlen_k == 0) return;
   const detail::LaunchContext context(stream, primary.get());
   const detail::BackwardKernels& kernels = backward_kernels(context.get(), problem, options);
+  // A block mask: the dK/dV launch reads its key-major map, the dQ kernel's its own (both
+  // through the forward params' block fields; no other backward kernel reads them).
+  const detail::BlockMaskData* mask =
+      options.block_mask ? &detail::BlockMaskAccess::data(*options.block_mask) : nullptr;
+  if (mask) detail::check_backward_block_mask(*mask, forward, kernels.dkdv, kernels.finish);
   problem.dq_accumulator = kernels.dq_accumulator;
   const std::size_t bytes = problem.workspace_bytes();
   if (options.workspace != nullptr && options.workspace_bytes < bytes)
@@ -87,9 +138,19 @@ void Engine::Impl::backward(detail::BackwardProblem problem, const BackwardOptio
   detail::launch(kernels.prep.function, rows, params, stream);
   if (params.dsink != nullptr)
     detail::launch(kernels.sink.function, detail::bwd_sink_plan(forward.heads_q), params, stream);
-  detail::launch(kernels.main.function, plan_of(kernels.dkdv, params), params, stream);
+  if (mask == nullptr) {
+    detail::launch(kernels.main.function, plan_of(kernels.dkdv, params), params, stream);
+    detail::launch(kernels.last.function,
+                   kernels.dq_accumulator ? rows : plan_of(kernels.finish, params), params,
+                   stream);
+    return;
+  }
+  BackwardParams listed = params;
+  detail::use_block_mask(listed.fwd, *mask);
+  detail::launch(kernels.main.function, plan_of(kernels.dkdv, listed), listed, stream);
+  if (mask->dq) detail::use_block_mask(listed.fwd, *mask->dq);
   detail::launch(kernels.last.function,
-                 kernels.dq_accumulator ? rows : plan_of(kernels.finish, params), params, stream);
+                 kernels.dq_accumulator ? rows : plan_of(kernels.finish, listed), listed, stream);
 }
 
 namespace {

@@ -7,10 +7,6 @@
 
 #include "api/c_api_support.hpp"
 
-struct flashjit_block_mask {
-  flashjit::BlockMask mask;
-};
-
 static_assert(FLASHJIT_MAX_USER_ARGS == flashjit::kMaxUserArgs,
               "flashjit.h and flashjit.hpp disagree on the number of user_args");
 
@@ -133,20 +129,6 @@ flashjit_status make_user_functions(flashjit_user_functions** out, Make&& make) 
     require(out != nullptr, "out is null: expected a flashjit_user_functions** to fill");
     *out = nullptr;
     *out = new flashjit_user_functions{make()};
-  });
-}
-
-// The same for a block mask made by one of Engine::create_block_mask's overloads.
-template <typename Make>
-flashjit_status make_block_mask(flashjit_block_mask** mask, int32_t same_for_all_heads,
-                                int32_t same_for_all_batches, Make&& make) {
-  return guarded([&] {
-    require(mask != nullptr, "mask is null: expected a flashjit_block_mask** to fill");
-    *mask = nullptr;
-    flashjit::BlockMaskOptions mask_options;
-    mask_options.same_for_all_heads = same_for_all_heads != 0;
-    mask_options.same_for_all_batches = same_for_all_batches != 0;
-    *mask = new flashjit_block_mask{make(mask_options)};
   });
 }
 

@@ -33,6 +33,7 @@ flashjit::BackwardOptions options_of(const flashjit_backward_options* o) {
   options.sink_tokens = o->sink_tokens;
   if (o->user_functions != nullptr) options.user_functions = &o->user_functions->functions;
   std::copy(std::begin(o->user_args), std::end(o->user_args), options.user_args.begin());
+  if (o->block_mask != nullptr) options.block_mask = &o->block_mask->mask;
   return options;
 }
 
@@ -144,6 +145,37 @@ flashjit_status flashjit_select_backward_variant_varlen(
     write_name(target.select_backward_variant(views.q, views.k, views.v, batch, options_of(options))
                    .name(),
                buf, buf_size);
+  });
+}
+
+
+flashjit_status flashjit_backward_block_mask_create(flashjit_engine* engine,
+                                                    const flashjit_tensor* q,
+                                                    const flashjit_tensor* k,
+                                                    const flashjit_tensor* v,
+                                                    const flashjit_backward_options* options,
+                                                    int32_t same_for_all_heads,
+                                                    int32_t same_for_all_batches, void* stream,
+                                                    flashjit_block_mask** mask) {
+  return make_block_mask(mask, same_for_all_heads, same_for_all_batches, [&](const auto& how) {
+    const QkvViews views(q, k, v);
+    return engine_of(engine).create_backward_block_mask(views.q, views.k, views.v,
+                                                        options_of(options), how,
+                                                        static_cast<CUstream_st*>(stream));
+  });
+}
+
+flashjit_status flashjit_backward_block_mask_create_varlen(
+    flashjit_engine* engine, const flashjit_tensor* q, const flashjit_tensor* k,
+    const flashjit_tensor* v, const flashjit_varlen* varlen,
+    const flashjit_backward_options* options, int32_t same_for_all_heads,
+    int32_t same_for_all_batches, void* stream, flashjit_block_mask** mask) {
+  return make_block_mask(mask, same_for_all_heads, same_for_all_batches, [&](const auto& how) {
+    const QkvViews views(q, k, v);
+    const flashjit::VarlenBatch batch = varlen_of(varlen);
+    return engine_of(engine).create_backward_block_mask(views.q, views.k, views.v, batch,
+                                                        options_of(options), how,
+                                                        static_cast<CUstream_st*>(stream));
   });
 }
 

@@ -17,6 +17,10 @@ struct flashjit_user_functions {
   flashjit::UserFunctions functions;
 };
 
+struct flashjit_block_mask {
+  flashjit::BlockMask mask;
+};
+
 namespace flashjit::detail::c_api {
 
 // What flashjit_last_error() returns: the message of this thread's last failed call.
@@ -52,6 +56,21 @@ TensorView view_of(const flashjit_tensor* t, const char* name);
 
 // A flashjit_varlen as a VarlenBatch; Error(invalid_argument) for a null one.
 VarlenBatch varlen_of(const flashjit_varlen* v);
+
+// A block mask made by `make` (one of Engine::create_block_mask's or
+// create_backward_block_mask's overloads, given the BlockMaskOptions) into *mask.
+template <typename Make>
+flashjit_status make_block_mask(flashjit_block_mask** mask, int32_t same_for_all_heads,
+                                int32_t same_for_all_batches, Make&& make) {
+  return guarded([&] {
+    require(mask != nullptr, "mask is null: expected a flashjit_block_mask** to fill");
+    *mask = nullptr;
+    BlockMaskOptions mask_options;
+    mask_options.same_for_all_heads = same_for_all_heads != 0;
+    mask_options.same_for_all_batches = same_for_all_batches != 0;
+    *mask = new flashjit_block_mask{make(mask_options)};
+  });
+}
 
 // Copies a variant's name into a caller's buffer (NUL-terminated), or throws naming buf_size.
 void write_name(const std::string& name, char* buf, int32_t buf_size);

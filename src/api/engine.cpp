@@ -259,20 +259,24 @@ BlockMask Engine::Impl::block_mask(const Engine& engine, const detail::ForwardPr
                             "block mask: expected a problem the wgmma family runs (sm_90a)",
                             attention.family));
   detail::BlockMaskData mask = detail::plan_block_mask(engine, attention, problem, mask_options);
-  if (mask.memory) {
-    const detail::LaunchContext context(stream, primary.get());
-    check_context_device();
-    const Variant builder = detail::block_mask_variant(attention);
-    auto kernel = cache->impl_->get(builder);
-    record(builder);  // a fleet's manifest warms the builder too
-    const CUfunction function =
-        modules.get(context.get(), {kernel->key, kernel->cubin, kernel->lowered_name, 0}).function;
-    FmhaParams params = problem.params;
-    detail::use_block_mask(params, mask);
-    detail::launch(function, detail::block_mask_plan(mask.query_tiles, mask.heads, mask.batches),
-                   params, stream);
-  }
+  const detail::LaunchContext context(stream, primary.get());
+  build_map(context, detail::block_mask_variant(attention), problem.params, mask, stream);
   return detail::BlockMaskAccess::make(std::move(mask));
+}
+
+void Engine::Impl::build_map(const detail::LaunchContext& context, const Variant& builder,
+                             const FmhaParams& problem_params, const detail::BlockMaskData& map,
+                             CUstream_st* stream) {
+  if (!map.memory) return;
+  check_context_device();
+  auto kernel = cache->impl_->get(builder);
+  record(builder);  // a fleet's manifest warms the builder too
+  const CUfunction function =
+      modules.get(context.get(), {kernel->key, kernel->cubin, kernel->lowered_name, 0}).function;
+  FmhaParams params = problem_params;
+  detail::use_block_mask(params, map);
+  detail::launch(function, detail::block_mask_plan(map.rows(), map.heads, map.batches), params,
+                 stream);
 }
 
 BlockMask Engine::create_block_mask(const TensorView& q, const TensorView& k, const TensorView& v,

@@ -61,6 +61,14 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
                        const ForwardOptions& options, const BlockMaskOptions& mask_options,
                        CUstream_st* stream);
 
+  // The same for a backward's (Engine::create_backward_block_mask, backward.cpp).
+  BlockMask backward_block_mask(const Engine& engine, const detail::BackwardProblem& problem,
+                                const BackwardOptions& options,
+                                const BlockMaskOptions& mask_options, CUstream_st* stream);
+  // Runs `builder` (a block-mask builder variant) over `map`'s entries, on `stream`.
+  void build_map(const detail::LaunchContext& context, const Variant& builder,
+                 const FmhaParams& params, const detail::BlockMaskData& map, CUstream_st* stream);
+
   // Throws Error(invalid_argument) unless the current context is on the engine's device.
   void check_context_device() const;
   // Backward's kernels for the problem, compiled (or loaded) and loaded in `context` the first

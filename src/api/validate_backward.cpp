@@ -37,6 +37,10 @@ ForwardOptions forward_options(const BackwardOptions& options, const float* lse)
                        options.user_functions->hash()));
   forward.user_functions = options.user_functions;
   forward.user_args = options.user_args;
+  if (options.block_mask != nullptr &&
+      (options.user_functions == nullptr || !options.user_functions->has_mask_mod()))
+    reject("options.block_mask is set without a mask_mod: expected user_functions with the "
+           "mask_mod the block mask was built from (Engine::create_backward_block_mask)");
   return forward;
 }
 

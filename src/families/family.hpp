@@ -59,13 +59,15 @@ enum FamilyFeature : unsigned {
   kFeatureAlibi = 1u << 7,     // ForwardOptions::alibi_slopes (Variant::alibi)
   // ForwardOptions::user_functions (Variant::user_functions): score_mod / mask_mod compiled in.
   kFeatureUserFunctions = 1u << 8,
-  kFeatureBlockMask = 1u << 9,  // ForwardOptions::block_mask (variants with a mask_mod)
+  kFeatureBlockMask = 1u << 9,  // ForwardOptions / BackwardOptions::block_mask (with a mask_mod)
 };
 // What the backward's dK/dV and dQ kernels build variants of (BackwardOptions, VarlenBatch).
 // Learnable sinks need no variant there: the forward's LSE holds them (bwd_sink gives their
-// gradient); nor block masks (they change no result).
+// gradient). Block masks (BackwardOptions::block_mask) need none either: the kernels with a
+// mask_mod read one when given (kernels_src/common/bwd_block_mask.cuh).
 constexpr unsigned kBackwardVariantFeatures = kFeatureVarlen | kFeatureSoftcap | kFeatureWindow |
-                                              kFeatureAlibi | kFeatureUserFunctions;
+                                              kFeatureAlibi | kFeatureUserFunctions |
+                                              kFeatureBlockMask;
 
 // Registrations are constant-initialized (constinit, see each family's file): a Variant parsed
 // during another file's static initialization already finds every family.

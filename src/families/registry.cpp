@@ -13,7 +13,7 @@
 #define FLASHJIT_FAMILIES(X) \
   X(kDecodeTmaFamily) X(kWgmmaFamily) X(kDecodeFamily) X(kMmaFamily) X(kSimtFamily) X(kMergeFamily) \
   X(kBlockMaskFamily) X(kBwdWgmmaFusedFamily) X(kBwdWgmmaFamily) X(kBwdWgmmaDqFamily) X(kBwdMmaFamily) X(kBwdMmaDqFamily) \
-  X(kBwdPrepFamily) X(kBwdConvertFamily) X(kBwdSinkFamily)
+  X(kBwdPrepFamily) X(kBwdConvertFamily) X(kBwdSinkFamily) X(kBwdBlockMaskFamily)
 
 namespace flashjit::detail {
 

@@ -2,14 +2,18 @@
 // is sized by the kernels chosen (and the mode), the dK/dV variant comes from the tile table or the
 // caller, and the finishing dQ kernel from the dK/dV family.
 #include <doctest/doctest.h>
+#include <fmt/format.h>
 
 #include <cmath>
 #include <cstdint>
 #include <string>
 
 #include "api/backward_kernels.hpp"
+#include "api/block_mask.hpp"
 #include "api/validate_backward.hpp"
 #include "common/bwd_workspace.cuh"
+#include "families/block_mask/block_mask.hpp"
+#include "families/registry.hpp"
 #include "flashjit/flashjit.hpp"
 
 using namespace flashjit;
@@ -341,6 +345,108 @@ TEST_CASE("backward user functions: named in the variants, carried to dQ; a scor
   BackwardArgs d;
   d.options.user_args[2] = fake(0xd00000);
   CHECK(rejection(d).find("user_args[2] is set without user_functions") != std::string::npos);
+}
+
+TEST_CASE("backward block masks: refused without a mask_mod, checked against the problem and its kernels") {
+  const UserFunctions masking("", "__device__ bool mask_mod(int, int, int q, int k, "
+                                  "const flashjit::UserArgs&) { return k <= q; }");
+  // Backward families take block masks; the key-major builder is a family of its own.
+  for (const FamilyInfo& family : families())
+    if (family.backward && (family.name.starts_with("bwd_wgmma") || family.name.starts_with("bwd_mma")))
+      CHECK_MESSAGE(family.block_mask, family.name);
+  CHECK(detail::find_family("bwd_blockmask") != nullptr);
+  // A mask without a mask_mod to have built it from: refused by validation, naming it. (A
+  // BlockMask needs a GPU to be made; the options only need its address here.)
+  BackwardArgs a;
+  const BlockMask some_mask = detail::BlockMaskAccess::make(detail::BlockMaskData{});
+  a.options.block_mask = &some_mask;
+  CHECK(rejection(a).find("options.block_mask is set without a mask_mod") != std::string::npos);
+  a.options.user_functions = &masking;
+  CHECK(rejection(a) == "accepted");
+
+  // What create_backward_block_mask would plan for the problem (no memory: no GPU here).
+  const detail::BackwardProblem problem = a.validate();
+  for (bool deterministic : {false, true}) {
+    CAPTURE(deterministic);
+    BackwardArgs b = a;
+    b.options.deterministic = deterministic;
+    const detail::BackwardProblem p = b.validate();
+    const Variant dkdv = detail::select_backward_variant(p, device_of("sm_90a"), b.options);
+    const Variant finish = detail::backward_finish_variant(p, dkdv);
+    auto planned = [&] {  // the map's fields as plan_backward_block_mask sets them
+      detail::BlockMaskData map;
+      map.variant = dkdv;
+      map.shape = detail::MaskedShape::of(p.forward);
+      map.backward = true;
+      map.heads_kv = p.forward.heads_kv;
+      map.group = p.forward.heads_q / p.forward.heads_kv;
+      map.query_tiles = (p.forward.seqlen_q + dkdv.tile_m - 1) / dkdv.tile_m;
+      map.key_tiles = (p.forward.seqlen_k + dkdv.tile_n - 1) / dkdv.tile_n;
+      map.heads = p.forward.heads_kv;
+      map.batches = p.forward.batch;
+      if (deterministic) {  // bwd_wgmma + bwd_wgmma_dq: a dQ map too
+        auto dq_map = std::make_shared<detail::BlockMaskData>();
+        dq_map->variant = finish;
+        map.dq = dq_map;
+      }
+      return map;
+    };
+    CHECK(finish.family == (deterministic ? "bwd_wgmma_dq" : "bwd_convert"));
+    const detail::BlockMaskData map = planned();
+    CHECK_NOTHROW(detail::check_backward_block_mask(map, p.forward, dkdv, finish));
+    // Key-major: an entry per (batch, KV head, key tile), group x query tiles steps each.
+    FmhaParams params{};
+    detail::use_block_mask(params, map);
+    CHECK(params.block_stride_h == map.key_tiles);
+    CHECK(params.block_stride_b == static_cast<long long>(map.key_tiles) * 2);
+    CHECK(params.block_key_tiles == 4 * map.query_tiles);
+    auto refusal = [&](const detail::BlockMaskData& m, const Variant& d, const Variant& f,
+                       const detail::ForwardProblem& fp) {
+      try {
+        detail::check_backward_block_mask(m, fp, d, f);
+      } catch (const Error& e) {
+        CHECK(e.code() == ErrorCode::invalid_argument);
+        return std::string(e.what());
+      }
+      return std::string("accepted");
+    };
+    // Other kernels (a forced family or tiles, the other mode) are named.
+    Variant other = dkdv;
+    other.tile_n = 64;
+    CHECK(refusal(map, other, finish, p.forward)
+              .find("options.block_mask was built for " + dkdv.name() + ": this backward runs " +
+                    other.name()) != std::string::npos);
+    detail::BlockMaskData other_dq = planned();
+    if (deterministic)
+      other_dq.dq = nullptr;
+    else
+      other_dq.dq = std::make_shared<const detail::BlockMaskData>();
+    CHECK(refusal(other_dq, dkdv, finish, p.forward).find("this backward runs " + finish.name()) !=
+          std::string::npos);
+    // Another problem: its causal mask, its KV heads.
+    BackwardArgs c = b;
+    c.options.causal = true;
+    CHECK(refusal(map, dkdv, finish, c.validate().forward)
+              .find("does not fit this backward: causal is 1: the block mask was built for 0") !=
+          std::string::npos);
+    detail::ForwardProblem mqa = p.forward;
+    mqa.heads_kv = 1;
+    CHECK(refusal(map, dkdv, finish, mqa).find("heads_kv is 1: the block mask was built for 2") !=
+          std::string::npos);
+    // A backward's map is not a forward's, nor the other way round.
+    CHECK_THROWS_WITH_AS(detail::check_block_mask(map, p.forward, std::nullopt),
+                         doctest::Contains("made by create_backward_block_mask"), Error);
+    detail::BlockMaskData forward_map = planned();
+    forward_map.backward = false;
+    CHECK(refusal(forward_map, dkdv, finish, p.forward)
+              .find("made by create_block_mask for the forward") != std::string::npos);
+  }
+  // The builder of the key-major map copies the dK/dV variant's tiles and masks.
+  const Variant dkdv = detail::select_backward_variant(problem, device_of("sm_90a"), a.options);
+  const Variant builder = detail::backward_block_mask_variant(dkdv);
+  CHECK(builder.name() == fmt::format("bwd_blockmask.sm90a.bf16.d64.m{}n{}s1.user{}", dkdv.tile_m,
+                                      dkdv.tile_n, masking.hash()));
+  CHECK(Variant::parse(builder.name()) == builder);
 }
 
 namespace {

@@ -49,8 +49,13 @@ TEST_CASE("flashjit_backward_options: zero is the default, and no padding lies b
   CHECK(offsetof(O, window_left) == offsetof(O, sliding_window) + 4);
   CHECK(offsetof(O, window_right) == offsetof(O, window_left) + 4);
   CHECK(offsetof(O, sink_tokens) == offsetof(O, window_right) + 4);
-  CHECK(sizeof(O) >= offsetof(O, sink_tokens) + 4);
-  if (sizeof(void*) == 8) CHECK(sizeof(O) == 168);
+  // sink_tokens, then padding up to the pointer alignment (4 bytes on 64-bit targets), then the
+  // block mask (appended in version 0.1's session 18; the layout before it is unchanged).
+  constexpr std::size_t align = alignof(O);
+  CHECK(offsetof(O, block_mask) == (offsetof(O, sink_tokens) + 4 + align - 1) / align * align);
+  CHECK(sizeof(O) == offsetof(O, block_mask) + sizeof(void*));
+  if (sizeof(void*) == 8) CHECK(sizeof(O) == 176);
+  CHECK(options.block_mask == nullptr);
   CHECK(options.user_functions == nullptr);
   CHECK(options.softcap == 0.f);  // no variant
   CHECK(options.sliding_window == 0);

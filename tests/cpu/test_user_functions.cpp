@@ -313,7 +313,8 @@ TEST_CASE("a .user<hash> that no UserFunctions of this process has fails to comp
 }
 
 TEST_CASE("backward user variants compile for every dK/dV and dQ family, without spills") {
-  // The examples in the backward's kernels: a mask_mod, and a score_mod with its derivative.
+  // The examples in the backward's kernels: a mask_mod, and a score_mod with its derivative;
+  // and the builders of the backward's block masks.
   TempDir dir;
   KernelCache cache(CacheOptions{dir.path()});
   const UserFunctions documents = document_mask_functions(),
@@ -326,8 +327,25 @@ TEST_CASE("backward user variants compile for every dK/dV and dQ family, without
                                                          {"bwd_mma_dq", "sm_80"}};
   std::vector<Variant> variants;
   for (const auto& [family, arch] : targets)
-    for (const UserFunctions* f : {&documents, &bias})
+    for (const UserFunctions* f : {&documents, &bias}) {
       variants.push_back(user_variant(family, arch, *f));
+      // The mask_mod's kernels read a block mask when given one (BackwardOptions::block_mask),
+      // causal ones included.
+      if (f->has_mask_mod()) {
+        Variant causal = user_variant(family, arch, *f);
+        causal.causal = true;
+        variants.push_back(causal);
+      }
+    }
+  // The builders of a backward's block masks (Engine::create_backward_block_mask): the key-major
+  // map at a dK/dV kernel's tiles, and the forward's kind at a dQ kernel's.
+  for (const auto& [family, arch] : targets) {
+    Variant causal = user_variant(family, arch, documents);
+    causal.causal = true;
+    variants.push_back(std::string(family).ends_with("_dq")
+                           ? detail::block_mask_variant(causal)
+                           : detail::backward_block_mask_variant(causal));
+  }
   for (const CompileOutcome& outcome : cache.precompile(variants)) {
     INFO(outcome.variant.name(), ": ", outcome.error);
     REQUIRE(outcome.ok);

@@ -6,6 +6,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <system_error>
 
 #include <CLI/CLI.hpp>
 
@@ -81,6 +82,16 @@ int main(int argc, char** argv) {
     std::fflush(stdout);
     fmt::print(stderr, "flashjit: error: {}\n", e.what());
     return e.code() == flashjit::ErrorCode::invalid_argument ? kUsageError : 1;
+  } catch (const std::system_error& e) {
+    // fmt's write to stdout failed mid-way (output past one buffer to a full disk, /dev/full):
+    // the same error as a failed final flush.
+    if (std::ferror(stdout)) {
+      fmt::print(stderr, "flashjit: error: cannot write the output: {}\n", e.code().message());
+      return 1;
+    }
+    std::fflush(stdout);
+    fmt::print(stderr, "flashjit: error: {}\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     fmt::print(stderr, "flashjit: error: {}\n", e.what());

@@ -53,6 +53,26 @@ constinit extern const KernelFamily kBlockMaskFamily = {
     .varlen_variants = true,
 };
 
+// The backward's builder (block_mask/backward_kernel.cu): the key-major map of a dK/dV variant.
+constinit extern const KernelFamily kBwdBlockMaskFamily = {
+    .role = FamilyRole::block_mask,
+    .features = kFeatureUserFunctions | kFeatureWindow | kFeatureVarlen,
+    .name = "bwd_blockmask",
+    .summary = "lists the query tiles a user mask_mod leaves to each key tile of a backward "
+               "(create_backward_block_mask)",
+    .source_file = "block_mask/backward_kernel.cu",
+    .kernel_template = "flashjit::build_backward_block_mask_kernel",
+    .head_dims = kMaskHeadDims,
+    .runs_on = runs_on_sm80_or_later,
+    .check_tiles = block_mask_check,
+    .shared_bytes = block_mask_shared_bytes,
+    .tile_table = block_mask_tiles,
+    .unsupported_reason = nullptr,
+    .plan = nullptr,
+    .template_arguments = block_mask_arguments,
+    .varlen_variants = true,
+};
+
 Variant block_mask_variant(const Variant& attention) {
   Variant v = variant_of(kBlockMaskFamily, attention.arch, kMaskDType, kMaskHeadDims[0],
                          attention.causal, {attention.tile_m, attention.tile_n, 1}, false,
@@ -67,6 +87,16 @@ LaunchPlan block_mask_plan(int query_tiles, int heads, int batches) {
                static_cast<unsigned>(batches)};
   plan.block = {BlockMaskShape::kThreads, 1, 1};
   return plan;
+}
+
+}  // namespace flashjit::detail
+
+namespace flashjit::detail {
+
+Variant backward_block_mask_variant(const Variant& dkdv) {
+  return variant_of(kBwdBlockMaskFamily, dkdv.arch, kMaskDType, kMaskHeadDims[0], dkdv.causal,
+                    {dkdv.tile_m, dkdv.tile_n, 1}, false, dkdv.varlen, false, dkdv.window, false,
+                    false, dkdv.user_functions);
 }
 
 }  // namespace flashjit::detail

@@ -12,6 +12,9 @@ namespace flashjit::detail {
 
 // The builder for the block masks of `attention` (a variant with user functions).
 Variant block_mask_variant(const Variant& attention);
+// The builder of a backward's key-major map for the dK/dV variant `dkdv` (a variant with user
+// functions): same arch, tiles, masks and user functions (family bwd_blockmask).
+Variant backward_block_mask_variant(const Variant& dkdv);
 // One CTA per map entry: query tiles x heads x batches of the map.
 LaunchPlan block_mask_plan(int query_tiles, int heads, int batches);
 
