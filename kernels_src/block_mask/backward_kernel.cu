@@ -7,6 +7,7 @@
 // is hidden. A map shared by every head (block_stride_h 0) is evaluated at head 0. Rows past the
 // sequence's seqlen_q count for nothing; keys past its seqlen_k are hidden.
 #include "block_mask/shape.cuh"
+#include "block_mask/tile_visibility.cuh"
 #include "common/bwd_block_mask.cuh"
 #include "common/bwd_scores.cuh"
 #include "common/masking.cuh"
@@ -31,26 +32,16 @@ __global__ void __launch_bounds__(BlockMaskShape::kThreads)
   int full = 0, partial = 0, visitable = 0;  // thread 0's
   if (key0 < seq.seqlen_k && seq.seqlen_q > 0) {
     const QueryTilesSeeing<Causal, Window, TileM> seeing(p, seq, key0, key0 + TileN - 1);
-    const int keys = min(TileN, seq.seqlen_k - key0);
     for (int g = 0; g < p.heads_per_kv; ++g) {
       const int head = p.block_stride_h == 0 ? 0 : kv_head * p.heads_per_kv + g;
       visitable += max(seeing.count, 0);
       for (int m = seeing.first; m < seeing.first + seeing.count; ++m) {
         const int row0 = m * TileM, rows = min(TileM, seq.seqlen_q - row0);
-        bool seen = false, hidden = keys < TileN;  // keys past seqlen_k are hidden
-        for (int at = threadIdx.x; at < rows * keys; at += BlockMaskShape::kThreads) {
-          const int row = row0 + at / keys, key = key0 + at % keys;
-          bool visible = key < key_end<Causal, Window>(seq, p, row) &&
-                         (!Window || key >= key_first<Window>(seq, p, row) || key < p.sink_tokens);
-          if (visible) visible = user::mask_mod(batch, head, row, key, p.user_args);
-          seen |= visible;
-          hidden |= !visible;
-        }
-        seen = __syncthreads_or(seen);
-        hidden = __syncthreads_or(hidden);
-        if (threadIdx.x == 0 && seen) {
-          steps[full + partial] = (g << kStepTileBits) | m | (hidden ? kPartialStep : 0);
-          ++(hidden ? partial : full);
+        const TileVisibility tile =
+            tile_visibility<Causal, Window, TileN>(seq, p, batch, head, row0, rows, key0);
+        if (threadIdx.x == 0 && tile.seen) {
+          steps[full + partial] = (g << kStepTileBits) | m | (tile.hidden ? kPartialStep : 0);
+          ++(tile.hidden ? partial : full);
         }
       }
     }

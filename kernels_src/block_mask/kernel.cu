@@ -6,6 +6,7 @@
 // slot down, TileVisits reads them so), with their numbers in block_counts. Rows past the
 // sequence's seqlen_q count for nothing; keys past its seqlen_k are hidden.
 #include "block_mask/shape.cuh"
+#include "block_mask/tile_visibility.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
@@ -32,20 +33,10 @@ __global__ void __launch_bounds__(BlockMaskShape::kThreads)
     const int rows = min(TileM, seq.seqlen_q - row0);
     for (int v = 0; v < range.count(); ++v) {
       const int j = range.tile(v);
-      bool seen = false, hidden = false;
-      for (int at = threadIdx.x; at < rows * TileN; at += BlockMaskShape::kThreads) {
-        const int row = row0 + at / TileN, key = j * TileN + at % TileN;
-        bool visible = key < key_end<Causal, Window>(seq, p, row) &&
-                       (!Window || key >= key_first<Window>(seq, p, row) || key < p.sink_tokens);
-        // Only inside the sequence: key_end <= seqlen_k.
-        if (visible) visible = user::mask_mod(batch, head, row, key, p.user_args);
-        seen |= visible;
-        hidden |= !visible;
-      }
-      seen = __syncthreads_or(seen);
-      hidden = __syncthreads_or(hidden);
-      if (threadIdx.x == 0 && seen) {
-        if (hidden)
+      const TileVisibility tile =
+          tile_visibility<Causal, Window, TileN>(seq, p, batch, head, row0, rows, j * TileN);
+      if (threadIdx.x == 0 && tile.seen) {
+        if (tile.hidden)
           tiles[p.block_key_tiles - 1 - partial++] = j;
         else
           tiles[full++] = j;
