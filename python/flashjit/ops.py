@@ -507,15 +507,17 @@ def attention(q, k, v, *, causal=False, softmax_scale=None, return_lse=False, wi
 def create_block_mask(q, k, v, *, user_functions, user_args=(), causal=False, softmax_scale=None,
                       window_left=-1, window_right=-1, softcap=0.0, sink_logits=None,
                       alibi_slopes=None, sink_tokens=0, family=None, same_for_all_heads=False,
-                      same_for_all_batches=False, backward=False, deterministic=False):
+                      same_for_all_batches=False, backward=None, deterministic=False):
     """The BlockMask of user_functions' mask_mod for attention(q, k, v, ...) with these same
     arguments (block_mask= aside), built on the current stream from q's, k's and v's shapes and
     user_args (their contents, not q/k/v's). same_for_all_heads / same_for_all_batches: the
     mask_mod reads neither head nor batch, so one map serves all (smaller, built faster).
     backward=True also builds the backward's maps (Engine::create_backward_block_mask, for the
     kernels a backward with this `deterministic` runs), which attention's autograd backward then
-    uses: the tiles the mask hides are skipped there too. Call it outside compiled code and
-    before a CUDA graph capture (it allocates device memory)."""
+    uses: the tiles the mask hides are skipped there too. None (the default): True where q, k or
+    v requires grad under grad mode, since a mask_mod's backward without its maps runs every
+    causal tile, and slower than before block masks existed (docs/perf-log.md, session 18). Call
+    it outside compiled code and before a CUDA graph capture (it allocates device memory)."""
     where = "flashjit.create_block_mask"
     hash_, tensors, pointers = _mask_user_inputs(where, user_functions, user_args)
     _check_attention(q, k, v, sink_logits, alibi_slopes, hash_, tensors, where)
@@ -528,6 +530,8 @@ def create_block_mask(q, k, v, *, user_functions, user_args=(), causal=False, so
     forward = engine.create_block_mask_raw(_view(q), _view(k), _view(v), _view(q), options,
                                            same_for_all_heads, same_for_all_batches,
                                            _stream(index))
+    if backward is None:
+        backward = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
     backward_maps = None
     if backward:
         # The options attention's backward gives (flashjit.backward), masks and user functions.
