@@ -994,6 +994,10 @@ class UserFunctions(unittest.TestCase):
                 steps = both.backward_counts()
                 self.assertLess(steps["full"] + steps["partial"], steps["total"])
                 self.assertIsNone(blocks.backward_counts())
+                # By default the maps come with inputs that require grad.
+                wanting = [t.detach().requires_grad_() for t in (q, k, v)]
+                self.assertIsNotNone(flashjit.create_block_mask(
+                    *wanting, same_for_all_heads=True, **masked).backward_counts())
                 cases.append(("document mask, block mask with backward", dict(block_mask=both,
                                                                               **masked),
                               dict(visible=visible)))
