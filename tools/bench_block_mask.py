@@ -17,7 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
-from compare.timing import CudaTimer, burst  # noqa: E402
+from compare.same_output import against_first  # noqa: E402
+from compare.timing import CudaTimer, burst, round_robin  # noqa: E402
 
 DOCUMENT_MASK = Path(__file__).resolve().parent.parent / "examples/user_functions/document_mask.cu"
 
@@ -62,25 +63,20 @@ def main():
         print(f"{family}: {mask.variant}: block mask {counts['full']} full + "
               f"{counts['partial']} partial of {counts['total']} tiles")
     torch.cuda.synchronize()
-    base = next(iter(outputs.values())).float()
-    scale = base.abs().max().item()
-    for name, out in outputs.items():
-        err = (out.float() - base).abs().max().item() / scale
-        ok = err < 2e-2 and not out.isnan().any().item()
+    checks = against_first(outputs)
+    for name, err, ok in checks:
         print(f"check {name:<28} max rel diff {err:.2e} {'ok' if ok else 'FAIL'}")
-        if not ok:
-            return 1
+    if not all(ok for _, _, ok in checks):
+        return 1
 
     timer = CudaTimer()
-    samples = {name: [] for name in runs}
-    for fn in runs.values():
-        burst(fn, args.calls)()
+    bursts = {name: burst(fn, args.calls) for name, fn in runs.items()}
+    for fn in bursts.values():  # warm
+        fn()
     spin = timer.cycles_for(5.0)
-    for _ in range(args.reps):
-        for name, fn in runs.items():
-            handle = timer.launch(burst(fn, args.calls), spin)
-            torch.cuda.synchronize()
-            samples[name].append(timer.elapsed_ms(handle) / args.calls)
+    samples = round_robin(bursts, {name: args.reps for name in runs}, timer,
+                          spins={name: spin for name in runs})
+    samples = {name: [ms / args.calls for ms in s] for name, s in samples.items()}
     print(f"s{n} h{args.heads} d{args.head_dim} causal, {args.documents} documents "
           f"({min(lengths)}-{max(lengths)} tokens): median of {args.reps} interleaved bursts")
     for name in runs:

@@ -20,6 +20,7 @@ One concern a module, in the order data flows through a run:
                  through autograd
     checks       the float32 reference check and its tolerances
     backward_checks  dq, dk, dv against fp32 autograd gradients of the math attention, bounds
+    same_output  several runs of one problem against the first (the tools' tile / mask sweeps)
     timing       CUDA-event timer, bursts, round-robin repetitions, repetition plan
     run_case     one case: run, check, time, ratios to SDPA, FA4 and the best peer (its
                  results.json entry)
