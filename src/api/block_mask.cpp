@@ -122,26 +122,41 @@ void allocate(const Engine& engine, BlockMaskData& mask) {
 
 }  // namespace
 
-BlockMaskData plan_block_mask(const Engine& engine, const Variant& attention,
-                              const ForwardProblem& problem, const BlockMaskOptions& options) {
+namespace {
+
+// What the forward's and the backward's maps share: one entry per (tile of `variant` along the
+// map's rows, head, batch), a head or batch count of 1 where the options share the map, checked
+// against the grid's limits. `function` and `heads_name` word the errors.
+BlockMaskData sized_map(const char* function, const Variant& variant,
+                        const ForwardProblem& problem, const BlockMaskOptions& options,
+                        int heads, const char* heads_name) {
   if (options.same_for_all_batches && problem.per_sequence_lengths())
     throw Error(ErrorCode::invalid_argument,
-                "create_block_mask: same_for_all_batches with per-sequence lengths (a varlen "
-                "batch or seqused_k): expected false, sequences of different lengths have maps "
-                "of their own");
+                fmt::format("{}: same_for_all_batches with per-sequence lengths: expected "
+                            "false, sequences of different lengths have maps of their own",
+                            function));
   BlockMaskData mask;
-  mask.variant = attention;
+  mask.variant = variant;
   mask.shape = MaskedShape::of(problem);
-  mask.query_tiles = (problem.seqlen_q + attention.tile_m - 1) / attention.tile_m;
-  mask.key_tiles = (problem.seqlen_k + attention.tile_n - 1) / attention.tile_n;
-  mask.heads = options.same_for_all_heads ? 1 : problem.heads_q;
+  mask.query_tiles = (problem.seqlen_q + variant.tile_m - 1) / variant.tile_m;
+  mask.key_tiles = (problem.seqlen_k + variant.tile_n - 1) / variant.tile_n;
+  mask.heads = options.same_for_all_heads ? 1 : heads;
   mask.shared_heads = options.same_for_all_heads;
   mask.batches = options.same_for_all_batches ? 1 : problem.batch;
   if (mask.heads > 65535 || mask.batches > 65535)
     throw Error(ErrorCode::invalid_argument,
-                fmt::format("create_block_mask: {} heads and {} batches in the map: expected at "
-                            "most 65535 each (set same_for_all_heads / same_for_all_batches)",
-                            mask.heads, mask.batches));
+                fmt::format("{}: {} {} and {} batches in the map: expected at most 65535 each "
+                            "(set same_for_all_heads / same_for_all_batches)",
+                            function, mask.heads, heads_name, mask.batches));
+  return mask;
+}
+
+}  // namespace
+
+BlockMaskData plan_block_mask(const Engine& engine, const Variant& attention,
+                              const ForwardProblem& problem, const BlockMaskOptions& options) {
+  BlockMaskData mask = sized_map("create_block_mask", attention, problem, options,
+                                 problem.heads_q, "heads");
   allocate(engine, mask);
   return mask;
 }
@@ -149,28 +164,11 @@ BlockMaskData plan_block_mask(const Engine& engine, const Variant& attention,
 BlockMaskData plan_backward_block_mask(const Engine& engine, const Variant& dkdv,
                                        const ForwardProblem& problem,
                                        const BlockMaskOptions& options) {
-  if (options.same_for_all_batches && problem.per_sequence_lengths())
-    throw Error(ErrorCode::invalid_argument,
-                "create_backward_block_mask: same_for_all_batches with per-sequence lengths (a "
-                "varlen batch): expected false, sequences of different lengths have maps of "
-                "their own");
-  BlockMaskData mask;
-  mask.variant = dkdv;
-  mask.shape = MaskedShape::of(problem);
+  BlockMaskData mask = sized_map("create_backward_block_mask", dkdv, problem, options,
+                                 problem.heads_kv, "KV heads");
   mask.backward = true;
   mask.heads_kv = problem.heads_kv;
   mask.group = problem.heads_kv > 0 ? problem.heads_q / problem.heads_kv : 1;
-  mask.query_tiles = (problem.seqlen_q + dkdv.tile_m - 1) / dkdv.tile_m;
-  mask.key_tiles = (problem.seqlen_k + dkdv.tile_n - 1) / dkdv.tile_n;
-  mask.heads = options.same_for_all_heads ? 1 : problem.heads_kv;
-  mask.shared_heads = options.same_for_all_heads;
-  mask.batches = options.same_for_all_batches ? 1 : problem.batch;
-  if (mask.heads > 65535 || mask.batches > 65535)
-    throw Error(ErrorCode::invalid_argument,
-                fmt::format("create_backward_block_mask: {} KV heads and {} batches in the map: "
-                            "expected at most 65535 each (set same_for_all_heads / "
-                            "same_for_all_batches)",
-                            mask.heads, mask.batches));
   // A step is head_in_group << 16 | query tile, its sign bit the partial flag.
   if (mask.query_tiles > 65535 || mask.group > 32767)
     throw Error(ErrorCode::invalid_argument,
