@@ -17,8 +17,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
-from compare.same_output import against_first  # noqa: E402
-from compare.timing import CudaTimer, burst, round_robin  # noqa: E402
+from compare.same_output import print_agreement  # noqa: E402
+from compare.timing import CudaTimer, per_call_ms  # noqa: E402
 
 DOCUMENT_MASK = Path(__file__).resolve().parent.parent / "examples/user_functions/document_mask.cu"
 
@@ -63,20 +63,11 @@ def main():
         print(f"{family}: {mask.variant}: block mask {counts['full']} full + "
               f"{counts['partial']} partial of {counts['total']} tiles")
     torch.cuda.synchronize()
-    checks = against_first(outputs)
-    for name, err, ok in checks:
-        print(f"check {name:<28} max rel diff {err:.2e} {'ok' if ok else 'FAIL'}")
-    if not all(ok for _, _, ok in checks):
+    if not print_agreement(outputs, lambda name: f"{name:<28}"):
         return 1
 
     timer = CudaTimer()
-    bursts = {name: burst(fn, args.calls) for name, fn in runs.items()}
-    for fn in bursts.values():  # warm
-        fn()
-    spin = timer.cycles_for(5.0)
-    samples = round_robin(bursts, {name: args.reps for name in runs}, timer,
-                          spins={name: spin for name in runs})
-    samples = {name: [ms / args.calls for ms in s] for name, s in samples.items()}
+    samples = per_call_ms(runs, args.calls, args.reps, timer)
     print(f"s{n} h{args.heads} d{args.head_dim} causal, {args.documents} documents "
           f"({min(lengths)}-{max(lengths)} tokens): median of {args.reps} interleaved bursts")
     for name in runs:

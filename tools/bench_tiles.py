@@ -20,8 +20,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "python"))
-from compare.same_output import against_first  # noqa: E402
-from compare.timing import CudaTimer, burst, round_robin  # noqa: E402
+from compare.same_output import print_agreement  # noqa: E402
+from compare.timing import CudaTimer, per_call_ms  # noqa: E402
 
 
 def visible_pairs(seqlen_q, seqlen_k, causal, window_left):
@@ -85,22 +85,13 @@ def main():
         runs[spec]()
         outputs[spec] = out
     torch.cuda.synchronize()
-    checks = against_first(outputs)
-    for spec, err, ok in checks:
-        print(f"check {spec:>10} {names[spec]:<48} max rel diff {err:.2e} {'ok' if ok else 'FAIL'}")
-    if not all(ok for _, _, ok in checks):
+    if not print_agreement(outputs, lambda spec: f"{spec:>10} {names[spec]:<48}"):
         return 1
 
     timer = CudaTimer()
     pairs = visible_pairs(args.seqlen, args.seqlen, args.causal, args.window)
     flops = 4.0 * pairs * args.head_dim * args.heads * args.batch
-    bursts = {spec: burst(fn, args.calls) for spec, fn in runs.items()}
-    for fn in bursts.values():  # warm
-        fn()
-    spin = timer.cycles_for(5.0)
-    samples = round_robin(bursts, {spec: args.reps for spec in runs}, timer,
-                          spins={spec: spin for spec in runs})
-    samples = {spec: [ms / args.calls for ms in s] for spec, s in samples.items()}
+    samples = per_call_ms(runs, args.calls, args.reps, timer)
     first = statistics.median(samples[args.tiles[0]])
     print(f"b{args.batch} s{args.seqlen} h{args.heads}/{heads_kv} d{args.head_dim} "
           f"{'causal ' if args.causal else ''}window {args.window}: median of {args.reps} "

@@ -21,7 +21,8 @@ One concern a module, in the order data flows through a run:
     checks       the float32 reference check and its tolerances
     backward_checks  dq, dk, dv against fp32 autograd gradients of the math attention, bounds
     same_output  several runs of one problem against the first (the tools' tile / mask sweeps)
-    timing       CUDA-event timer, bursts, round-robin repetitions, repetition plan
+    timing       CUDA-event timer, bursts, round-robin repetitions, repetition plan, per-call
+                 times of a sweep (the tools' tile / mask sweeps)
     run_case     one case: run, check, time, ratios to SDPA, FA4 and the best peer (its
                  results.json entry)
     run_decode   one KV case: run, check, time in bursts, TB/s, ratios to the best peer

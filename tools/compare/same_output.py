@@ -11,3 +11,12 @@ def against_first(outputs, tolerance=2e-2):
         err = (out.float() - base).abs().max().item() / scale
         rows.append((name, err, err < tolerance and not out.isnan().any().item()))
     return rows
+
+
+def print_agreement(outputs, label=str):
+    """Prints each run's difference to the first ("check LABEL max rel diff ... ok/FAIL"); True
+    when every run agrees."""
+    rows = against_first(outputs)
+    for name, err, ok in rows:
+        print(f"check {label(name)} max rel diff {err:.2e} {'ok' if ok else 'FAIL'}")
+    return all(ok for _, _, ok in rows)

@@ -112,6 +112,18 @@ def round_robin(impls, targets, timer, spins=None, enqueue=None):
     return samples
 
 
+def per_call_ms(runs, calls, reps, timer, spin_ms=5.0):
+    """{name: [ms per call of each burst]}: `reps` bursts of `calls` back-to-back calls of every
+    run, warmed once, interleaved round-robin after a GPU spin of spin_ms (tools' sweeps)."""
+    bursts = {name: burst(fn, calls) for name, fn in runs.items()}
+    for fn in bursts.values():  # warm
+        fn()
+    spin = timer.cycles_for(spin_ms)
+    samples = round_robin(bursts, {name: reps for name in runs}, timer,
+                          spins={name: spin for name in runs})
+    return {name: [ms / calls for ms in s] for name, s in samples.items()}
+
+
 def plan_reps(per_call_s, reps, min_reps, budget_s, time_left_s):
     """Repetitions per impl: `reps`, fewer (down to min_reps) only for calls so slow that reps of
     them would take over budget_s (the slowest kernels at 64k); then, when the deadline is near,
