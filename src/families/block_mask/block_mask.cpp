@@ -33,45 +33,41 @@ std::string block_mask_arguments(const Variant& v) {
   return fmt::format("{}, {}, {}, {}, {}", v.tile_m, v.tile_n, v.causal, v.window, v.varlen);
 }
 
+// The forward's and the backward's builders differ only in the map they list (their kernel).
+constexpr KernelFamily builder_family(std::string_view name, std::string_view summary,
+                                      std::string_view source_file,
+                                      std::string_view kernel_template) {
+  return {
+      .role = FamilyRole::block_mask,
+      .features = kFeatureUserFunctions | kFeatureWindow | kFeatureVarlen,
+      .name = name,
+      .summary = summary,
+      .source_file = source_file,
+      .kernel_template = kernel_template,
+      .head_dims = kMaskHeadDims,
+      .runs_on = runs_on_sm80_or_later,
+      .check_tiles = block_mask_check,
+      .shared_bytes = block_mask_shared_bytes,
+      .tile_table = block_mask_tiles,
+      .unsupported_reason = nullptr,
+      .plan = nullptr,
+      .template_arguments = block_mask_arguments,
+      .varlen_variants = true,
+  };
+}
+
 }  // namespace
 
-constinit extern const KernelFamily kBlockMaskFamily = {
-    .role = FamilyRole::block_mask,
-    .features = kFeatureUserFunctions | kFeatureWindow | kFeatureVarlen,
-    .name = "blockmask",
-    .summary = "lists the key tiles a user mask_mod leaves to each query tile (create_block_mask)",
-    .source_file = "block_mask/kernel.cu",
-    .kernel_template = "flashjit::build_block_mask_kernel",
-    .head_dims = kMaskHeadDims,
-    .runs_on = runs_on_sm80_or_later,
-    .check_tiles = block_mask_check,
-    .shared_bytes = block_mask_shared_bytes,
-    .tile_table = block_mask_tiles,
-    .unsupported_reason = nullptr,
-    .plan = nullptr,
-    .template_arguments = block_mask_arguments,
-    .varlen_variants = true,
-};
+constinit extern const KernelFamily kBlockMaskFamily = builder_family(
+    "blockmask", "lists the key tiles a user mask_mod leaves to each query tile (create_block_mask)",
+    "block_mask/kernel.cu", "flashjit::build_block_mask_kernel");
 
 // The backward's builder (block_mask/backward_kernel.cu): the key-major map of a dK/dV variant.
-constinit extern const KernelFamily kBwdBlockMaskFamily = {
-    .role = FamilyRole::block_mask,
-    .features = kFeatureUserFunctions | kFeatureWindow | kFeatureVarlen,
-    .name = "bwd_blockmask",
-    .summary = "lists the query tiles a user mask_mod leaves to each key tile of a backward "
-               "(create_backward_block_mask)",
-    .source_file = "block_mask/backward_kernel.cu",
-    .kernel_template = "flashjit::build_backward_block_mask_kernel",
-    .head_dims = kMaskHeadDims,
-    .runs_on = runs_on_sm80_or_later,
-    .check_tiles = block_mask_check,
-    .shared_bytes = block_mask_shared_bytes,
-    .tile_table = block_mask_tiles,
-    .unsupported_reason = nullptr,
-    .plan = nullptr,
-    .template_arguments = block_mask_arguments,
-    .varlen_variants = true,
-};
+constinit extern const KernelFamily kBwdBlockMaskFamily = builder_family(
+    "bwd_blockmask",
+    "lists the query tiles a user mask_mod leaves to each key tile of a backward "
+    "(create_backward_block_mask)",
+    "block_mask/backward_kernel.cu", "flashjit::build_backward_block_mask_kernel");
 
 Variant block_mask_variant(const Variant& attention) {
   Variant v = variant_of(kBlockMaskFamily, attention.arch, kMaskDType, kMaskHeadDims[0],
