@@ -19,12 +19,15 @@
 
 namespace flashjit {
 
+// BlockMask: the entry that reads a block mask (FmhaParams::block_*), compiled beside the other
+// for variants with a mask_mod.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool Varlen>
+          bool Window, bool Alibi, bool Varlen, bool BlockMask = false>
 __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.threads())
     bwd_mma_dq_kernel(const BackwardParams p) {
   constexpr BwdMmaDqShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kThreads = kShape.threads();
+  static_assert(!BlockMask || user::kMaskMod, "block masks come with a mask_mod");
   constexpr int kPitch = kShape.pitch();
   constexpr int NT = TileN / 8;   // n8 key tiles of S
   constexpr int DT = HeadDim / 8;  // n8 dim tiles of dQ
@@ -61,11 +64,11 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
                               k_row0 * f.v_stride_s + kv_head * f.v_stride_h,
                           f.v_stride_s);
   const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(seq, f, row0);
-  ListedKeyTiles<user::kMaskMod> listed;
-  if constexpr (user::kMaskMod) listed.find(f, batch, head, m_tile);
+  ListedKeyTiles<BlockMask> listed;
+  if constexpr (BlockMask) listed.find(f, batch, head, m_tile);
   const int n_tiles = listed.count_or(range.count());
   auto key_tile = [&](int j) {
-    if constexpr (user::kMaskMod) return listed.tile_or(j, range.tile(j));
+    if constexpr (BlockMask) return listed.tile_or(j, range.tile(j));
     return range.tile(j);
   };
   auto load_tile = [&](int j) {  // key tile j into buffer j % Stages
@@ -126,7 +129,7 @@ __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.t
     const int key0 = key_tile(j) * TileN;
     bool masked =
         scores.any_masked(row0 + warp_row0, row0 + warp_row0 + 15, key0, key0 + TileN - 1);
-    if constexpr (user::kMaskMod) masked = listed.masked_or(j, masked);
+    if constexpr (BlockMask) masked = listed.masked_or(j, masked);
     unsigned ds[1][NT / 2][4];
 #pragma unroll
     for (int nt = 0; nt < NT; ++nt)

@@ -74,12 +74,15 @@ __device__ __forceinline__ void to_a_operand(unsigned (&packed)[1][NQ / 2][4],
       packed[0][nt / 2][(nt % 2) * 2 + h] = pack2<T>(x[0][nt][2 * h], x[0][nt][2 * h + 1]);
 }
 
+// BlockMask: the entry that reads a block mask (FmhaParams::block_*), compiled beside the other
+// for variants with a mask_mod.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool Varlen>
+          bool Window, bool Alibi, bool Varlen, bool BlockMask = false>
 __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, false}.threads())
     bwd_mma_kernel(const BackwardParams p) {
   constexpr BwdMmaShape kShape{HeadDim, TileM, TileN, Stages, bulk_dq_reduce(__CUDA_ARCH__ / 10)};
   constexpr int kThreads = kShape.threads();
+  static_assert(!BlockMask || user::kMaskMod, "block masks come with a mask_mod");
   constexpr int kPitch = kShape.pitch();
   constexpr int kWarpDims = kShape.warp_dims();
   constexpr int kKeyWarps = kShape.key_warps();
@@ -138,24 +141,24 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
 
   // The rows that see a key of this tile (causal: from the first whose diagonal reaches key0; a
   // window: up to the last its left side reaches), for each head of the group: step t is head
-  // t / m_tiles, query tile m_first + t % m_tiles. With a block mask (kernels with a mask_mod,
-  // common/bwd_block_mask.cuh): its list of them for this key tile.
+  // t / m_tiles, query tile m_first + t % m_tiles. In the block-mask entry
+  // (common/bwd_block_mask.cuh): the mask's list of them for this key tile.
   const QueryTilesSeeing<Causal, Window, TileM> seeing(f, sequence().lengths(), key0,
                                                        key0 + TileN - 1);
   const int m_first = seeing.first, m_tiles = seeing.count;
-  ListedSteps<user::kMaskMod> listed;
+  ListedSteps<BlockMask> listed;
   int steps = m_tiles * f.heads_per_kv;
-  if constexpr (user::kMaskMod) {
+  if constexpr (BlockMask) {
     listed.find(f, batch, kv_head, blockIdx.x);
     steps = listed.count_or(steps);
   }
   auto step_head = [&](int t) {
-    if constexpr (user::kMaskMod)
+    if constexpr (BlockMask)
       return kv_head * f.heads_per_kv + listed.head_offset_or(t, t / m_tiles);
     return kv_head * f.heads_per_kv + t / m_tiles;
   };
   auto step_row0 = [&](int t) {
-    if constexpr (user::kMaskMod) return listed.tile_or(t, m_first + t % m_tiles) * TileM;
+    if constexpr (BlockMask) return listed.tile_or(t, m_first + t % m_tiles) * TileM;
     return (m_first + t % m_tiles) * TileM;
   };
   auto row_terms = [&](int t) {  // first workspace row of step t
@@ -246,7 +249,7 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
     const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, sequence().lengths(), batch,
                                                                 step_head(t));
     bool masked = scores.any_masked(row0, row0 + TileM - 1, key0, key0 + TileN - 1);
-    if constexpr (user::kMaskMod) masked = listed.masked_or(t, masked);
+    if constexpr (BlockMask) masked = listed.masked_or(t, masked);
 #pragma unroll
     for (int nt = 0; nt < NQ; ++nt) {
       const int col = nt * 8 + (lane % 4) * 2;

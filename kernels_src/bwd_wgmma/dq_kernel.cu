@@ -38,8 +38,8 @@ struct QueryTileBarriers {
 // Where the CTA works: its rows and the key tiles they see (common/masking.cuh; a window's
 // band and sink tiles only). Varlen: its sequence's lengths and rows (the grid covers the
 // longest sequence; a CTA past a shorter one's rows does nothing).
-template <bool Causal, bool Window, bool Varlen, int TileM, int TileN>
-struct QueryTile : ListedKeyTiles<user::kMaskMod> {  // with a mask_mod: a block mask's tiles
+template <bool Causal, bool Window, bool Varlen, int TileM, int TileN, bool Listed>
+struct QueryTile : ListedKeyTiles<Listed> {  // the block-mask entry: the mask's tiles
   int row0, head, kv_head, batch;
   SequenceSpan seq;  // equal-length batches: the launch's lengths, starts 0
   int coord_batch;   // the TMA maps' batch coordinate: 0 for a packed batch
@@ -53,17 +53,17 @@ struct QueryTile : ListedKeyTiles<user::kMaskMod> {  // with a mask_mod: a block
         seq(packed_sequence_span<Varlen>(f, blockIdx.z)),
         coord_batch(Varlen ? 0 : blockIdx.z),
         keys(kv_tile_range<Causal, Window, TileM, TileN>(lengths_of<Varlen>(f, seq), f, row0)) {
-    if constexpr (user::kMaskMod) find(f, batch, head, row0 / TileM);
+    if constexpr (Listed) this->find(f, batch, head, row0 / TileM);
   }
 
   __device__ __forceinline__ bool outside() const { return row0 >= seq.seqlen_q; }
-  // The key tiles visited: a block mask's, or those the masks leave (plain kernels: only those).
+  // The key tiles visited: a block mask's, or those the masks leave.
   __device__ __forceinline__ int key_tiles() const {
-    if constexpr (user::kMaskMod) return count_or(keys.count());
+    if constexpr (Listed) return this->count_or(keys.count());
     return keys.count();
   }
   __device__ __forceinline__ int key_tile(int j) const {
-    if constexpr (user::kMaskMod) return tile_or(j, keys.tile(j));
+    if constexpr (Listed) return this->tile_or(j, keys.tile(j));
     return keys.tile(j);
   }
 };
@@ -71,8 +71,8 @@ struct QueryTile : ListedKeyTiles<user::kMaskMod> {  // with a mask_mod: a block
 // ---- producer ---------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window,
-          bool Varlen>
-__device__ __forceinline__ void produce(const QueryTile<Causal, Window, Varlen, TileM, TileN>& tile,
+          bool Varlen, bool Listed>
+__device__ __forceinline__ void produce(const QueryTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
                                         const TmaDescriptor* tma_v, const TmaDescriptor* tma_do,
                                         unsigned char* smem, QueryTileBarriers<Stages>* bars) {
@@ -107,9 +107,9 @@ __device__ __forceinline__ void produce(const QueryTile<Causal, Window, Varlen, 
 // ---- consumer ---------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool Varlen>
+          bool Window, bool Alibi, bool Varlen, bool Listed>
 __device__ __forceinline__ void consume(const BackwardParams& p,
-                                        const QueryTile<Causal, Window, Varlen, TileM, TileN>& tile,
+                                        const QueryTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
                                         unsigned char* smem, QueryTileBarriers<Stages>* bars,
                                         int consumer) {
   constexpr BwdWgmmaDqShape kShape{HeadDim, TileM, TileN, Stages};
@@ -149,7 +149,7 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
     const int seqlen_k = lengths_of<Varlen>(f, tile.seq).seqlen_k;
     const bool past_end = key0 + TileN > seqlen_k;
     bool masked = scores.any_masked(wg_row0, wg_row0 + 63, key0, key0 + TileN - 1);
-    if constexpr (user::kMaskMod) masked = tile.masked_or(j, masked);
+    if constexpr (Listed) masked = tile.masked_or(j, masked);
     // Soft-capped or with a score_mod: dS needs a factor of each score's, so both GEMMs first and
     // one pass over the scores.
     constexpr bool kOnePass = Scores::kPerScoreFactor;
@@ -191,8 +191,10 @@ __device__ __forceinline__ void consume(const BackwardParams& p,
 
 // ---- kernel -----------------------------------------------------------------------------------
 
+// BlockMask: the entry that reads a block mask (FmhaParams::block_*), compiled beside the other
+// for variants with a mask_mod.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool Varlen>
+          bool Window, bool Alibi, bool Varlen, bool BlockMask = false>
 __global__ void __launch_bounds__(BwdWgmmaDqShape{HeadDim, TileM, TileN, Stages}.threads(), 1)
     bwd_wgmma_dq_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
                         const __grid_constant__ TmaDescriptor tma_k,
@@ -206,10 +208,11 @@ __global__ void __launch_bounds__(BwdWgmmaDqShape{HeadDim, TileM, TileN, Stages}
                 "one or two consumer warpgroups");
   static_assert(kShape.shared_bytes() <= BwdWgmmaLimits::kMaxSharedBytes, "fits shared memory");
   static_assert(sizeof(QueryTileBarriers<Stages>) == kShape.barrier_bytes(), "barrier bytes");
+  static_assert(!BlockMask || user::kMaskMod, "block masks come with a mask_mod");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_tiles(smem_raw);
   auto* bars = reinterpret_cast<QueryTileBarriers<Stages>*>(smem + kShape.barrier_offset());
-  const QueryTile<Causal, Window, Varlen, TileM, TileN> tile(p.fwd);
+  const QueryTile<Causal, Window, Varlen, TileM, TileN, BlockMask> tile(p.fwd);
   // The whole CTA: past a shorter sequence's rows. (if constexpr: even a constant-false test
   // changes the dense kernels' code.)
   if constexpr (Varlen)

@@ -48,11 +48,11 @@ struct KeyTileBarriers {
 // the rows start where the diagonal reaches key0 (every key is seen by the last row: m_tiles >= 1
 // whenever seqlen_q > 0). A window also ends them where its left side leaves the tile's last key
 // (common/bwd_scores.cuh, QueryTilesSeeing), so time scales with the window.
-// With a block mask (kernels with a mask_mod, common/bwd_block_mask.cuh) the steps are its list
-// for the key tile: the same order, without the steps it hides wholly, and masked_or(t, ...) true
+// In the block-mask entry (Listed, common/bwd_block_mask.cuh) the steps are the mask's list for
+// the key tile: the same order, without the steps it hides wholly, and masked_or(t, ...) true
 // only where it hides some score.
-template <bool Causal, bool Window, int TileM, int TileN>
-struct QuerySteps : ListedSteps<user::kMaskMod> {
+template <bool Causal, bool Window, int TileM, int TileN, bool Listed>
+struct QuerySteps : ListedSteps<Listed> {
   int m_first, m_tiles, count, first_head;
 
   __device__ __forceinline__ QuerySteps(const FmhaParams& f, SequenceLengths len, int key0,
@@ -62,29 +62,29 @@ struct QuerySteps : ListedSteps<user::kMaskMod> {
     m_tiles = tiles.count;
     count = m_tiles * f.heads_per_kv;
     first_head = kv_head * f.heads_per_kv;
-    if constexpr (user::kMaskMod) {
-      find(f, blockIdx.z, kv_head, key0 / TileN);
-      count = count_or(count);
+    if constexpr (Listed) {
+      this->find(f, blockIdx.z, kv_head, key0 / TileN);
+      count = this->count_or(count);
     }
   }
   __device__ __forceinline__ int head(int t) const {
-    if constexpr (user::kMaskMod) return first_head + head_offset_or(t, t / m_tiles);
+    if constexpr (Listed) return first_head + this->head_offset_or(t, t / m_tiles);
     return first_head + t / m_tiles;
   }
   __device__ __forceinline__ int row0(int t) const {
-    if constexpr (user::kMaskMod) return tile_or(t, m_first + t % m_tiles) * TileM;
+    if constexpr (Listed) return this->tile_or(t, m_first + t % m_tiles) * TileM;
     return (m_first + t % m_tiles) * TileM;
   }
 };
 
 // Where the CTA works, and how many steps. Varlen: its sequence's lengths and rows (the grid
 // covers the longest sequence; a CTA past a shorter one's keys does nothing).
-template <bool Causal, bool Window, bool Varlen, int TileM, int TileN>
+template <bool Causal, bool Window, bool Varlen, int TileM, int TileN, bool Listed>
 struct KeyTile {
   int key0, kv_head, batch;
   SequenceSpan seq;  // equal-length batches: the launch's lengths, starts 0
   int coord_batch;   // the TMA maps' batch coordinate: 0 for a packed batch
-  QuerySteps<Causal, Window, TileM, TileN> steps;
+  QuerySteps<Causal, Window, TileM, TileN, Listed> steps;
 
   __device__ __forceinline__ explicit KeyTile(const FmhaParams& f)
       : key0(blockIdx.x * TileN),
@@ -113,9 +113,9 @@ struct KeyTile {
 // ---- producer ---------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window,
-          bool Varlen>
+          bool Varlen, bool Listed>
 __device__ __forceinline__ void produce(const BackwardParams& p,
-                                        const KeyTile<Causal, Window, Varlen, TileM, TileN>& tile,
+                                        const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
                                         const TmaDescriptor* tma_v, const TmaDescriptor* tma_do,
                                         unsigned char* smem, KeyTileBarriers<Stages>* bars) {
@@ -267,9 +267,9 @@ __device__ __forceinline__ void add_dq_block(const TmaDescriptor* tma_dq, long l
 // Up to head dim 128: the warpgroup owns keys [key_row0, key_row0 + 64) of the tile and runs the
 // whole step for them.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool Varlen, bool FusedDq>
+          bool Window, bool Alibi, bool Varlen, bool FusedDq, bool Listed>
 __device__ __forceinline__ void consume_keys(const BackwardParams& p,
-                                             const KeyTile<Causal, Window, Varlen, TileM, TileN>& tile,
+                                             const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
                                              unsigned char* smem, KeyTileBarriers<Stages>* bars,
                                              int consumer, const TmaDescriptor* tma_dq) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
@@ -302,7 +302,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
     bool masked = scores.any_masked(row0, row0 + TileM - 1, lane_key - at.row,
                                     lane_key - at.row + 63);
-    if constexpr (user::kMaskMod) masked = tile.steps.masked_or(t, masked);
+    if constexpr (Listed) masked = tile.steps.masked_or(t, masked);
     // dSᵀ needs a factor of each score's (a cap's t, a score_mod's derivative): both GEMMs first,
     // then one pass.
     if constexpr (Scores::kPerScoreFactor) {
@@ -377,9 +377,9 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
 // consecutive 16 bytes. Named barriers 1 + 2g (Pᵀ written) and 2 + 2g (Pᵀ read, the buffer free)
 // pass it over, both warpgroups' 256 threads counting.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool Varlen, bool Probs>
+          bool Window, bool Alibi, bool Varlen, bool Probs, bool Listed>
 __device__ __forceinline__ void consume_split(const BackwardParams& p,
-                                              const KeyTile<Causal, Window, Varlen, TileM, TileN>& tile,
+                                              const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
                                               unsigned char* smem, KeyTileBarriers<Stages>* bars,
                                               int group) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
@@ -417,7 +417,7 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
       const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
       bool masked =
           scores.any_masked(row0, row0 + TileM - 1, tile.key0 + key_row0, tile.key0 + key_row0 + 63);
-      if constexpr (user::kMaskMod) masked = tile.steps.masked_or(t, masked);
+      if constexpr (Listed) masked = tile.steps.masked_or(t, masked);
       if constexpr (Scores::kPerScoreFactor) {
         // The partner's dSᵀ is Pᵀ (1 - t²) g ∘ (dPᵀ - delta) (g: score_mod's derivative): that
         // goes over, written as each group of four is computed (no second array of registers),
@@ -487,8 +487,10 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
 
 // ---- kernel -----------------------------------------------------------------------------------
 
+// BlockMask: the entry that reads a block mask (FmhaParams::block_*), compiled beside the other
+// for variants with a mask_mod.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Alibi, bool Varlen, bool FusedDq>
+          bool Window, bool Alibi, bool Varlen, bool FusedDq, bool BlockMask = false>
 __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, FusedDq}.threads(), 1)
     bwd_wgmma_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
                      const __grid_constant__ TmaDescriptor tma_k,
@@ -503,13 +505,14 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
                 "one or two consumer warpgroups");
   static_assert(kShape.shared_bytes() <= BwdWgmmaLimits::kMaxSharedBytes, "fits shared memory");
   static_assert(sizeof(KeyTileBarriers<Stages>) == kShape.barrier_bytes(), "barrier bytes");
+  static_assert(!BlockMask || user::kMaskMod, "block masks come with a mask_mod");
   static_assert(!FusedDq || (!kShape.split_roles() && kShape.consumers() == 2 &&
                              kShape.dq_blocks() == kShape.consumers()),
                 "fused dQ: two consumers of 64 keys, one 64 x 64 dQ block each");
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_tiles(smem_raw);
   auto* bars = reinterpret_cast<KeyTileBarriers<Stages>*>(smem + kShape.barrier_offset());
-  const KeyTile<Causal, Window, Varlen, TileM, TileN> tile(p.fwd);
+  const KeyTile<Causal, Window, Varlen, TileM, TileN, BlockMask> tile(p.fwd);
   // The whole CTA: past a shorter sequence's keys. (if constexpr: even a constant-false test
   // changes the dense kernels' code.)
   if constexpr (Varlen)

@@ -1,7 +1,8 @@
 // How the backward kernels read a backward block mask (Engine::create_backward_block_mask), in
-// kernels built with a mask_mod (Listed = user::kMaskMod; nullptr maps leave them as without).
-// Plain kernels get the empty specializations, whose `*_or` members return their fallback: the
-// same code as before block masks (checked by hashing their machine code).
+// their block-mask entries (Listed = the kernels' BlockMask template argument: compiled for
+// variants with a mask_mod, launched when FmhaParams::block_tiles is set). The other entries get
+// the empty specializations, whose `*_or` members return their fallback: the same code as
+// without block masks (checked by hashing their machine code).
 //  - dK/dV kernels (key-major map, FmhaParams::block_* at their launch): entry r = batch ·
 //    block_stride_b + kv_head · block_stride_h + key tile lists the steps the key tile takes, in
 //    the order the kernel walks them without a map (query head, then query tile ascending), as
@@ -20,8 +21,8 @@ namespace flashjit {
 constexpr int kPartialStep = static_cast<int>(0x80000000u);  // some score of the step is masked
 constexpr int kStepTileBits = 16;                             // query tile in the low 16 bits
 
-// dK/dV kernels: the steps of key tile `key_tile` of a KV head (find(): kernels with a mask_mod
-// only, in `if constexpr`; the plain ones hold no state).
+// dK/dV kernels: the steps of key tile `key_tile` of a KV head (find(): block-mask entries only,
+// in `if constexpr`; the others hold no state).
 template <bool Listed>
 struct ListedSteps {
   __device__ __forceinline__ void find(const FmhaParams&, int, int, int) {}
@@ -32,27 +33,22 @@ struct ListedSteps {
 };
 template <>
 struct ListedSteps<true> {
-  const int* steps = nullptr;  // nullptr: no map
+  const int* steps = nullptr;
   int count = 0;
   __device__ __forceinline__ void find(const FmhaParams& p, int batch, int kv_head, int key_tile) {
-    if (p.block_tiles == nullptr) return;
     const long long entry = batch * p.block_stride_b + kv_head * p.block_stride_h + key_tile;
     steps = p.block_tiles + entry * p.block_key_tiles;
     count = __ldg(p.block_counts + kBlockCounts * entry) +
             __ldg(p.block_counts + kBlockCounts * entry + 1);
   }
-  __device__ __forceinline__ int count_or(int unlisted) const {
-    return steps != nullptr ? count : unlisted;
+  __device__ __forceinline__ int count_or(int) const { return count; }
+  __device__ __forceinline__ int head_offset_or(int t, int) const {
+    return (__ldg(steps + t) & ~kPartialStep) >> kStepTileBits;
   }
-  __device__ __forceinline__ int head_offset_or(int t, int unlisted) const {
-    return steps != nullptr ? (__ldg(steps + t) & ~kPartialStep) >> kStepTileBits : unlisted;
+  __device__ __forceinline__ int tile_or(int t, int) const {
+    return __ldg(steps + t) & ((1 << kStepTileBits) - 1);
   }
-  __device__ __forceinline__ int tile_or(int t, int unlisted) const {
-    return steps != nullptr ? __ldg(steps + t) & ((1 << kStepTileBits) - 1) : unlisted;
-  }
-  __device__ __forceinline__ bool masked_or(int t, bool unlisted) const {
-    return steps != nullptr ? __ldg(steps + t) < 0 : unlisted;
-  }
+  __device__ __forceinline__ bool masked_or(int t, bool) const { return __ldg(steps + t) < 0; }
 };
 
 // dQ kernels: the key tiles of query tile `m_tile` of a query head (the same way).
@@ -65,26 +61,20 @@ struct ListedKeyTiles {
 };
 template <>
 struct ListedKeyTiles<true> {
-  const int* tiles = nullptr;  // nullptr: no map
+  const int* tiles = nullptr;
   int unmasked = 0, count = 0, last_slot = 0;
   __device__ __forceinline__ void find(const FmhaParams& p, int batch, int head, int m_tile) {
-    if (p.block_tiles == nullptr) return;
     const long long entry = batch * p.block_stride_b + head * p.block_stride_h + m_tile;
     tiles = p.block_tiles + entry * p.block_key_tiles;
     unmasked = __ldg(p.block_counts + kBlockCounts * entry);
     count = unmasked + __ldg(p.block_counts + kBlockCounts * entry + 1);
     last_slot = p.block_key_tiles - 1;
   }
-  __device__ __forceinline__ int count_or(int unlisted) const {
-    return tiles != nullptr ? count : unlisted;
-  }
-  __device__ __forceinline__ int tile_or(int j, int unlisted) const {
-    if (tiles == nullptr) return unlisted;
+  __device__ __forceinline__ int count_or(int) const { return count; }
+  __device__ __forceinline__ int tile_or(int j, int) const {
     return __ldg(tiles + (j < unmasked ? j : last_slot - (j - unmasked)));
   }
-  __device__ __forceinline__ bool masked_or(int j, bool unlisted) const {
-    return tiles != nullptr ? j >= unmasked : unlisted;
-  }
+  __device__ __forceinline__ bool masked_or(int j, bool) const { return j >= unmasked; }
 };
 
 }  // namespace flashjit

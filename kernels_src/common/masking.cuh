@@ -8,6 +8,7 @@
 #pragma once
 
 #include "common/params.cuh"
+#include "common/user_functions.cuh"
 
 namespace flashjit {
 
@@ -113,28 +114,27 @@ __device__ __forceinline__ TileOrder<Window> tile_order(const Lengths& len, cons
 }
 
 // The key tiles a query tile visits, in order: its Order (TileOrder in wgmma, kv_tile_range's
-// TileRange in mma), or with a block mask (Listed: the kernel has a mask_mod;
-// FmhaParams::block_tiles set) the mask's list, the tiles no mask touches first (the block mask
-// kernel writes those at the front of a row of block_tiles, the partly masked at its back, from
-// the last slot down). With a mask_mod every visit is masked but those a block mask lists as
-// untouched.
+// TileRange in mma), or in a kernel's block-mask entry (Listed: the kernels' BlockMask template
+// argument; FmhaParams::block_tiles is then always set) the mask's list, the tiles no mask touches
+// first (the block mask kernel writes those at the front of a row of block_tiles, the partly
+// masked at its back, from the last slot down). With a mask_mod every visit is masked but those a
+// block mask lists as untouched.
 template <typename Order, bool Listed>
 struct ListedVisits {
   Order order;
-  const int* listed;  // the block mask's tiles; nullptr: none
+  const int* listed;  // the block mask's tiles
   int listed_unmasked, listed_count;
 
-  __device__ __forceinline__ int count() const {
-    return Listed && listed != nullptr ? listed_count : order.count();
-  }
+  __device__ __forceinline__ int count() const { return Listed ? listed_count : order.count(); }
   __device__ __forceinline__ int unmasked() const {  // TileOrder's visits needing no mask
-    return Listed ? (listed != nullptr ? listed_unmasked : 0) : order.unmasked();
+    if constexpr (Listed) return listed_unmasked;
+    return user::kMaskMod ? 0 : order.unmasked();
   }
   __device__ __forceinline__ bool untouched(int i) const {  // listed as needing no mask
-    return Listed && listed != nullptr && i < listed_unmasked;
+    return Listed && i < listed_unmasked;
   }
   __device__ __forceinline__ int tile(int i) const {
-    if (!Listed || listed == nullptr) return order.tile(i);
+    if constexpr (!Listed) return order.tile(i);
     // Untouched tiles from the front of the list, partly masked ones from its back.
     return __ldg(listed + (i < listed_unmasked ? i : last_slot - (i - listed_unmasked)));
   }
@@ -143,12 +143,12 @@ struct ListedVisits {
 template <bool Window, bool Listed>
 using TileVisits = ListedVisits<TileOrder<Window>, Listed>;
 
-// Lists the block mask's tiles for query tile m_block of (batch, head) in `v`, where there is one.
+// Lists the block mask's tiles for query tile m_block of (batch, head) in `v`.
 template <typename Order, bool Listed>
 __device__ __forceinline__ void list_block_mask(ListedVisits<Order, Listed>& v,
                                                 const FmhaParams& p, int batch, int head,
                                                 int m_block) {
-  if (Listed && p.block_tiles != nullptr) {
+  if constexpr (Listed) {
     const long long entry = batch * p.block_stride_b + head * p.block_stride_h + m_block;
     v.listed = p.block_tiles + entry * p.block_key_tiles;
     v.listed_unmasked = __ldg(p.block_counts + kBlockCounts * entry);

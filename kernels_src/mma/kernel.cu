@@ -49,8 +49,10 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaPar
     }
 }
 
+// BlockMask: the entry that reads a block mask (FmhaParams::block_*), compiled beside the other
+// for variants with a mask_mod.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Sink, bool Alibi>
+          bool Window, bool Sink, bool Alibi, bool BlockMask = false>
 __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
   constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kThreads = MmaShape::kThreads;
@@ -62,6 +64,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   constexpr int kKvTile = kShape.kv_tile_elements();
   static_assert(kWarpRows % 16 == 0 && TileN % 16 == 0 && HeadDim % 16 == 0, "whole mma tiles");
   static_assert(Stages >= 1, "at least one K and one V buffer");
+  static_assert(!BlockMask || user::kMaskMod, "block masks come with a mask_mod");
 
   extern __shared__ __align__(16) unsigned char smem[];
   T* q_tile = reinterpret_cast<T*>(smem);  // later the staging area of the output
@@ -93,7 +96,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   // newer groups exist. Tiles past the end commit empty groups to keep that count.
   const auto visits = [&] {
     const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(p, p, row0);
-    if constexpr (user::kMaskMod) {  // a block mask may list the tiles
+    if constexpr (BlockMask) {  // the block mask lists the tiles
       ListedVisits<TileRange, true> listed{range, nullptr, 0, 0, 0};
       list_block_mask(listed, p, batch, head, m_tile);
       return listed;
@@ -150,12 +153,12 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
       add_alibi<MT, NT>(
           s, [&](int, int) { return alibi_slope; },
           [&](int mt, int h) { return alibi_diagonal + mt * 16 + h * 8; }, key0 + (lane % 4) * 2);
-    // With a mask_mod every tile is masked but those a block mask lists as untouched. (Only
-    // where there is a mask_mod: even an empty branch changed the other kernels' machine code.)
+    // With a mask_mod every tile is masked but those a block mask lists as untouched. (Only in
+    // the block-mask entry: even an empty branch changed the other kernels' machine code.)
     const auto user_row = [&](int mt, int h) {
       return UserRow{min(row0 + warp_row0 + lane / 4 + mt * 16 + h * 8, p.seqlen_q - 1), head};
     };
-    if constexpr (user::kMaskMod) {
+    if constexpr (BlockMask) {
       if (visits.untouched(j))
         user_scores_m16n8<false, MT, NT>(s, p, batch, user_row, p.seqlen_k, key0 + (lane % 4) * 2);
       else

@@ -54,7 +54,7 @@ struct TileCoord {
 // ---- producer ---------------------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Window>
+          bool Window, bool BlockMask>
 __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
@@ -68,9 +68,9 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
     for (int which = 0; which < u.tiles(); ++which) {
       const int row0 = u.m_block(which) * TileM;
       if (Varlen && row0 >= seq.seqlen_q) continue;  // past a shorter sequence (unsorted varlen)
-      const TileVisits<Window, user::kMaskMod> order =
-          tile_visits<Causal, Window, user::kMaskMod, TileM, TileN>(seq, p, u.batch, u.head,
-                                                                    u.m_block(which));
+      const TileVisits<Window, BlockMask> order =
+          tile_visits<Causal, Window, BlockMask, TileM, TileN>(seq, p, u.batch, u.head,
+                                                               u.m_block(which));
       if (order.count() <= 0) continue;  // the consumers write zeros, pipeline untouched
       // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
       if (q_loads > 0) mbarrier_wait(&bars->q_empty, (q_loads - 1) & 1);
@@ -424,7 +424,7 @@ struct Turns {
 // ---- consumer main loop -----------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink, bool Alibi>
+          bool Softcap, bool Window, bool Sink, bool Alibi, bool BlockMask>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -471,9 +471,9 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       // The producer's order of key tiles (TileOrder); the i-th visited sits in ring slot
       // pipe + i. Without a window the order is the natural one, and the warpgroup's own rows
       // decide where its masked tiles start (one tile later for the second at most).
-      TileVisits<Window, user::kMaskMod> order =
-          tile_visits<Causal, Window, user::kMaskMod, TileM, TileN>(seq, p, c.batch, c.head,
-                                                                    c.m_block);
+      TileVisits<Window, BlockMask> order =
+          tile_visits<Causal, Window, BlockMask, TileM, TileN>(seq, p, c.batch, c.head,
+                                                               c.m_block);
       const int row0 = c.m_block * TileM + consumer * 64;
       if (!Window)
         order.order.u1 =
@@ -606,8 +606,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 
 // ---- kernel -----------------------------------------------------------------------------------
 
+// BlockMask: the entry that reads a block mask (FmhaParams::block_*), compiled beside the other
+// for variants with a mask_mod.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink, bool Alibi>
+          bool Softcap, bool Window, bool Sink, bool Alibi, bool BlockMask = false>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
@@ -621,6 +623,7 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   auto* table = reinterpret_cast<VarlenTable*>(smem + Shape::kTableOffset);
   constexpr unsigned kConsumerWarps = Shape::kConsumers * 4;
   static_assert(sizeof(PipelineBarriers<Stages>) == Shape::kBarrierBytes, "barrier bytes");
+  static_assert(!BlockMask || user::kMaskMod, "block masks come with a mask_mod");
   if (Varlen && sched.sorted_varlen)  // the K ring is free until the producer starts
     build_varlen_table<Causal, TileM, TileN>(p, table,
                                              reinterpret_cast<int*>(smem + Shape::kKOffset));
@@ -648,11 +651,12 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   if (warpgroup == 0) {
     warpgroup_lower_registers<Shape::kProducerRegs>();
     if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window>(
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask>(
           p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi>(
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi,
+            BlockMask>(
         p, sched, table, &tma_o, smem, bars, warpgroup - 1);
   }
 }

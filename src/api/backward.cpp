@@ -147,9 +147,10 @@ void Engine::Impl::backward(detail::BackwardProblem problem, const BackwardOptio
   }
   BackwardParams listed = params;
   detail::use_block_mask(listed.fwd, *mask);
-  detail::launch(kernels.main.function, plan_of(kernels.dkdv, listed), listed, stream);
+  detail::launch(kernels.main.entry(true), plan_of(kernels.dkdv, listed), listed, stream);
   if (mask->dq) detail::use_block_mask(listed.fwd, *mask->dq);
-  detail::launch(kernels.last.function,
+  // bwd_convert (no dQ map) reads no block mask.
+  detail::launch(kernels.last.entry(mask->dq != nullptr),
                  kernels.dq_accumulator ? rows : plan_of(kernels.finish, listed), listed, stream);
 }
 

@@ -11,6 +11,7 @@
 #include <string>
 #include <tuple>
 
+#include "api/launch_plans.hpp"
 #include "api/validate_backward.hpp"
 #include "cuda/device.hpp"
 #include "cuda/launch.hpp"
@@ -18,13 +19,6 @@
 #include "jit/compiled_kernel.hpp"
 
 namespace flashjit::detail {
-
-// A compiled kernel and its function in one context (the kernel owns what the function came
-// from).
-struct KernelHandle {
-  std::shared_ptr<const CompiledKernel> kernel;
-  CUfunction function = nullptr;
-};
 
 struct BackwardKernels {
   Variant dkdv;    // bwd_wgmma_fused, bwd_wgmma or bwd_mma (or the forced family), for the problem

@@ -82,14 +82,17 @@ Engine::Impl::MergeKernel Engine::Impl::merge_kernel(CUcontext context, DType dt
   return merge;
 }
 
+detail::LoadedKernel Engine::Impl::loaded(CUcontext context, const detail::CompiledKernel& kernel) {
+  return modules.get(context, {kernel.key, kernel.cubin, kernel.lowered_name,
+                               kernel.entry.dynamic_shared_bytes, kernel.block_mask_lowered_name});
+}
+
 detail::KernelHandle Engine::Impl::load(CUcontext context, const Variant& variant) {
   detail::KernelHandle handle;
   handle.kernel = cache->impl_->get(variant);
-  const detail::CompiledKernel& kernel = *handle.kernel;
-  handle.function = modules
-                        .get(context, {kernel.key, kernel.cubin, kernel.lowered_name,
-                                       kernel.entry.dynamic_shared_bytes})
-                        .function;
+  const detail::LoadedKernel module = loaded(context, *handle.kernel);
+  handle.function = module.function;
+  handle.block_mask_function = module.block_mask_function;
   return handle;
 }
 
@@ -111,11 +114,9 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
   auto ready = std::make_shared<detail::ReadyLaunch>();
   const Variant preferred = detail::select_variant(problem, device, key.forced_family, tiles);
   choose_kernel(*ready, preferred, problem, key.forced_family, tiles.has_value());
-  const detail::CompiledKernel& kernel = *ready->kernel;
-  ready->function = modules
-                        .get(key.context, {kernel.key, kernel.cubin, kernel.lowered_name,
-                                           kernel.entry.dynamic_shared_bytes})
-                        .function;
+  const detail::LoadedKernel module = loaded(key.context, *ready->kernel);
+  ready->function = module.function;
+  ready->block_mask_function = module.block_mask_function;
   const detail::KernelFamily& family = detail::family_named(ready->variant.family, "family");
   ready->plan = family.plan(ready->variant, problem, device);
   const detail::SplitPlan split = detail::plan_splits(family, ready->variant, problem, device);
@@ -271,8 +272,7 @@ void Engine::Impl::build_map(const detail::LaunchContext& context, const Variant
   check_context_device();
   auto kernel = cache->impl_->get(builder);
   record(builder);  // a fleet's manifest warms the builder too
-  const CUfunction function =
-      modules.get(context.get(), {kernel->key, kernel->cubin, kernel->lowered_name, 0}).function;
+  const CUfunction function = loaded(context.get(), *kernel).function;
   FmhaParams params = problem_params;
   detail::use_block_mask(params, map);
   detail::launch(function, detail::block_mask_plan(map.rows(), map.heads, map.batches), params,
@@ -335,14 +335,15 @@ void Engine::Impl::run(const detail::ForwardProblem& problem, const ForwardOptio
   }
   params.num_splits = ready->num_splits;
   params.split_tiles = ready->split_tiles;
+  const CUfunction function = ready->entry(mask != nullptr);
   if (!ready->merge) {
-    detail::launch(ready->function, ready->plan, params, stream);
+    detail::launch(function, ready->plan, params, stream);
     return;
   }
   auto* workspace = static_cast<std::byte*>(workspace_for(*ready, options, context.get(), stream));
   params.o_partial = reinterpret_cast<float*>(workspace);
   params.lse_partial = reinterpret_cast<float*>(workspace + ready->lse_offset);
-  detail::launch(ready->function, ready->plan, params, stream);
+  detail::launch(function, ready->plan, params, stream);
   detail::launch(ready->merge->function, ready->merge->plan,
                  detail::split_merge_params(params, problem.head_dim), stream);
 }

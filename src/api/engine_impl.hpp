@@ -81,6 +81,8 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
                 CUstream_st* stream);
   // `variant`'s kernel loaded in `context`.
   detail::KernelHandle load(CUcontext context, const Variant& variant);
+  // A compiled kernel's module in `context` (loaded once), with its entries.
+  detail::LoadedKernel loaded(CUcontext context, const detail::CompiledKernel& kernel);
   // The merge kernel for outputs of this dtype and head dim, loaded in `context`.
   MergeKernel merge_kernel(CUcontext context, DType dtype, int head_dim);
   // The problem's workspace: the caller's (checked against what the plan needs) or the engine's.

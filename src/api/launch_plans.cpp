@@ -1,5 +1,6 @@
 #include "api/launch_plans.hpp"
 
+#include <fmt/format.h>
 #include <xxhash.h>
 
 #include <mutex>
@@ -7,6 +8,17 @@
 #include "core/user_functions.hpp"
 
 namespace flashjit::detail {
+
+CUfunction KernelHandle::entry(bool reads_block_mask) const {
+  if (!reads_block_mask) return function;
+  // Block masks are made for variants with a mask_mod only, and those have the entry.
+  if (block_mask_function == nullptr)
+    throw Error(ErrorCode::unsupported,
+                fmt::format("{} has no entry that reads a block mask: expected a variant with a "
+                            "mask_mod",
+                            kernel->entry.variant.name()));
+  return block_mask_function;
+}
 
 PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
                     const KernelFamily* forced_family, const std::optional<TileConfig>& tiles) {

@@ -60,7 +60,17 @@ struct MergeLaunch {
   LaunchPlan plan;
 };
 
-struct ReadyLaunch {
+// A compiled kernel and its functions in one context (the kernel owns what they came from).
+struct KernelHandle {
+  std::shared_ptr<const CompiledKernel> kernel;
+  CUfunction function = nullptr;
+  CUfunction block_mask_function = nullptr;  // its entry that reads a block mask, if it has one
+
+  // The entry a launch runs: the block-mask one where the launch's params carry a block mask.
+  CUfunction entry(bool reads_block_mask) const;
+};
+
+struct ReadyLaunch : KernelHandle {  // the kernel to launch (`kernel` owns what it came from)
   Variant variant;
   // Split-KV: the attention kernel writes num_splits partials of split_tiles key tiles each into
   // a workspace of workspace_bytes (partial outputs, then at lse_offset their LSEs), and `merge`
@@ -73,8 +83,6 @@ struct ReadyLaunch {
   // Set while this launch stands in for a variant that compiles in the background: once that is
   // done, the next call plans again (and finds the compiled kernel).
   std::shared_ptr<const BackgroundCompile> stand_in_for;
-  std::shared_ptr<const CompiledKernel> kernel;  // owns what `function` was loaded from
-  CUfunction function = nullptr;
   LaunchPlan plan;
 };
 

@@ -15,14 +15,20 @@ LoadedKernel ModuleCache::get(CUcontext context, const ModuleImage& image) {
     const DriverApi& cu = driver();
     LoadedKernel loaded;
     check(cu.cuModuleLoadData(&loaded.module, image.cubin.data()), "cuModuleLoadData");
-    check(cu.cuModuleGetFunction(&loaded.function, loaded.module,
-                                 std::string(image.entry_point).c_str()),
-          "cuModuleGetFunction");
-    const int shared_bytes = image.dynamic_shared_bytes;
-    if (shared_bytes > kDefaultDynamicSharedLimit)
-      check(cu.cuFuncSetAttribute(loaded.function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-                                  shared_bytes),
-            "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    auto entry = [&](std::string_view name) {
+      CUfunction function = nullptr;
+      check(cu.cuModuleGetFunction(&function, loaded.module, std::string(name).c_str()),
+            "cuModuleGetFunction");
+      const int shared_bytes = image.dynamic_shared_bytes;
+      if (shared_bytes > kDefaultDynamicSharedLimit)
+        check(cu.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                    shared_bytes),
+              "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+      return function;
+    };
+    loaded.function = entry(image.entry_point);
+    if (!image.block_mask_entry_point.empty())
+      loaded.block_mask_function = entry(image.block_mask_entry_point);
     log().debug("loaded {} into context {}", image.entry_point, static_cast<void*>(context));
     return loaded;
   });

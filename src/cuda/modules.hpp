@@ -18,11 +18,13 @@ struct ModuleImage {
   std::string_view cubin;
   std::string_view entry_point;  // the mangled name of the __global__ function
   int dynamic_shared_bytes = 0;  // the most its launches ask for
+  std::string_view block_mask_entry_point = {};  // its entry that reads a block mask; empty: none
 };
 
 struct LoadedKernel {
   CUmodule module = nullptr;
   CUfunction function = nullptr;
+  CUfunction block_mask_function = nullptr;  // null: the kernel has no block-mask entry
 };
 
 class ModuleCache {

@@ -59,12 +59,15 @@ enum FamilyFeature : unsigned {
   kFeatureAlibi = 1u << 7,     // ForwardOptions::alibi_slopes (Variant::alibi)
   // ForwardOptions::user_functions (Variant::user_functions): score_mod / mask_mod compiled in.
   kFeatureUserFunctions = 1u << 8,
-  kFeatureBlockMask = 1u << 9,  // ForwardOptions / BackwardOptions::block_mask (with a mask_mod)
+  // ForwardOptions / BackwardOptions::block_mask (with a mask_mod): the kernel template ends with
+  // `bool BlockMask`, and a variant with a mask_mod compiles the entry with it true beside the
+  // other (KernelSpec::block_mask_name_expression), launched when a block mask is given.
+  kFeatureBlockMask = 1u << 9,
 };
 // What the backward's dK/dV and dQ kernels build variants of (BackwardOptions, VarlenBatch).
 // Learnable sinks need no variant there: the forward's LSE holds them (bwd_sink gives their
 // gradient). Block masks (BackwardOptions::block_mask) need none either: the kernels with a
-// mask_mod read one when given (kernels_src/common/bwd_block_mask.cuh).
+// mask_mod have an entry that reads one (kernels_src/common/bwd_block_mask.cuh).
 constexpr unsigned kBackwardVariantFeatures = kFeatureVarlen | kFeatureSoftcap | kFeatureWindow |
                                               kFeatureAlibi | kFeatureUserFunctions |
                                               kFeatureBlockMask;

@@ -123,6 +123,11 @@ KernelSpec kernel_spec(const Variant& v) {
                         v.stages, v.causal, v.softcap, v.window, v.sink, v.alibi);
   spec.name_expression =
       fmt::format("{}<flashjit::{}, {}>", family.kernel_template, to_string(v.dtype), arguments);
+  // The kernels of these families end their template arguments with BlockMask (false unless given).
+  if ((family.features & kFeatureBlockMask) && !v.user_functions.empty())
+    spec.block_mask_name_expression = fmt::format("{}<flashjit::{}, {}, true>",
+                                                  family.kernel_template, to_string(v.dtype),
+                                                  arguments);
   spec.options = {"--gpu-architecture=" + v.arch, "-std=c++17", "--ptxas-options=-v", "-lineinfo",
                   "-default-device"};
   spec.dynamic_shared_bytes = family.shared_bytes(v);

@@ -55,6 +55,7 @@ std::string metadata_json(const CompiledKernel& k, std::string_view cubin) {
               {"user_functions", v.user_functions},  // their hash ("" for none), as in the name
               {"key", k.key},
               {"lowered_name", k.lowered_name},
+              {"block_mask_lowered_name", k.block_mask_lowered_name},
               {"registers", e.registers},
               {"spill_bytes", e.spill_bytes},
               {"static_shared_bytes", e.static_shared_bytes},
@@ -78,6 +79,7 @@ std::optional<CompiledKernel> parse_metadata(std::string_view json_text, std::st
     k.key = doc.at("key").get<std::string>();
     e.key = k.key.substr(0, 16);
     k.lowered_name = doc.at("lowered_name").get<std::string>();
+    k.block_mask_lowered_name = doc.value("block_mask_lowered_name", "");
     e.registers = integer_field<int>(doc, "registers");
     e.spill_bytes = integer_field<int>(doc, "spill_bytes");
     e.static_shared_bytes = integer_field<int>(doc, "static_shared_bytes");

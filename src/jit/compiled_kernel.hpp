@@ -14,6 +14,8 @@ struct CompiledKernel {
   CacheEntry entry;          // variant, key prefix, sizes, registers, versions, times
   std::string key;           // the whole content key: 32 hex digits (see content_key.hpp)
   std::string lowered_name;  // mangled entry point for cuModuleGetFunction
+  // The entry that reads a block mask (KernelSpec::block_mask_name_expression); empty: none.
+  std::string block_mask_lowered_name;
   std::string log;           // NVRTC's log (ptxas -v)
   std::string cubin;         // empty in a record read from metadata alone
   std::string cubin_xxh3;    // hash of the cubin the record was written for

@@ -18,6 +18,7 @@ std::string content_key(const KeyInputs& inputs) {
   feed(inputs.nvrtc_version);
   feed(inputs.variant_name);
   feed(inputs.name_expression);
+  feed(inputs.block_mask_name_expression);
   for (const auto& option : inputs.options) feed(option);
   for (const auto& file : inputs.sources) {
     feed(file.path);

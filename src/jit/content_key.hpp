@@ -14,6 +14,7 @@ struct KeyInputs {
   std::string nvrtc_version;
   std::string variant_name;
   std::string name_expression;
+  std::string block_mask_name_expression;
   std::vector<std::string> options;
   std::vector<SourceFile> sources;  // the translation unit: main file and its includes
 };

@@ -18,7 +18,7 @@ std::string KernelStore::key_for(const Variant& variant, const KernelSpec& spec)
   std::vector<SourceFile> sources = translation_unit(spec.source_file);
   if (!variant.user_functions.empty()) sources.push_back(user_functions_template());
   return content_key({std::string(version()), nvrtc_version(), variant.name(), spec.name_expression,
-                      spec.options, std::move(sources)});
+                      spec.block_mask_name_expression, spec.options, std::move(sources)});
 }
 
 std::shared_ptr<const CompiledKernel> KernelStore::get_if_built(const Variant& variant,
@@ -43,9 +43,11 @@ std::shared_ptr<const CompiledKernel> KernelStore::get(const Variant& variant,
           from_disk = true;
           return std::make_shared<const CompiledKernel>(std::move(*loaded));
         }
-        auto compiled = std::make_shared<CompiledKernel>(
-            compile_with_nvrtc(variant, spec,
-                               with_user_functions(translation_unit(spec.source_file), variant)));
+        KernelSpec compiled_spec = spec;
+        if (!has_mask_mod(variant)) compiled_spec.block_mask_name_expression.clear();
+        auto compiled = std::make_shared<CompiledKernel>(compile_with_nvrtc(
+            variant, compiled_spec,
+            with_user_functions(translation_unit(spec.source_file), variant)));
         compiled->key = key;
         compiled->entry.key = key.substr(0, 16);
         compiled->store_error = disk_.store(*compiled);

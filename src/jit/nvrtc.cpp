@@ -21,17 +21,17 @@ void check_nvrtc(nvrtcResult result, const char* call, const std::string& log = 
                             log.empty() ? "" : "\n", log));
 }
 
-int sum_matches(const std::string& log, const std::regex& pattern) {
-  int total = 0;
+// The largest over the entries ptxas reports (a kernel and its block-mask entry), summing the
+// pattern's groups within each report.
+int largest_match(const std::string& log, const std::regex& pattern) {
+  int largest = 0;
   for (auto it = std::sregex_iterator(log.begin(), log.end(), pattern);
-       it != std::sregex_iterator(); ++it)
-    total += std::stoi((*it)[1]);
-  return total;
-}
-
-int first_match(const std::string& log, const std::regex& pattern) {
-  std::smatch match;
-  return std::regex_search(log, match, pattern) ? std::stoi(match[1]) : 0;
+       it != std::sregex_iterator(); ++it) {
+    int total = 0;
+    for (std::size_t group = 1; group < it->size(); ++group) total += std::stoi((*it)[group]);
+    largest = std::max(largest, total);
+  }
+  return largest;
 }
 
 std::string utc_now() {
@@ -59,7 +59,11 @@ CompiledKernel compile_with_nvrtc(const Variant& variant, const KernelSpec& spec
   } destroy{program};
 
   const std::string& expression = spec.name_expression;
+  const std::string& block_mask_expression = spec.block_mask_name_expression;
   check_nvrtc(nvrtcAddNameExpression(program, expression.c_str()), "nvrtcAddNameExpression");
+  if (!block_mask_expression.empty())
+    check_nvrtc(nvrtcAddNameExpression(program, block_mask_expression.c_str()),
+                "nvrtcAddNameExpression");
   std::vector<const char*> option_ptrs;
   for (const auto& option : spec.options) option_ptrs.push_back(option.c_str());
   const nvrtcResult compiled =
@@ -82,18 +86,22 @@ CompiledKernel compile_with_nvrtc(const Variant& variant, const KernelSpec& spec
   const char* lowered = nullptr;
   check_nvrtc(nvrtcGetLoweredName(program, expression.c_str(), &lowered), "nvrtcGetLoweredName");
   kernel.lowered_name = lowered;
+  if (!block_mask_expression.empty()) {
+    check_nvrtc(nvrtcGetLoweredName(program, block_mask_expression.c_str(), &lowered),
+                "nvrtcGetLoweredName");
+    kernel.block_mask_lowered_name = lowered;
+  }
   size_t cubin_size = 0;
   check_nvrtc(nvrtcGetCUBINSize(program, &cubin_size), "nvrtcGetCUBINSize");
   kernel.cubin.resize(cubin_size);
   check_nvrtc(nvrtcGetCUBIN(program, kernel.cubin.data()), "nvrtcGetCUBIN");
 
   static const std::regex registers(R"(Used (\d+) registers)");
-  static const std::regex spill_stores(R"((\d+) bytes spill stores)");
-  static const std::regex spill_loads(R"((\d+) bytes spill loads)");
+  static const std::regex spills(R"((\d+) bytes spill stores, (\d+) bytes spill loads)");
   static const std::regex smem(R"((\d+) bytes smem)");
-  entry.registers = first_match(kernel.log, registers);
-  entry.spill_bytes = sum_matches(kernel.log, spill_stores) + sum_matches(kernel.log, spill_loads);
-  entry.static_shared_bytes = first_match(kernel.log, smem);
+  entry.registers = largest_match(kernel.log, registers);
+  entry.spill_bytes = largest_match(kernel.log, spills);
+  entry.static_shared_bytes = largest_match(kernel.log, smem);
   entry.dynamic_shared_bytes = spec.dynamic_shared_bytes;
   entry.cubin_bytes = kernel.cubin.size();
   entry.compile_ms =

@@ -62,6 +62,12 @@ std::vector<SourceFile> with_user_functions(std::vector<SourceFile> unit, const 
   return unit;
 }
 
+bool has_mask_mod(const Variant& variant) {
+  if (variant.user_functions.empty()) return false;
+  const auto functions = registered_user_functions(variant.user_functions);
+  return functions && !functions->mask_mod().empty();
+}
+
 SourceFile user_functions_template() {
   return {"(user functions template)", user_functions_source("score_mod", "mask_mod", "score_mod_grad")};
 }

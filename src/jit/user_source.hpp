@@ -25,6 +25,9 @@ std::string user_functions_source(std::string_view score_mod, std::string_view m
 // (a UserFunctions made in this process) in place of the default file. Throws
 // Error(compile_failed) when no UserFunctions of the variant's hash was made here.
 std::vector<SourceFile> with_user_functions(std::vector<SourceFile> unit, const Variant& variant);
+// Whether the variant's user functions (made in this process) have a mask_mod: only those kernels
+// get a block-mask entry (KernelSpec::block_mask_name_expression).
+bool has_mask_mod(const Variant& variant);
 // What the content key of a variant with user functions takes besides its name (which holds
 // their hash): this generator's text around them, so a change to it is a new key.
 SourceFile user_functions_template();

@@ -61,8 +61,13 @@ int count_valid_entries(const fs::path& dir) {
 }  // namespace
 
 TEST_CASE("the content key changes with source, options, variant and versions") {
-  const detail::KeyInputs base{"0.1.0", "13.0", "simt.sm80.bf16.d64.m64n64s1", "expr",
-                               {"--gpu-architecture=sm_80"}, {{"a.cu", "int x;"}, {"b.cuh", "y"}}};
+  const detail::KeyInputs base{"0.1.0",
+                               "13.0",
+                               "simt.sm80.bf16.d64.m64n64s1",
+                               "expr",
+                               "",
+                               {"--gpu-architecture=sm_80"},
+                               {{"a.cu", "int x;"}, {"b.cuh", "y"}}};
   const std::string key = detail::content_key(base);
   CHECK(key.size() == 32);
   CHECK(detail::content_key(base) == key);
@@ -76,6 +81,7 @@ TEST_CASE("the content key changes with source, options, variant and versions") 
       changed([](auto& i) { i.flashjit_version = "0.1.1"; }),
       changed([](auto& i) { i.nvrtc_version = "13.1"; }),
       changed([](auto& i) { i.variant_name = "simt.sm80.bf16.d64.m64n64s1.causal"; }),
+      changed([](auto& i) { i.block_mask_name_expression = "expr, true"; }),
       changed([](auto& i) { i.options.push_back("-lineinfo"); }),
       changed([](auto& i) { i.sources[0].text = "int x; "; }),
       changed([](auto& i) { i.sources[1].text = "z"; }),  // an included header
@@ -83,7 +89,7 @@ TEST_CASE("the content key changes with source, options, variant and versions") 
       // Field boundaries matter: moving a character between fields is a different key.
       changed([](auto& i) { i.sources = {{"a.cu", "int x;b.cuh"}, {"", "y"}}; }),
   };
-  CHECK(keys.size() == 9);
+  CHECK(keys.size() == 10);
 }
 
 TEST_CASE("the real key follows the kernel sources (FLASHJIT_KERNELS_DIR)") {
