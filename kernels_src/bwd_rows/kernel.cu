@@ -104,13 +104,16 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads)
   const int head = blockIdx.y, batch = blockIdx.z, lane = threadIdx.x % 32;
   const SequenceSpan seq = sequence_span(p.fwd, batch);
   if (row >= seq.seqlen_q) return;
-  const float* acc = p.dq_accum + (WorkspaceRows(p, seq, batch, head).first + row) * HeadDim;
+  const long long accum_row = WorkspaceRows(p, seq, batch, head).first + row;
   T* dq = static_cast<T*>(p.dq) + seq.q_batch * p.dq_stride_b +
           (seq.q_start + static_cast<long long>(row)) * p.dq_stride_s + head * p.dq_stride_h;
   const float scale = p.dscore_scale;
 #pragma unroll
   for (int c = 2 * lane; c < HeadDim; c += 64) {
-    const float2 pair = *reinterpret_cast<const float2*>(acc + c);
+    // Columns c, c + 1 lie side by side in either order (BwdDqBlocks: elements 2 h, 2 h + 1).
+    const long long at = p.dq_accum_blocks ? BwdDqBlocks::offset(accum_row, c, HeadDim)
+                                           : accum_row * HeadDim + c;
+    const float2 pair = *reinterpret_cast<const float2*>(p.dq_accum + at);
     *reinterpret_cast<unsigned*>(dq + c) = pack2<T>(pair.x * scale, pair.y * scale);
   }
 }

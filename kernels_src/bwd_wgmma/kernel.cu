@@ -15,8 +15,9 @@
 // Pᵀ and dV, the other dPᵀ, dSᵀ and dK, taking Pᵀ through shared memory.
 // FusedDq (family bwd_wgmma_fused, up to head dim 128): each step also gives dQ of its queries,
 //   dQ = dS K                                        (dS through shared memory, K the CTA's)
-// which the consumers add into the fp32 accumulator with TMA reductions (bwd_convert scales and
-// rounds it afterwards): one kernel of five GEMMs instead of two of seven, and not deterministic.
+// which the consumers add into the fp32 accumulator (in BwdDqBlocks's order) with bulk reductions
+// (bwd_convert scales and rounds it afterwards): one kernel of five GEMMs instead of two of
+// seven, and not deterministic.
 #include "bwd_wgmma/shape.cuh"
 #include "bwd_wgmma/warp_roles.cuh"
 #include "common/bwd_block_mask.cuh"
@@ -228,36 +229,26 @@ __device__ __forceinline__ void store_score_gradients(unsigned ds_tile, int cons
 }
 
 // Fused dQ: adds this consumer's finished 64 x 64 block of the step's dQ (accumulator layout)
-// into the fp32 accumulator at rows accum_row.., columns col0.. of `tma_dq`. Each warp stages its
-// 16 rows as two 128B-swizzled boxes of 32 columns at `stage` (1024-byte aligned) and its lane 0
-// reduces them with one tensor op each, so no warp waits for another; lane 0's ops of the last
-// step have read the staging before it is written again.
-__device__ __forceinline__ void add_dq_block(const TmaDescriptor* tma_dq, long long accum_row,
-                                             int col0, unsigned char* stage,
+// into the fp32 accumulator's block at `block` (common/bwd_workspace.cuh, BwdDqBlocks: the
+// registers' order). Each warp stages its 16 rows at `stage` with eight 16-byte stores a thread
+// (consecutive lanes, consecutive bytes: no bank conflicts, no swizzle arithmetic) and its lane 0
+// adds them with one 1-D bulk reduction, so no warp waits for another; lane 0's reduction of the
+// last step has read the staging before it is written again.
+__device__ __forceinline__ void add_dq_block(float* block, unsigned char* stage,
                                              const float (&dq)[32]) {
-  constexpr int kBoxBytes = BwdWgmmaShape::kDqBoxBytes;
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
-  unsigned char* boxes = stage + 2 * kBoxBytes * warp;
+  unsigned char* staged = stage + BwdDqBlocks::kWarpBytes * warp;
   if (lane == 0) bulk_wait_group_read<0>();
   __syncwarp();
-  // Element (r, c): box c / 32, 128-byte row r, 16-byte unit (c % 32) / 4 moved by r % 8.
 #pragma unroll
-  for (int j = 0; j < 8; ++j)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = lane / 4 + 8 * h, c = 8 * j + 2 * (lane % 4);
-      *reinterpret_cast<float2*>(boxes + (c / 32) * kBoxBytes + r * 128 +
-                                 ((((c % 32) / 4) ^ (r % 8)) << 4) + (c % 4) * 4) =
-          make_float2(dq[4 * j + 2 * h], dq[4 * j + 2 * h + 1]);
-    }
+  for (int i = 0; i < 8; ++i)
+    *reinterpret_cast<float4*>(staged + 512 * i + 16 * lane) =
+        make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
   fence_proxy_async_shared();  // the generic-proxy writes, before the bulk copy reads them
   __syncwarp();
   if (lane == 0) {
-    const int row = static_cast<int>(accum_row) + BwdWgmmaShape::kDqBoxRows * warp;
-#pragma unroll
-    for (int b = 0; b < 2; ++b)
-      tma_reduce_add_2d(tma_dq, smem_u32(boxes + b * kBoxBytes),
-                        col0 + b * BwdWgmmaShape::kDqBoxCols, row);
+    bulk_reduce_add_f32(block + BwdDqBlocks::kWarpFloats * warp, smem_u32(staged),
+                        BwdDqBlocks::kWarpBytes);
     bulk_commit_group();
   }
 }
@@ -271,7 +262,7 @@ template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal
 __device__ __forceinline__ void consume_keys(const BackwardParams& p,
                                              const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
                                              unsigned char* smem, KeyTileBarriers<Stages>* bars,
-                                             int consumer, const TmaDescriptor* tma_dq) {
+                                             int consumer) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
   constexpr int kRow = BwdWgmmaLimits::kRowBytes;
   // Keys past seqlen_k reach dQ (through K) only in the fused kernel; there a varlen tile holds
@@ -351,9 +342,9 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       wgmma_fence_operands(dq);
       const long long accum_row =
           tile.terms_row(p, tile.steps.head(t)) + row0 + kShape.dq_block_row0(consumer);
-      add_dq_block(tma_dq, accum_row, kShape.dq_block_col0(consumer),
-                   smem + kShape.dq_stage_offset() + consumer * 4 * 2 * BwdWgmmaShape::kDqBoxBytes,
-                   dq);
+      add_dq_block(p.dq_accum +
+                       BwdDqBlocks::offset(accum_row, kShape.dq_block_col0(consumer), HeadDim),
+                   smem + kShape.dq_stage_offset() + consumer * 4 * BwdDqBlocks::kWarpBytes, dq);
     }
   }
   // Fused dQ: this thread's reductions are done before the CTA (and its staging) goes away.
@@ -495,8 +486,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
     bwd_wgmma_kernel(const BackwardParams p, const __grid_constant__ TmaDescriptor tma_q,
                      const __grid_constant__ TmaDescriptor tma_k,
                      const __grid_constant__ TmaDescriptor tma_v,
-                     const __grid_constant__ TmaDescriptor tma_do,
-                     const __grid_constant__ TmaDescriptor tma_dq) {
+                     const __grid_constant__ TmaDescriptor tma_do) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
   static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 64 == 0, "whole swizzled tiles");
   static_assert(TileM <= BwdWgmmaLimits::kMaxBoxRows && TileN <= BwdWgmmaLimits::kMaxBoxRows,
@@ -530,7 +520,6 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
       tma_prefetch_descriptor(&tma_k);
       tma_prefetch_descriptor(&tma_v);
       tma_prefetch_descriptor(&tma_do);
-      if (FusedDq) tma_prefetch_descriptor(&tma_dq);
     }
   }
   __syncthreads();
@@ -550,7 +539,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
                     false>(p, tile, smem, bars, consumer / 2);
   } else {
     consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
-                 FusedDq>(p, tile, smem, bars, warpgroup - 1, &tma_dq);
+                 FusedDq>(p, tile, smem, bars, warpgroup - 1);
   }
 }
 

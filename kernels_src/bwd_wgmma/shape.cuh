@@ -7,6 +7,7 @@
 // both TMA's box and wgmma's canonical layout), the others consume, 64 rows (wgmma M) each.
 #pragma once
 
+#include "common/bwd_workspace.cuh"
 #include "common/host_device.cuh"
 #include "common/warpgroup_size.cuh"
 
@@ -78,16 +79,12 @@ struct BwdWgmmaShape {
   FLASHJIT_HOST_DEVICE constexpr int dq_block_col0(int consumer) const {
     return consumer / (tile_m / 64) * 64;
   }
-  // A warp stages its 16 rows of the block as two TMA boxes of 16 rows x 32 floats (128 bytes,
-  // 128B-swizzled like every tile here) and reduces each into the accumulator with one tensor
-  // op: 16 ops a step for the CTA, where row-by-row bulk copies took 128.
-  static constexpr int kDqBoxCols = 32, kDqBoxRows = 16;
-  static constexpr int kDqBoxBytes = kDqBoxCols * kDqBoxRows * 4;
   FLASHJIT_HOST_DEVICE constexpr int ds_bytes() const {
     return fused_dq ? tile_m * tile_n * BwdWgmmaLimits::kElementBytes : 0;
   }
-  FLASHJIT_HOST_DEVICE constexpr int dq_stage_bytes() const {  // two boxes per consumer warp
-    return fused_dq ? consumer_warps() * 2 * kDqBoxBytes : 0;
+  // A warp stages its 16 rows of the block in the accumulator's order (BwdDqBlocks).
+  FLASHJIT_HOST_DEVICE constexpr int dq_stage_bytes() const {
+    return fused_dq ? consumer_warps() * BwdDqBlocks::kWarpBytes : 0;
   }
   // Shared memory, in order: K and V (the CTA's keys, loaded once), `stages` Q and `stages` dO
   // tiles, `stages` row-term blocks (lse_log2 then delta, tile_m floats each), the Pᵀ exchange,

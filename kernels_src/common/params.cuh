@@ -117,6 +117,9 @@ struct BackwardParams {
   float* lse_log2;
   float* dq_accum;
   int seqlen_rows;
+  // 1: dq_accum holds 64 x 64 blocks in a wgmma accumulator's register order (BwdDqBlocks,
+  // written by bwd_wgmma_fused), 0: row-major.
+  int dq_accum_blocks;
   // d score / d(q·k) before a soft-cap's own factor: the forward's softmax_scale (fwd's is 1 for
   // soft-capped variants, whose scores come out scaled); dK and dQ are dscore_scale · dS K / Q.
   float dscore_scale;

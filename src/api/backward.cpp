@@ -23,6 +23,8 @@ const detail::BackwardKernels& Engine::Impl::backward_kernels(
   kernels.dkdv = detail::select_backward_variant(problem, device, options);
   kernels.finish = detail::backward_finish_variant(problem, kernels.dkdv);
   kernels.dq_accumulator = detail::uses_dq_accumulator(kernels.finish);
+  kernels.dq_accumulator_blocks =
+      detail::family_named(kernels.dkdv.family, "family").dq_accumulator_blocks;
   const Variant prep = detail::bwd_prep_variant(device.arch, problem.forward.dtype,
                                                 problem.forward.head_dim);
   kernels.prep = load(context, prep);
@@ -113,6 +115,7 @@ void Engine::Impl::backward(detail::BackwardProblem problem, const BackwardOptio
       options.block_mask ? &detail::BlockMaskAccess::data(*options.block_mask) : nullptr;
   if (mask) detail::check_backward_block_mask(*mask, forward, kernels.dkdv, kernels.finish);
   problem.dq_accumulator = kernels.dq_accumulator;
+  problem.params.dq_accum_blocks = kernels.dq_accumulator_blocks ? 1 : 0;
   const std::size_t bytes = problem.workspace_bytes();
   if (options.workspace != nullptr && options.workspace_bytes < bytes)
     throw Error(ErrorCode::invalid_argument,

@@ -24,6 +24,7 @@ struct BackwardKernels {
   Variant dkdv;    // bwd_wgmma_fused, bwd_wgmma or bwd_mma (or the forced family), for the problem
   Variant finish;  // bwd_convert, or a dQ kernel (bwd_wgmma_dq, the deterministic bwd_mma_dq)
   bool dq_accumulator = false;  // uses_dq_accumulator(finish)
+  bool dq_accumulator_blocks = false;  // dkdv's family's KernelFamily::dq_accumulator_blocks
   KernelHandle prep, main, last;
   KernelHandle sink;  // bwd_sink, where BackwardOptions::d_sink_logits is set
 };

@@ -11,15 +11,13 @@ void* operand_address(const FmhaParams& params, MapOperand operand) {
     case MapOperand::k: return const_cast<void*>(params.k);
     case MapOperand::v: return const_cast<void*>(params.v);
     case MapOperand::o: return params.o;
-    case MapOperand::dout:  // only backward kernels read dO and the dQ accumulator
-    case MapOperand::dq_accum:
+    case MapOperand::dout:  // only backward kernels read dO
     case MapOperand::none: break;
   }
   return nullptr;
 }
 
 void* operand_address(const BackwardParams& params, MapOperand operand) {
-  if (operand == MapOperand::dq_accum) return params.dq_accum;
   return operand == MapOperand::dout ? const_cast<void*>(params.dout)
                                      : operand_address(params.fwd, operand);
 }

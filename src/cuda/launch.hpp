@@ -12,9 +12,9 @@
 
 namespace flashjit::detail {
 
-// The tensor of FmhaParams (dout, dq_accum: of BackwardParams) a tensor map addresses; none: the
-// kernel never reads the map (zeros).
-enum class MapOperand { none, q, k, v, o, dout, dq_accum };
+// The tensor of FmhaParams (dout: of BackwardParams) a tensor map addresses; none: the kernel
+// never reads the map (zeros).
+enum class MapOperand { none, q, k, v, o, dout };
 
 struct TensorMapArg {
   CUtensorMap map{};  // encoded for the shape and strides, at some call's addresses
@@ -22,7 +22,7 @@ struct TensorMapArg {
 };
 
 struct LaunchPlan {
-  static constexpr std::size_t kMaxMaps = 5;
+  static constexpr std::size_t kMaxMaps = 4;  // the most a kernel takes (wgmma: q, k, v, o)
   static constexpr std::size_t kMaxValues = 4;
 
   std::array<unsigned, 3> grid{1, 1, 1};

@@ -110,6 +110,9 @@ struct KernelFamily {
   // Backward dK/dV families that also add dQ into the fp32 accumulator with atomics in every
   // mode (bwd_convert finishes it): never chosen for BackwardOptions::deterministic.
   bool always_accumulates_dq = false;
+  // Backward dK/dV families that add dQ up in 64 x 64 blocks of a wgmma accumulator's register
+  // order (BwdDqBlocks; BackwardParams::dq_accum_blocks tells bwd_convert), not row-major.
+  bool dq_accumulator_blocks = false;
   // Split-KV families: how many splits a problem gets on this GPU (problem.num_splits, when set,
   // was already checked and wins). Null: never splits.
   int (*num_splits)(const Variant& variant, const ForwardProblem& problem,

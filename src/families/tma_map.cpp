@@ -35,21 +35,4 @@ TensorMapArg tensor_map(MapOperand operand, const void* data, DType dtype, int h
   return arg;
 }
 
-TensorMapArg accumulator_map(MapOperand operand, float* data, int head_dim, std::int64_t rows,
-                             int box_cols, int box_rows) {
-  const cuuint64_t dims[2] = {static_cast<cuuint64_t>(head_dim), static_cast<cuuint64_t>(rows)};
-  const cuuint64_t strides[1] = {static_cast<cuuint64_t>(head_dim) * sizeof(float)};
-  const cuuint32_t box[2] = {static_cast<cuuint32_t>(box_cols), static_cast<cuuint32_t>(box_rows)};
-  const cuuint32_t steps[2] = {1, 1};
-  TensorMapArg arg;
-  arg.operand = operand;
-  check(driver().cuTensorMapEncodeTiled(&arg.map, CU_TENSOR_MAP_DATA_TYPE_FLOAT32, 2, data, dims,
-                                        strides, box, steps, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                                        CU_TENSOR_MAP_SWIZZLE_128B,
-                                        CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
-                                        CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE),
-        "cuTensorMapEncodeTiled");
-  return arg;
-}
-
 }  // namespace flashjit::detail

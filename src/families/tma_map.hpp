@@ -27,10 +27,4 @@ TensorMapArg tensor_map(MapOperand operand, const void* data, DType dtype, int h
                         std::int64_t stride_b, int box_rows,
                         CUtensorMapL2promotion promotion = CU_TENSOR_MAP_L2_PROMOTION_L2_256B);
 
-// A rank-2 TMA map [head_dim, rows] over a packed fp32 matrix (the backward's dQ accumulator),
-// moving boxes of box_cols x box_rows (box_cols * 4 = 128 bytes) from 128-byte-swizzled shared
-// memory, for bulk reductions into it.
-TensorMapArg accumulator_map(MapOperand operand, float* data, int head_dim, std::int64_t rows,
-                             int box_cols, int box_rows);
-
 }  // namespace flashjit::detail

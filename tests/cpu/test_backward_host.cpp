@@ -4,9 +4,11 @@
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "api/backward_kernels.hpp"
 #include "api/block_mask.hpp"
@@ -108,6 +110,39 @@ TEST_CASE("the backward workspace holds the row terms, and before dispatch the d
   // The three-view form sizes the same workspace.
   CHECK(detail::validate_backward(args.q, args.k, args.v, nullptr, args.options).workspace_bytes() ==
         exact.workspace_bytes());
+}
+
+TEST_CASE("the fused kernel's dQ accumulator: 64 x 64 blocks in a wgmma accumulator's register order") {
+  // bwd_wgmma_fused stores warp w's lane l's float4 i at 1024 w + 128 i + 4 l of its block, and
+  // bwd_convert reads (row, column) through BwdDqBlocks::offset: both must name the same float.
+  // In an m64n64 fp32 accumulator lane l of warp w holds element 4 i + 2 h + b at row
+  // 16 w + 8 h + l / 4, column 8 i + 2 (l % 4) + b.
+  for (const int head_dim : {64, 128, 256}) {
+    const long long rows = 256;
+    std::vector<int> seen(static_cast<std::size_t>(rows * head_dim), 0);
+    long long outside = 0;
+    for (long long row = 0; row < rows; ++row)
+      for (int col = 0; col < head_dim; ++col) {
+        const long long at = BwdDqBlocks::offset(row, col, head_dim);
+        if (at < 0 || at >= rows * head_dim)
+          ++outside;
+        else
+          ++seen[static_cast<std::size_t>(at)];
+      }
+    CHECK(outside == 0);
+    CHECK(std::count(seen.begin(), seen.end(), 1) == rows * head_dim);  // a permutation
+    for (int w = 0; w < 4; ++w)
+      for (int lane = 0; lane < 32; ++lane)
+        for (int e = 0; e < 32; ++e) {
+          const int i = e / 4, h = e % 4 / 2, b = e % 2;
+          const long long row = 64 + 16 * w + 8 * h + lane / 4;  // the second row block
+          const int col = 64 + 8 * i + 2 * (lane % 4) + b;       // the second column block
+          if (col >= head_dim) continue;
+          const long long block = (row / 64) * (head_dim / 64) + col / 64;
+          CHECK(BwdDqBlocks::offset(row, col, head_dim) ==
+                block * BwdDqBlocks::kFloats + 1024 * w + 128 * i + 4 * lane + e % 4);
+        }
+  }
 }
 
 TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family and tiles") {

@@ -24,6 +24,8 @@ static_assert(kTmaBoxWidth * Limits::kElementBytes == Limits::kRowBytes,
               "the kernels' swizzle rows are the maps' box rows");
 static_assert(BwdWorkspaceRows::kRowQuantum % 128 == 0,
               "a tile's row terms lie within the workspace's padded rows");
+static_assert(BwdWorkspaceRows::kRowQuantum % BwdDqBlocks::kSide == 0,
+              "a sequence's rows start on a block of the fused kernel's dQ accumulator");
 
 constexpr std::string_view kFusedName = "bwd_wgmma_fused";
 
@@ -134,15 +136,6 @@ LaunchPlan dkdv_plan(const Variant& v, const ForwardProblem& problem, const Back
   plan.block = {static_cast<unsigned>(dkdv_shape(v).threads()), 1, 1};
   plan.shared_bytes = static_cast<unsigned>(dkdv_shared_bytes(v));
   add_maps(plan, problem, params, v.tile_m, v.tile_n);
-  // The fused kernel's fifth map: the fp32 dQ accumulator [head_dim, workspace rows] it reduces
-  // into (absent when nothing reads it: no queries, or bwd_wgmma).
-  const bool reduces = v.family == kFusedName && params.dq_accum != nullptr;
-  plan.maps.push_back(
-      reduces ? accumulator_map(MapOperand::dq_accum, params.dq_accum, problem.head_dim,
-                                BwdWorkspaceRows::total_rows(problem.varlen, problem.batch,
-                                                             problem.heads_q, params.seqlen_rows),
-                                BwdWgmmaShape::kDqBoxCols, BwdWgmmaShape::kDqBoxRows)
-              : TensorMapArg{});
   return plan;
 }
 
@@ -190,6 +183,7 @@ constexpr KernelFamily dkdv_family(std::string_view name, std::string_view summa
       .template_arguments = dkdv_arguments,
       .varlen_variants = true,
       .always_accumulates_dq = accumulates_dq,
+      .dq_accumulator_blocks = accumulates_dq,
   };
 }
 
