@@ -4,7 +4,8 @@ varlen, decode over dense and paged caches, merge_attention_states, user functio
 mask, a relative-position bias: against float64 references) and block masks, errors; and the
 backward: gradients against float32 SDPA's, deterministic mode, torch.compile and CUDA graphs of
 a training step; the varlen backward (VarlenBackward: ragged lengths against float64 per-sequence
-gradients). Without torch or a GPU every test skips, saying why.
+gradients); examples/ring_attention simulated on one GPU (RingSimulation). Without torch or a GPU
+every test skips, saying why.
 
 On a GPU machine with torch (no install needed):
     PYTHONPATH=python FLASHJIT_LIBRARY=/path/libflashjit.so.0 \
@@ -270,6 +271,31 @@ def replayed_training_step(step, inputs, new_first):
     graph.replay()
     torch.cuda.synchronize()
     return captured
+
+
+@unittest.skipUnless(HAVE_GPU, WHY)
+class RingSimulation(unittest.TestCase):
+    """examples/ring_attention on one GPU: N ranks' steps in lockstep (the code torchrun runs,
+    without the transfers) against one flashjit call on the whole sequence."""
+
+    def test_simulated_ring_matches_one_call(self):
+        import sys
+        from pathlib import Path
+        sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples" /
+                               "ring_attention"))
+        import ring_attention as ra
+        for world, causal, dtype in ((2, True, torch.bfloat16), (4, True, torch.bfloat16),
+                                     (4, False, torch.float16), (3, True, torch.bfloat16)):
+            seqlen = 2 * world * 320  # chunks not a multiple of any tile
+            q, k, v, dout = (torch.randn(2, seqlen, 4, 128, device="cuda", dtype=dtype)
+                             for _ in range(4))
+            out, lse = flashjit.attention(q, k, v, causal=causal, return_lse=True)
+            want = (out, lse) + flashjit.attention_backward(q, k, v, out, dout, lse,
+                                                            causal=causal)
+            got = ra.simulate(q, k, v, dout, world, causal=causal)
+            for name, g, w in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+                error = ((g.float() - w.float()).norm() / w.float().norm()).item()
+                self.assertLess(error, 1e-2, f"{name}, ring of {world}, causal {causal}")
 
 
 @unittest.skipUnless(HAVE_GPU, WHY)
