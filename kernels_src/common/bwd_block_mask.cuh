@@ -22,7 +22,9 @@ constexpr int kPartialStep = static_cast<int>(0x80000000u);  // some score of th
 constexpr int kStepTileBits = 16;                             // query tile in the low 16 bits
 
 // dK/dV kernels: the steps of key tile `key_tile` of a KV head (find(): block-mask entries only,
-// in `if constexpr`; the others hold no state).
+// in `if constexpr`; the others hold no state). The kernels call these under `if constexpr`
+// although the empty `*_or` return their fallback: unguarded calls changed the other entries'
+// machine code (18 of 56 plain backward variants, session 19).
 template <bool Listed>
 struct ListedSteps {
   __device__ __forceinline__ void find(const FmhaParams&, int, int, int) {}
