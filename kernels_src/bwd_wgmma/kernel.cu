@@ -228,29 +228,58 @@ __device__ __forceinline__ void store_score_gradients(unsigned ds_tile, int cons
   for (int kk = 0; kk < TileM / 16; ++kk) stmatrix_x4_trans(lane_addr + kk * 16 * kRow, dsf[kk]);
 }
 
-// Fused dQ: adds this consumer's finished 64 x 64 block of the step's dQ (accumulator layout)
-// into the fp32 accumulator's block at `block` (common/bwd_workspace.cuh, BwdDqBlocks: the
-// registers' order). Each warp stages its 16 rows at `stage` with eight 16-byte stores a thread
-// (consecutive lanes, consecutive bytes: no bank conflicts, no swizzle arithmetic) and its lane 0
-// adds them with one 1-D bulk reduction, so no warp waits for another; lane 0's reduction of the
-// last step has read the staging before it is written again.
-__device__ __forceinline__ void add_dq_block(float* block, unsigned char* stage,
-                                             const float (&dq)[32]) {
+// Fused dQ: a consumer hands its finished 64 x 64 block of a step's dQ to the producer
+// warpgroup's second warp (write_dq), which adds it into the accumulator with one bulk reduction,
+// so the consumers only store and fence. Named barriers pair each consumer with that warp:
+// kDqFullBarrier + c (the block is staged), kDqEmptyBarrier + c (the reduction has read it).
+constexpr int kDqFullBarrier = 2, kDqEmptyBarrier = 4;
+constexpr int kDqHandoffThreads = kWarpgroupThreads + 32;
+
+// Stages the block in the accumulator's order (BwdDqBlocks): each thread's eight float4 at
+// 512 i + 16 lane of its warp's 4 KB, no bank conflicts, no swizzle arithmetic.
+__device__ __forceinline__ void stage_dq_block(unsigned char* stage, int consumer,
+                                               const float (&dq)[32]) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   unsigned char* staged = stage + BwdDqBlocks::kWarpBytes * warp;
-  if (lane == 0) bulk_wait_group_read<0>();
-  __syncwarp();
+  named_barrier_sync(kDqEmptyBarrier + consumer, kDqHandoffThreads);
 #pragma unroll
   for (int i = 0; i < 8; ++i)
     *reinterpret_cast<float4*>(staged + 512 * i + 16 * lane) =
         make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
   fence_proxy_async_shared();  // the generic-proxy writes, before the bulk copy reads them
-  __syncwarp();
-  if (lane == 0) {
-    bulk_reduce_add_f32(block + BwdDqBlocks::kWarpFloats * warp, smem_u32(staged),
-                        BwdDqBlocks::kWarpBytes);
-    bulk_commit_group();
+  named_barrier_arrive(kDqFullBarrier + consumer, kDqHandoffThreads);
+}
+
+// Fused dQ (the producer warpgroup's second warp): adds each consumer's staged block of each
+// step into the accumulator, one 16 KB bulk reduction a block, and frees the staging once the
+// reduction has read it.
+template <int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window, bool Varlen,
+          bool Listed>
+__device__ __forceinline__ void write_dq(const BackwardParams& p,
+                                         const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
+                                         unsigned char* smem) {
+  constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, true};
+  const bool leader = threadIdx.x % 32 == 0;
+  if (tile.steps.count == 0) return;
+  for (int c = 0; c < kShape.consumers(); ++c)  // the staging starts free
+    named_barrier_arrive(kDqEmptyBarrier + c, kDqHandoffThreads);
+  for (int t = 0; t < tile.steps.count; ++t) {
+    const long long first_row = tile.terms_row(p, tile.steps.head(t)) + tile.steps.row0(t);
+    for (int c = 0; c < kShape.consumers(); ++c) {
+      named_barrier_sync(kDqFullBarrier + c, kDqHandoffThreads);
+      if (leader) {
+        bulk_reduce_add_f32(p.dq_accum + BwdDqBlocks::offset(first_row + kShape.dq_block_row0(c),
+                                                             kShape.dq_block_col0(c), HeadDim),
+                            smem_u32(smem + kShape.dq_stage_offset() + c * BwdDqBlocks::kFloats * 4),
+                            BwdDqBlocks::kFloats * 4);
+        bulk_commit_group();
+        bulk_wait_group_read<0>();
+      }
+      __syncwarp();
+      if (t + 1 < tile.steps.count) named_barrier_arrive(kDqEmptyBarrier + c, kDqHandoffThreads);
+    }
   }
+  if (leader) bulk_wait_group<0>();  // the reductions are done before the CTA goes away
 }
 
 // ---- consumers --------------------------------------------------------------------------------
@@ -340,15 +369,10 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     release_stage(&bars->empty[stage]);
     if constexpr (FusedDq) {
       wgmma_fence_operands(dq);
-      const long long accum_row =
-          tile.terms_row(p, tile.steps.head(t)) + row0 + kShape.dq_block_row0(consumer);
-      add_dq_block(p.dq_accum +
-                       BwdDqBlocks::offset(accum_row, kShape.dq_block_col0(consumer), HeadDim),
-                   smem + kShape.dq_stage_offset() + consumer * 4 * BwdDqBlocks::kWarpBytes, dq);
+      stage_dq_block(smem + kShape.dq_stage_offset() + consumer * BwdDqBlocks::kFloats * 4,
+                     consumer, dq);
     }
   }
-  // Fused dQ: this thread's reductions are done before the CTA (and its staging) goes away.
-  if (FusedDq && threadIdx.x % 32 == 0) bulk_wait_group<0>();
 
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k); keys past seqlen_k are not stored.
   store_accumulator_rows<T, HeadDim>(
@@ -529,6 +553,8 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
     if (threadIdx.x == 0)
       produce<T, HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(
           p, tile, &tma_q, &tma_k, &tma_v, &tma_do, smem, bars);
+    else if (FusedDq && threadIdx.x / 32 == 1)
+      write_dq<HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(p, tile, smem);
   } else if constexpr (kShape.split_roles() && !FusedDq) {
     const int consumer = warpgroup - 1;
     if (consumer % 2 == 0)
