@@ -277,7 +277,9 @@ MergeParams validate_merge(const TensorView& out_a, const float* lse_a, const Te
   for (int dim = 0; dim < 4; ++dim) {
     expect_dim("out_b", out_b, dim, out_a.shape[dim], "the same as out_a");
     expect_dim("out", out, dim, out_a.shape[dim], "the same as out_a");
-    if (out_b.stride[dim] != out_a.stride[dim])
+    // b is read through a's strides; a dimension of extent 1 is never stepped along, so its
+    // stride is free (PyTorch gives a slice of a batch-1 tensor the parent's stride[0]).
+    if (out_a.shape[dim] > 1 && out_b.stride[dim] != out_a.stride[dim])
       reject(fmt::format("out_b.stride[{}] is {}: expected {} (the strides of out_a)", dim,
                          out_b.stride[dim], out_a.stride[dim]));
   }

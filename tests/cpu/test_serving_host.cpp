@@ -267,6 +267,12 @@ TEST_CASE("merge_attention_states arguments: equal shapes and strides, LSE buffe
   const auto other = TensorView::bhsd(fake(0x200000), DType::bf16, 2, 10, 4, 128);
   CHECK_THROWS_WITH_AS(detail::validate_merge(a, lse_a, other, lse_b, a, nullptr),
                        doctest::Contains("out_b.stride[1]"), Error);
+  // Batch 1: stride[0] addresses nothing, so b's may differ (a slice of a longer sequence).
+  const auto one_a = TensorView::bshd(fake(0x100000), DType::bf16, 1, 10, 4, 128);
+  auto one_b = TensorView::bshd(fake(0x200000), DType::bf16, 1, 10, 4, 128);
+  one_b.stride[0] *= 2;
+  CHECK(detail::validate_merge(one_a, lse_a, one_b, lse_b, one_a, nullptr).o_stride_b ==
+        one_a.stride[0]);
   CHECK(detail::merge_plan(10).grid[0] == 3);  // 4 rows per CTA
   CHECK(detail::merge_variant("sm_90a", DType::fp16, 64).name() == "merge.sm90a.fp16.d64.m4n1s1");
 }
