@@ -113,6 +113,9 @@ CompiledKernel compile_with_nvrtc(const Variant& variant, const KernelSpec& spec
   // Spills are reported in the cache metadata and by `flashjit list`; not a warning at run time.
   log().debug("compiled {} in {:.0f} ms: {} registers, {} spill bytes, {} B smem", variant.name(),
               entry.compile_ms, entry.registers, entry.spill_bytes, entry.dynamic_shared_bytes);
+  // ptxas's warnings (e.g. wgmma serialized for want of registers) say why a kernel is slow.
+  if (kernel.log.find("arning") != std::string::npos)
+    log().debug("{}: NVRTC log:\n{}", variant.name(), kernel.log);
   return kernel;
 }
 
