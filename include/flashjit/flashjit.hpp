@@ -614,7 +614,8 @@ class FLASHJIT_API Engine {
   // Merges two partial attention results over disjoint key sets (cascade / shared-prefix
   // attention, context-parallel ring attention): out = (e^lse_a·out_a + e^lse_b·out_b) /
   // (e^lse_a + e^lse_b) per row, lse_out = log(e^lse_a + e^lse_b). out_* are [batch, seqlen,
-  // heads, head_dim] views with equal shapes and strides; lse_* fp32 [batch, heads, seqlen]
+  // heads, head_dim] views with equal shapes, out_b with out_a's strides (except along dimensions
+  // of extent 1, which address nothing); lse_* fp32 [batch, heads, seqlen]
   // contiguous (what ForwardOptions::lse holds), natural log, -inf for a state with no keys.
   // out may be out_a or out_b (in place); lse_out may be null, or lse_a / lse_b.
   void merge_attention_states(const TensorView& out_a, const float* lse_a,
