@@ -40,6 +40,16 @@ std::string utc_now() {
 
 }  // namespace
 
+std::vector<std::string> wgmma_serialization_notes(const std::string& log) {
+  static const std::regex note(
+      R"(\((C\d+)\) Potential Performance Loss: (wgmma[^\n]*?)( (in|for) the function|\n|$))");
+  std::vector<std::string> notes;
+  for (auto it = std::sregex_iterator(log.begin(), log.end(), note); it != std::sregex_iterator();
+       ++it)
+    notes.push_back(fmt::format("{}: {}", (*it)[1].str(), (*it)[2].str()));
+  return notes;
+}
+
 CompiledKernel compile_with_nvrtc(const Variant& variant, const KernelSpec& spec,
                                   const std::vector<SourceFile>& unit) {
   const auto start = std::chrono::steady_clock::now();
@@ -116,6 +126,9 @@ CompiledKernel compile_with_nvrtc(const Variant& variant, const KernelSpec& spec
   // ptxas's warnings (e.g. wgmma serialized for want of registers) say why a kernel is slow.
   if (kernel.log.find("arning") != std::string::npos)
     log().debug("{}: NVRTC log:\n{}", variant.name(), kernel.log);
+  for (const std::string& note : wgmma_serialization_notes(kernel.log))
+    log().warn("{}: ptxas serialized its wgmma instructions, so it runs well below its speed "
+               "({})", variant.name(), note);
   return kernel;
 }
 

@@ -2,6 +2,7 @@
 // resource usage ptxas reports (no GPU needed).
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "flashjit/flashjit.hpp"
@@ -14,4 +15,9 @@ namespace flashjit::detail {
 // Throws Error(compile_failed) with the NVRTC log.
 CompiledKernel compile_with_nvrtc(const Variant& variant, const KernelSpec& spec,
                                   const std::vector<SourceFile>& unit);
+
+// ptxas's notes that it serialized a kernel's wgmma instructions (each "(C75xx) Potential
+// Performance Loss: wgmma..." of the log, code and reason, without the function name): such a
+// kernel runs well below its speed. Empty when every wgmma stayed asynchronous.
+std::vector<std::string> wgmma_serialization_notes(const std::string& log);
 }  // namespace flashjit::detail

@@ -1,12 +1,17 @@
 // NVRTC compiles every default variant of every family, with no GPU, for each arch we ship.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
+#include <spdlog/sinks/ostream_sink.h>
 
 #include <fstream>
 #include <iterator>
+#include <memory>
+#include <sstream>
 #include <string>
 
+#include "core/log.hpp"
 #include "flashjit/flashjit.hpp"
+#include "jit/nvrtc.hpp"
 #include "temp_dir.hpp"
 
 using namespace flashjit;
@@ -14,6 +19,12 @@ using namespace flashjit;
 TEST_CASE("every default variant of every family compiles for its archs") {
   test::TempDir dir;
   KernelCache cache(CacheOptions{dir.path()});
+  // The library's warnings while compiling: none may say ptxas serialized a kernel's wgmma (such
+  // a kernel compiles and passes every test, at a fraction of its speed).
+  std::ostringstream warnings;
+  auto capture = std::make_shared<spdlog::sinks::ostream_sink_mt>(warnings);
+  capture->set_level(spdlog::level::warn);
+  detail::log().sinks().push_back(capture);
   for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_120"}) {
     const auto variants = default_variants(arch);
     REQUIRE(!variants.empty());
@@ -30,6 +41,8 @@ TEST_CASE("every default variant of every family compiles for its archs") {
     }
     MESSAGE(fmt::format("{}: {} variants compiled, {} with spills", arch, variants.size(), spilling));
   }
+  detail::log().sinks().pop_back();
+  CHECK_MESSAGE(warnings.str().find("serialized its wgmma") == std::string::npos, warnings.str());
 }
 
 TEST_CASE("a broken kernel source fails with the NVRTC log and caches nothing") {
@@ -72,4 +85,34 @@ TEST_CASE("a kernel whose layout drifts from its shape.cuh does not compile") {
   ::unsetenv("FLASHJIT_KERNELS_DIR");
   CHECK_FALSE(outcome.ok);
   CHECK(outcome.error.find("barrier bytes") != std::string::npos);
+}
+
+TEST_CASE("ptxas's notes that it serialized wgmma are found in an NVRTC log") {
+  // The note as NVRTC 13.0 printed it (session 20), beside the usual resource lines.
+  const std::string serialized =
+      "ptxas info    : Compiling entry function '_ZN8flashjit16bwd_wgmma_kernel' for 'sm_90a'\n"
+      "ptxas info    : (C7514) Potential Performance Loss: wgmma.mma_async instructions are "
+      "serialized due to non wgmma instructions reading accumulator registers of  a wgmma between "
+      "start and end of the pipeline stage in the function '_ZN8flashjit16bwd_wgmma_kernel'\n"
+      "ptxas info    : Used 168 registers, 0 bytes spill stores, 0 bytes spill loads\n";
+  const auto notes = detail::wgmma_serialization_notes(serialized);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].rfind("C7514: wgmma.mma_async instructions are serialized due to non wgmma", 0) ==
+        0);
+  CHECK(notes[0].find("pipeline stage") != std::string::npos);
+  CHECK(notes[0].find("_ZN8flashjit") == std::string::npos);  // the reason, not the function
+  CHECK(detail::wgmma_serialization_notes(
+            "ptxas info    : Used 168 registers, 0 bytes spill stores, 0 bytes spill loads\n"
+            "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions are "
+            "serialized due to the presence of Extern calls")
+            .size() == 1);
+  const auto registers = detail::wgmma_serialization_notes(
+      "ptxas info    : (C7512) Potential Performance Loss: wgmma.mma_async instructions are "
+      "serialized due to insufficient register resources for the function '_ZN8flashjit1k'\n");
+  REQUIRE(registers.size() == 1);
+  CHECK(registers[0] == "C7512: wgmma.mma_async instructions are serialized due to insufficient "
+                        "register resources");
+  CHECK(detail::wgmma_serialization_notes(
+            "ptxas info    : Used 168 registers, 0 bytes spill stores, 0 bytes spill loads\n")
+            .empty());
 }
