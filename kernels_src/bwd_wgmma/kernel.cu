@@ -233,6 +233,10 @@ __device__ __forceinline__ void store_score_gradients(unsigned ds_tile, int cons
 // so the consumers only store and fence. Named barriers pair each consumer with that warp:
 // kDqFullBarrier + c (the block is staged), kDqEmptyBarrier + c (the reduction has read it).
 constexpr int kDqFullBarrier = 2, kDqEmptyBarrier = 4;
+static_assert(kDsWrittenBarrier < kDqFullBarrier &&
+                  kDqFullBarrier + BwdWgmmaLimits::kMaxConsumers <= kDqEmptyBarrier &&
+                  kDqEmptyBarrier + BwdWgmmaLimits::kMaxConsumers <= 16,
+              "one hardware barrier per role and consumer, 0 being __syncthreads'");
 constexpr int kDqHandoffThreads = kWarpgroupThreads + 32;
 
 // Stages the block in the accumulator's order (BwdDqBlocks): each thread's eight float4 at
