@@ -8,9 +8,11 @@ what no kernel of the call ran: launch gaps and host time between them.
         --case bwd:32,32,32,512,512,64,1 --case bwd:2,16,16,8192,8192,128,0
 
 Per case and backend: each kernel's name (shortened), its microseconds per call and launches per
-call, their sum, the elapsed microseconds per call (median of --rounds bursts of --calls calls),
-and the gap. Not a timing to compare backends by (the profiler adds its own cost per launch):
-compare_sdpa.py is; this says which kernel to look at.
+call, their sum, the elapsed microseconds per call (median of --rounds bursts of --calls calls,
+interleaved round-robin with the other backends as compare_sdpa.py times them),
+and the gap. The elapsed times are taken as compare_sdpa.py takes them; the kernel times come
+from a separate profiled burst (the profiler adds its own cost per launch to the call, not to the
+kernels' durations): this says which kernel to look at, compare_sdpa.py gives the ratios.
 """
 
 import argparse
@@ -26,20 +28,7 @@ from compare.backward_backends import (BackwardInputs, Fa4BackwardRunner,  # noq
                                        FlashjitBackwardRunner, FlashjitForward,
                                        SdpaBackwardRunner)
 from compare.backward_cases import parse_backward_case  # noqa: E402
-
-
-def elapsed_us(fn, calls, rounds):
-    import torch
-    samples = []
-    for _ in range(rounds):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(calls):
-            fn()
-        end.record()
-        torch.cuda.synchronize()
-        samples.append(start.elapsed_time(end) * 1e3 / calls)
-    return statistics.median(samples)
+from compare.timing import CudaTimer, per_call_ms  # noqa: E402
 
 
 def kernel_times(fn, calls):
@@ -69,7 +58,7 @@ def main():
     ap.add_argument("--case", action="append", required=True,
                     help="bwd:B,HQ,HKV,SQ,SK,D,CAUSAL[,DTYPE] (repeatable)")
     ap.add_argument("--calls", type=int, default=20, help="calls per burst and per profile")
-    ap.add_argument("--rounds", type=int, default=5, help="timed bursts (median)")
+    ap.add_argument("--rounds", type=int, default=5, help="timed bursts of each (median)")
     ap.add_argument("--no-fa4", action="store_true")
     ap.add_argument("--seed", type=int, default=1234)
     args = ap.parse_args()
@@ -79,6 +68,7 @@ def main():
         raise SystemExit(str(e)) from None
 
     engine = fj.Flashjit(args.lib).create_engine(0)
+    timer = CudaTimer()
     for index, case in enumerate(cases):
         scale = case.head_dim ** -0.5
         inputs = BackwardInputs(case, args.seed + index)
@@ -95,11 +85,13 @@ def main():
             else:
                 print(f"  fa4: {fa4.error}")
         print(f"== {case.label()}", flush=True)
+        for runner in runners.values():  # first calls compile and load
+            runner()
+        gpu.sync()
+        # Bursts of back-to-back calls, interleaved round-robin (the harness's timing).
+        elapsed = per_call_ms(runners, args.calls, args.rounds, timer)
         for name, runner in runners.items():
-            for _ in range(3):  # warm-up (first calls compile and load)
-                runner()
-            gpu.sync()
-            per_call = elapsed_us(runner, args.calls, args.rounds)
+            per_call = statistics.median(elapsed[name]) * 1e3
             kernels = kernel_times(runner, args.calls)
             busy = sum(us for us, _ in kernels.values())
             print(f"  {name}: {per_call:9.1f} us a call, kernels {busy:9.1f} us, "
