@@ -239,6 +239,12 @@ static_assert(kDsWrittenBarrier < kDqFullBarrier &&
               "one hardware barrier per role and consumer, 0 being __syncthreads'");
 constexpr int kDqHandoffThreads = kWarpgroupThreads + 32;
 
+// Where consumer c's block of a step's dQ is staged (BwdDqBlocks::kBytes).
+__device__ __forceinline__ unsigned char* dq_stage(unsigned char* smem, const BwdWgmmaShape& shape,
+                                                   int consumer) {
+  return smem + shape.dq_stage_offset() + consumer * BwdDqBlocks::kBytes;
+}
+
 // Stages the block in the accumulator's order (BwdDqBlocks): each thread's eight float4 at
 // 512 i + 16 lane of its warp's 4 KB, no bank conflicts, no swizzle arithmetic.
 __device__ __forceinline__ void stage_dq_block(unsigned char* stage, int consumer,
@@ -274,8 +280,7 @@ __device__ __forceinline__ void write_dq(const BackwardParams& p,
       if (leader) {
         bulk_reduce_add_f32(p.dq_accum + BwdDqBlocks::offset(first_row + kShape.dq_block_row0(c),
                                                              kShape.dq_block_col0(c), HeadDim),
-                            smem_u32(smem + kShape.dq_stage_offset() + c * BwdDqBlocks::kFloats * 4),
-                            BwdDqBlocks::kFloats * 4);
+                            smem_u32(dq_stage(smem, kShape, c)), BwdDqBlocks::kBytes);
         bulk_commit_group();
         bulk_wait_group_read<0>();
       }
@@ -373,8 +378,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     release_stage(&bars->empty[stage]);
     if constexpr (FusedDq) {
       wgmma_fence_operands(dq);
-      stage_dq_block(smem + kShape.dq_stage_offset() + consumer * BwdDqBlocks::kFloats * 4,
-                     consumer, dq);
+      stage_dq_block(dq_stage(smem, kShape, consumer), consumer, dq);
     }
   }
 

@@ -48,13 +48,14 @@ struct BwdWorkspaceRows {
 // The fused backward's dQ accumulator (bwd_wgmma_fused, BackwardParams::dq_accum_blocks): each
 // 64 x 64 block of it (workspace rows 64 r.., columns 64 c..) as 4096 contiguous floats in the
 // register order of a wgmma m64n64 fp32 accumulator, so a warpgroup stages its block with
-// conflict-free 16-byte stores and each warp adds its 16 rows with one 1-D bulk reduction. Row
+// conflict-free 16-byte stores and the block is added with one 1-D bulk reduction. Row
 // 16 w + 8 h + l / 4, column 8 j + 2 (l % 4) + b is warp w's lane l's element 4 j + 2 h + b. Blocks
 // follow rows-major over (row block, column block). Other kernels keep it row-major, head_dim
 // floats a row.
 struct BwdDqBlocks {
   static constexpr int kSide = 64;
   static constexpr int kFloats = kSide * kSide;
+  static constexpr int kBytes = kFloats * 4;
   static constexpr int kWarpFloats = kFloats / 4;  // 16 rows: one warp's
   static constexpr int kWarpBytes = kWarpFloats * 4;
 
