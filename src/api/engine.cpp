@@ -90,9 +90,7 @@ detail::LoadedKernel Engine::Impl::loaded(CUcontext context, const detail::Compi
 detail::KernelHandle Engine::Impl::load(CUcontext context, const Variant& variant) {
   detail::KernelHandle handle;
   handle.kernel = cache->impl_->get(variant);
-  const detail::LoadedKernel module = loaded(context, *handle.kernel);
-  handle.function = module.function;
-  handle.block_mask_function = module.block_mask_function;
+  handle.use(loaded(context, *handle.kernel));
   return handle;
 }
 
@@ -114,9 +112,7 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
   auto ready = std::make_shared<detail::ReadyLaunch>();
   const Variant preferred = detail::select_variant(problem, device, key.forced_family, tiles);
   choose_kernel(*ready, preferred, problem, key.forced_family, tiles.has_value());
-  const detail::LoadedKernel module = loaded(key.context, *ready->kernel);
-  ready->function = module.function;
-  ready->block_mask_function = module.block_mask_function;
+  ready->use(loaded(key.context, *ready->kernel));
   const detail::KernelFamily& family = detail::family_named(ready->variant.family, "family");
   ready->plan = family.plan(ready->variant, problem, device);
   const detail::SplitPlan split = detail::plan_splits(family, ready->variant, problem, device);

@@ -16,6 +16,7 @@
 
 #include "core/problem.hpp"
 #include "cuda/launch.hpp"
+#include "cuda/modules.hpp"
 #include "families/family.hpp"
 #include "jit/compiled_kernel.hpp"
 
@@ -68,6 +69,11 @@ struct KernelHandle {
 
   // The entry a launch runs: the block-mask one where the launch's params carry a block mask.
   CUfunction entry(bool reads_block_mask) const;
+  // Takes the functions of `kernel`'s module as loaded in a context.
+  void use(const LoadedKernel& module) {
+    function = module.function;
+    block_mask_function = module.block_mask_function;
+  }
 };
 
 struct ReadyLaunch : KernelHandle {  // the kernel to launch (`kernel` owns what it came from)
