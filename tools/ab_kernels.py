@@ -21,12 +21,14 @@ check failed or a process did not finish.
 
 import argparse
 import json
-import math
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from compare.report import geomean  # noqa: E402
 
 HARNESS = Path(__file__).resolve().parent / "compare_sdpa.py"
 CASE_LISTS = ("cases", "kv_cases", "varlen_cases", "backward_cases")
@@ -69,9 +71,9 @@ def flashjit_ratios(results_path):
     return ratios, failed
 
 
-def geomean(values):
-    values = list(values)
-    return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
+def geomean_text(values, width=0):
+    value = geomean(values)
+    return f"{'-' if value is None else f'{value:.3f}':>{width}}"
 
 
 def main():
@@ -117,7 +119,7 @@ def main():
             per_round[name].append(ratios)
             status = "FAILED CHECK" if failed else f"rc {rc}"
             ok &= not failed and rc in (0, 1) and bool(ratios)
-            print(f"round {r} {name}: x cuDNN {geomean(ratios.values()):.3f} over "
+            print(f"round {r} {name}: x cuDNN {geomean_text(ratios.values())} over "
                   f"{len(ratios)} cells ({status}; {log.name})", flush=True)
 
     cells = sorted({c for rounds in per_round.values() for ratios in rounds for c in ratios})
@@ -132,7 +134,7 @@ def main():
         lines.append(f"{cell:<{width}}  " + "  ".join(medians))
     for r in range(args.rounds):
         lines.append(f"{'geomean round ' + str(r + 1):<{width}}  " + "  ".join(
-            f"{geomean(per_round[n][r].values()):10.3f}" for n in builds))
+            geomean_text(per_round[n][r].values(), 10) for n in builds))
     summary = "\n".join(lines)
     print(summary)
     (args.out / "summary.txt").write_text(summary + "\n")
