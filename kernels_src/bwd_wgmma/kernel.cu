@@ -317,6 +317,23 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
 #pragma unroll
   for (int e = 0; e < HeadDim / 2; ++e) dk[e] = dv[e] = 0.f;
 
+  // Fused, where the registers allow (not at 128 queries a step with ALiBi or a per-score
+  // factor: those serialize the wgmma or spill), FA4's order, which stages dQ under dK's GEMM.
+  using StepScores = BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd>;
+  constexpr bool kDqUnderDk =
+      FusedDq && (TileM == 64 || !(Alibi || StepScores::kPerScoreFactor));
+  unsigned char* const dq_block = dq_stage(smem, kShape, consumer);
+  // Both consumers' columns of dS are written (their generic-proxy stores made visible to
+  // wgmma's async proxy first); this consumer's dQ block is dS's rows dq_row0.. times K's
+  // columns dq_col0...
+  auto issue_dq = [&](float (&dq)[32], unsigned ds_tile) {
+    fence_proxy_async_shared();
+    named_barrier_sync(kDsWrittenBarrier, 2 * kWarpgroupThreads);
+    gemm_ss_tnsp_b_tiles<T, 64, TileN, TileM>(
+        dq, ds_tile + kShape.dq_block_row0(consumer) * kRow,
+        base + kShape.k_offset() + kShape.dq_block_col0(consumer) / 64 * TileN * kRow);
+  };
+
   if (tile.steps.count > 0) mbarrier_wait(&bars->kv_full, 0);
   for (int t = 0; t < tile.steps.count; ++t) {
     const int stage = t % Stages;
@@ -347,27 +364,29 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       wgmma_fence_operands(dp);
       score_gradients<TileM>(dp, terms, at, [&](int e) { return s[e]; });
     }
-    // dK's GEMM first: dPᵀ's registers free up as its fragments are packed, then Sᵀ's as Pᵀ's
-    // are (dV's GEMM first would hold Pᵀ's fragments, Sᵀ and dPᵀ at once: d64 with 128 queries
-    // spilled 48 bytes).
     unsigned dsf[TileM / 16][4];
     gemm_fragments<T, TileM>(dsf, dp);
-    gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
     const unsigned ds_tile = base + kShape.ds_offset(t % 2);
-    if constexpr (FusedDq) store_score_gradients<TileM>(ds_tile, consumer, dsf);
     unsigned pf[TileM / 16][4];
-    gemm_fragments<T, TileM>(pf, s);
-    gemm_rs_tiles<T, HeadDim, TileM>(dv, pf, do_tile);
     float dq[FusedDq ? 32 : 1];
-    if constexpr (FusedDq) {
-      // Both consumers' columns of dS are written (their generic-proxy stores made visible to
-      // wgmma's async proxy first); this consumer's dQ block is dS's rows dq_row0.. times K's
-      // columns dq_col0...
-      fence_proxy_async_shared();
-      named_barrier_sync(kDsWrittenBarrier, 2 * kWarpgroupThreads);
-      gemm_ss_tnsp_b_tiles<T, 64, TileN, TileM>(
-          dq, ds_tile + kShape.dq_block_row0(consumer) * kRow,
-          base + kShape.k_offset() + kShape.dq_block_col0(consumer) / 64 * TileN * kRow);
+    if constexpr (kDqUnderDk) {
+      // dV, dQ, then dK: dQ's block is staged while dK's GEMM runs.
+      gemm_fragments<T, TileM>(pf, s);
+      gemm_rs_tiles<T, HeadDim, TileM>(dv, pf, do_tile);
+      store_score_gradients<TileM>(ds_tile, consumer, dsf);
+      issue_dq(dq, ds_tile);
+      gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
+      wgmma_wait<1>();  // dV and dQ are done; dK runs
+      wgmma_fence_operands(dq);
+      stage_dq_block(dq_block, consumer, dq);
+    } else {
+      // dK's GEMM first: dPᵀ's registers free up as its fragments are packed, then Sᵀ's as Pᵀ's
+      // are, which the kernels excluded above need.
+      gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
+      if constexpr (FusedDq) store_score_gradients<TileM>(ds_tile, consumer, dsf);
+      gemm_fragments<T, TileM>(pf, s);
+      gemm_rs_tiles<T, HeadDim, TileM>(dv, pf, do_tile);
+      if constexpr (FusedDq) issue_dq(dq, ds_tile);
     }
     wgmma_wait<0>();
     wgmma_fence_operands(dv);
@@ -376,9 +395,9 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     wgmma_fence_operands(pf);
     wgmma_fence_operands(dsf);
     release_stage(&bars->empty[stage]);
-    if constexpr (FusedDq) {
+    if constexpr (FusedDq && !kDqUnderDk) {
       wgmma_fence_operands(dq);
-      stage_dq_block(dq_stage(smem, kShape, consumer), consumer, dq);
+      stage_dq_block(dq_block, consumer, dq);
     }
   }
 
