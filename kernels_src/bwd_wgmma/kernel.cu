@@ -319,9 +319,8 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
 
   // Fused, where the registers allow (not at 128 queries a step with ALiBi or a per-score
   // factor: those serialize the wgmma or spill), FA4's order, which stages dQ under dK's GEMM.
-  using StepScores = BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd>;
-  constexpr bool kDqUnderDk =
-      FusedDq && (TileM == 64 || !(Alibi || StepScores::kPerScoreFactor));
+  using Scores = BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd>;
+  constexpr bool kDqUnderDk = FusedDq && (TileM == 64 || !(Alibi || Scores::kPerScoreFactor));
   unsigned char* const dq_block = dq_stage(smem, kShape, consumer);
   // Both consumers' columns of dS are written (their generic-proxy stores made visible to
   // wgmma's async proxy first); this consumer's dQ block is dS's rows dq_row0.. times K's
@@ -344,7 +343,6 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(s, k_rows, q_tile);
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(dp, v_rows, do_tile);
     const int row0 = tile.steps.row0(t);
-    using Scores = BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd>;
     const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
     bool masked = scores.any_masked(row0, row0 + TileM - 1, lane_key - at.row,
                                     lane_key - at.row + 63);

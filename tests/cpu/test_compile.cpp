@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <spdlog/sinks/ostream_sink.h>
 
+#include <algorithm>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -16,15 +17,35 @@
 
 using namespace flashjit;
 
+namespace {
+
+// The library's warnings while this lives; its sink leaves the logger again even when a REQUIRE
+// throws (the logger outlives the test and would write into a destroyed stream).
+struct CapturedWarnings {
+  std::ostringstream text;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink =
+      std::make_shared<spdlog::sinks::ostream_sink_mt>(text);
+
+  CapturedWarnings() {
+    sink->set_level(spdlog::level::warn);
+    detail::log().sinks().push_back(sink);
+  }
+  ~CapturedWarnings() {
+    auto& sinks = detail::log().sinks();
+    sinks.erase(std::remove(sinks.begin(), sinks.end(), sink), sinks.end());
+  }
+  CapturedWarnings(const CapturedWarnings&) = delete;
+  CapturedWarnings& operator=(const CapturedWarnings&) = delete;
+};
+
+}  // namespace
+
 TEST_CASE("every default variant of every family compiles for its archs") {
   test::TempDir dir;
   KernelCache cache(CacheOptions{dir.path()});
-  // The library's warnings while compiling: none may say ptxas serialized a kernel's wgmma (such
-  // a kernel compiles and passes every test, at a fraction of its speed).
-  std::ostringstream warnings;
-  auto capture = std::make_shared<spdlog::sinks::ostream_sink_mt>(warnings);
-  capture->set_level(spdlog::level::warn);
-  detail::log().sinks().push_back(capture);
+  // None of the warnings may say ptxas serialized a kernel's wgmma (such a kernel compiles and
+  // passes every test, at a fraction of its speed).
+  const CapturedWarnings warnings;
   for (const char* arch : {"sm_80", "sm_86", "sm_89", "sm_90", "sm_90a", "sm_120"}) {
     const auto variants = default_variants(arch);
     REQUIRE(!variants.empty());
@@ -41,8 +62,8 @@ TEST_CASE("every default variant of every family compiles for its archs") {
     }
     MESSAGE(fmt::format("{}: {} variants compiled, {} with spills", arch, variants.size(), spilling));
   }
-  detail::log().sinks().pop_back();
-  CHECK_MESSAGE(warnings.str().find("serialized its wgmma") == std::string::npos, warnings.str());
+  CHECK_MESSAGE(warnings.text.str().find("serialized its wgmma") == std::string::npos,
+                warnings.text.str());
 }
 
 TEST_CASE("a broken kernel source fails with the NVRTC log and caches nothing") {
