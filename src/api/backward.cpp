@@ -103,12 +103,38 @@ BlockMask Engine::Impl::backward_block_mask(const Engine& engine,
   return detail::BlockMaskAccess::make(std::move(mask));
 }
 
+std::shared_ptr<const detail::BackwardLaunch> Engine::Impl::prepare_backward(
+    const detail::BackwardPlanKey& key, CUcontext context, const detail::BackwardProblem& problem,
+    const BackwardOptions& options) {
+  auto ready = std::make_shared<detail::BackwardLaunch>();
+  const detail::BackwardKernels& kernels = backward_kernels(context, problem, options);
+  ready->kernels = &kernels;
+  const detail::ForwardProblem& forward = problem.forward;
+  // The plans read only the params' tensors and their layout, not the workspace.
+  ready->dkdv = detail::backward_launch_plan(kernels.dkdv, forward, problem.params, device);
+  if (forward.seqlen_q > 0) {
+    ready->rows = detail::bwd_rows_plan(forward.seqlen_q, forward.heads_q, forward.batch);
+    if (!kernels.dq_accumulator)
+      ready->finish = detail::backward_launch_plan(kernels.finish, forward, problem.params, device);
+  }
+  if (problem.params.dsink != nullptr) ready->sink = detail::bwd_sink_plan(forward.heads_q);
+  backward_plans.insert(key, ready);
+  return ready;
+}
+
 void Engine::Impl::backward(detail::BackwardProblem problem, const BackwardOptions& options,
                             CUstream_st* stream) {
   const detail::ForwardProblem& forward = problem.forward;
   if (forward.batch == 0 || forward.heads_q == 0 || forward.seqlen_k == 0) return;
   const detail::LaunchContext context(stream, primary.get());
-  const detail::BackwardKernels& kernels = backward_kernels(context.get(), problem, options);
+  // An unknown options.family leaves forced null: the slow path names it in its error.
+  const detail::KernelFamily* forced =
+      options.family ? detail::find_family(*options.family) : nullptr;
+  const auto key = detail::BackwardPlanKey::of(context.get(), problem, options, forced);
+  std::shared_ptr<const detail::BackwardLaunch> ready;
+  if (!options.family || forced != nullptr) ready = backward_plans.find(key);
+  if (!ready) ready = prepare_backward(key, context.get(), problem, options);
+  const detail::BackwardKernels& kernels = *ready->kernels;
   // A block mask: the dK/dV launch reads its key-major map, the dQ kernel's its own (both
   // through the forward params' block fields; no other backward kernel reads them).
   const detail::BlockMaskData* mask =
@@ -122,39 +148,29 @@ void Engine::Impl::backward(detail::BackwardProblem problem, const BackwardOptio
                 fmt::format("options.workspace_bytes is {}: expected at least {} "
                             "(Engine::backward_workspace_bytes for these arguments)",
                             options.workspace_bytes, bytes));
-  auto plan_of = [&](const Variant& variant, const BackwardParams& params) {
-    return detail::backward_launch_plan(variant, forward, params, device);
-  };
   if (forward.seqlen_q == 0) {  // no row sees a key: dk and dv are zero, written by dK/dV alone
     if (problem.params.dsink != nullptr)  // no rows: bwd_sink writes zeros, reading nothing
-      detail::launch(kernels.sink.function, detail::bwd_sink_plan(forward.heads_q),
-                     problem.params, stream);
-    detail::launch(kernels.main.function, plan_of(kernels.dkdv, problem.params), problem.params,
-                   stream);
+      detail::launch(kernels.sink.function, ready->sink, problem.params, stream);
+    detail::launch(kernels.main.function, ready->dkdv, problem.params, stream);
     return;
   }
   void* workspace = options.workspace != nullptr ? options.workspace
                                                  : workspaces.get(context.get(), stream, bytes);
   const BackwardParams params = problem.with_workspace(workspace);
-  const detail::LaunchPlan rows = detail::bwd_rows_plan(forward.seqlen_q, forward.heads_q,
-                                                        forward.batch);
-  detail::launch(kernels.prep.function, rows, params, stream);
-  if (params.dsink != nullptr)
-    detail::launch(kernels.sink.function, detail::bwd_sink_plan(forward.heads_q), params, stream);
+  const detail::LaunchPlan& finish = kernels.dq_accumulator ? ready->rows : ready->finish;
+  detail::launch(kernels.prep.function, ready->rows, params, stream);
+  if (params.dsink != nullptr) detail::launch(kernels.sink.function, ready->sink, params, stream);
   if (mask == nullptr) {
-    detail::launch(kernels.main.function, plan_of(kernels.dkdv, params), params, stream);
-    detail::launch(kernels.last.function,
-                   kernels.dq_accumulator ? rows : plan_of(kernels.finish, params), params,
-                   stream);
+    detail::launch(kernels.main.function, ready->dkdv, params, stream);
+    detail::launch(kernels.last.function, finish, params, stream);
     return;
   }
   BackwardParams listed = params;
   detail::use_block_mask(listed.fwd, *mask);
-  detail::launch(kernels.main.entry(true), plan_of(kernels.dkdv, listed), listed, stream);
+  detail::launch(kernels.main.entry(true), ready->dkdv, listed, stream);
   if (mask->dq) detail::use_block_mask(listed.fwd, *mask->dq);
   // bwd_convert (no dQ map) reads no block mask.
-  detail::launch(kernels.last.entry(mask->dq != nullptr),
-                 kernels.dq_accumulator ? rows : plan_of(kernels.finish, listed), listed, stream);
+  detail::launch(kernels.last.entry(mask->dq != nullptr), finish, listed, stream);
 }
 
 namespace {

@@ -74,6 +74,17 @@ BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
           tiles.stages};
 }
 
+BackwardPlanKey BackwardPlanKey::of(CUcontext context, const BackwardProblem& problem,
+                                    const BackwardOptions& options, const KernelFamily* forced) {
+  BackwardPlanKey key;
+  key.forward = PlanKey::of(context, problem.forward, forced, options.tiles);
+  key.dout_strides = {problem.params.do_stride_b, problem.params.do_stride_s,
+                      problem.params.do_stride_h};
+  key.deterministic = problem.deterministic;
+  key.d_sink = problem.params.dsink != nullptr;
+  return key;
+}
+
 Variant select_backward_variant(const BackwardProblem& problem, const DeviceInfo& device,
                                 const BackwardOptions& options) {
   const KernelFamily* chosen = nullptr;

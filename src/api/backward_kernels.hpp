@@ -38,6 +38,30 @@ using BackwardKey = std::tuple<CUcontext, DType, int, bool, bool, bool, bool, bo
 BackwardKey backward_key(CUcontext context, const BackwardProblem& problem,
                          const BackwardOptions& options);
 
+// The hot path's key of a backward: the forward's (shapes, strides, score variants, tiles, the
+// forced family) and what only a backward has (dO's strides, the mode, the sinks' gradient).
+// dq, dk, dv and the workspace are plain pointers and strides of the params: no plan reads them.
+struct BackwardPlanKey {
+  PlanKey forward;
+  std::array<std::int64_t, 3> dout_strides{};  // batch, seqlen, heads
+  std::int32_t deterministic = 0, d_sink = 0;
+
+  // forced: options.family's family (null: none named).
+  static BackwardPlanKey of(CUcontext context, const BackwardProblem& problem,
+                            const BackwardOptions& options, const KernelFamily* forced);
+  bool operator==(const BackwardPlanKey&) const = default;
+};
+
+// A warm backward's launches: the kernels of its BackwardKey, each launch planned once (tensor
+// maps at the first call's addresses, re-addressed per call like the forward's).
+struct BackwardLaunch {
+  const BackwardKernels* kernels = nullptr;  // Engine::Impl::backward_kernel_sets, never erased
+  LaunchPlan rows;  // bwd_prep, and bwd_convert where it finishes dQ
+  LaunchPlan dkdv;
+  LaunchPlan finish;  // the dQ kernel's (unused where bwd_convert finishes)
+  LaunchPlan sink;    // bwd_sink's, where the sinks' gradient is asked for
+};
+
 // The dK/dV variant for the problem on this GPU: options.family's (a dK/dV family that runs it,
 // else Error(invalid_argument)), else the first registered that does; options.tiles replace the
 // family's tile table, checked like any variant.

@@ -76,6 +76,10 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
   const detail::BackwardKernels& backward_kernels(CUcontext context,
                                                   const detail::BackwardProblem& problem,
                                                   const BackwardOptions& options);
+  // A backward's kernels and launch plans, the first time for its key.
+  std::shared_ptr<const detail::BackwardLaunch> prepare_backward(
+      const detail::BackwardPlanKey& key, CUcontext context,
+      const detail::BackwardProblem& problem, const BackwardOptions& options);
   // Engine::backward on a validated problem (equal-length or varlen).
   void backward(detail::BackwardProblem problem, const BackwardOptions& options,
                 CUstream_st* stream);
@@ -109,6 +113,7 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
   std::map<std::tuple<CUcontext, DType, int>, MergeKernel> merge_kernels;
   std::mutex backward_mutex;
   std::map<detail::BackwardKey, detail::BackwardKernels> backward_kernel_sets;
+  detail::PlanMap<detail::BackwardPlanKey, detail::BackwardLaunch> backward_plans;
   std::mutex record_mutex;
   std::optional<std::filesystem::path> record_file;
   std::set<std::string> recorded;

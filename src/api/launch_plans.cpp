@@ -3,8 +3,6 @@
 #include <fmt/format.h>
 #include <xxhash.h>
 
-#include <mutex>
-
 #include "core/user_functions.hpp"
 
 namespace flashjit::detail {
@@ -57,20 +55,6 @@ PlanKey PlanKey::of(CUcontext context, const ForwardProblem& problem,
   return key;
 }
 
-std::size_t LaunchPlans::Hash::operator()(const PlanKey& key) const {
-  return XXH3_64bits(&key, sizeof(key));
-}
-
-std::shared_ptr<const ReadyLaunch> LaunchPlans::find(const PlanKey& key) const {
-  std::shared_lock lock(mutex_);
-  const auto it = plans_.find(key);
-  return it == plans_.end() ? nullptr : it->second;
-}
-
-void LaunchPlans::insert(const PlanKey& key, std::shared_ptr<const ReadyLaunch> ready) {
-  std::unique_lock lock(mutex_);
-  if (plans_.size() >= kMaxPlans) plans_.clear();
-  plans_.insert_or_assign(key, std::move(ready));
-}
+std::size_t hash_key_bytes(const void* key, std::size_t size) { return XXH3_64bits(key, size); }
 
 }  // namespace flashjit::detail

@@ -45,7 +45,6 @@ struct PlanKey {
                     const KernelFamily* forced_family, const std::optional<TileConfig>& tiles);
   bool operator==(const PlanKey&) const = default;
 };
-static_assert(std::has_unique_object_representations_v<PlanKey>, "hashed as bytes");
 
 // A background compile an engine started (never-block mode), as the launches that stand in for
 // its variant see it.
@@ -92,20 +91,37 @@ struct ReadyLaunch : KernelHandle {  // the kernel to launch (`kernel` owns what
   LaunchPlan plan;
 };
 
-class LaunchPlans {
+// The bytes of a key with no padding (has_unique_object_representations), hashed.
+std::size_t hash_key_bytes(const void* key, std::size_t size);
+
+// Plans by key, for the hot path: a find under a shared lock, inserted once per key. Keeps at
+// most kMaxPlans; past that the map starts over (shapes that vary call by call).
+template <typename Key, typename Plan>
+class PlanMap {
+  static_assert(std::has_unique_object_representations_v<Key>, "keys are hashed as bytes");
+
  public:
-  std::shared_ptr<const ReadyLaunch> find(const PlanKey& key) const;
-  // Keeps at most kMaxPlans; past that the map starts over (shapes that vary call by call).
-  void insert(const PlanKey& key, std::shared_ptr<const ReadyLaunch> ready);
+  std::shared_ptr<const Plan> find(const Key& key) const {
+    std::shared_lock lock(mutex_);
+    const auto it = plans_.find(key);
+    return it == plans_.end() ? nullptr : it->second;
+  }
+  void insert(const Key& key, std::shared_ptr<const Plan> plan) {
+    std::unique_lock lock(mutex_);
+    if (plans_.size() >= kMaxPlans) plans_.clear();
+    plans_.insert_or_assign(key, std::move(plan));
+  }
 
   static constexpr std::size_t kMaxPlans = 4096;
 
  private:
   struct Hash {
-    std::size_t operator()(const PlanKey& key) const;
+    std::size_t operator()(const Key& key) const { return hash_key_bytes(&key, sizeof(key)); }
   };
   mutable std::shared_mutex mutex_;
-  std::unordered_map<PlanKey, std::shared_ptr<const ReadyLaunch>, Hash> plans_;
+  std::unordered_map<Key, std::shared_ptr<const Plan>, Hash> plans_;
 };
+
+using LaunchPlans = PlanMap<PlanKey, ReadyLaunch>;
 
 }  // namespace flashjit::detail

@@ -228,6 +228,53 @@ TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family a
                        Error);
 }
 
+TEST_CASE("a warm backward's plans are keyed by every layout and option its launches read, and by no pointer") {
+  const BackwardArgs base;
+  auto key_of = [](const BackwardArgs& args, const detail::KernelFamily* forced = nullptr) {
+    return detail::BackwardPlanKey::of(nullptr, args.validate(), args.options, forced);
+  };
+  const detail::BackwardPlanKey key = key_of(base);
+  CHECK(key_of(base) == key);
+
+  BackwardArgs moved;  // other buffers, the same layouts: the same plans (maps are re-addressed)
+  for (TensorView* view : {&moved.q, &moved.k, &moved.v, &moved.out, &moved.dout, &moved.dq,
+                           &moved.dk, &moved.dv})
+    view->data = fake(reinterpret_cast<std::uintptr_t>(view->data) + 0x10000000);
+  moved.lse = static_cast<const float*>(fake(0x6000000));
+  moved.options.softmax_scale = 0.25f;
+  moved.options.workspace = fake(0x20000000);
+  moved.options.workspace_bytes = std::size_t{1} << 30;
+  CHECK(key_of(moved) == key);
+
+  // dO's layout: its tensor map is part of the plan.
+  BackwardArgs bhsd = base;
+  bhsd.dout = TensorView::bhsd(fake(0x500000), DType::bf16, 2, 100, 8, 128);
+  CHECK_FALSE(key_of(bhsd) == key);
+  // The forward's layouts, shapes and variants key it as they key a forward.
+  BackwardArgs k_bhsd = base;
+  k_bhsd.k = TensorView::bhsd(fake(0x200000), DType::bf16, 2, 300, 2, 128);
+  CHECK_FALSE(key_of(k_bhsd) == key);
+  BackwardArgs causal = base;
+  causal.options.causal = true;
+  CHECK_FALSE(key_of(causal) == key);
+  BackwardArgs tiled = base;
+  tiled.options.tiles = TileConfig{64, 128, 2};
+  CHECK_FALSE(key_of(tiled) == key);
+  CHECK_FALSE(key_of(base, detail::find_family("bwd_wgmma")) == key);
+  CHECK_FALSE(detail::BackwardPlanKey::of(reinterpret_cast<CUcontext>(0x10), base.validate(),
+                                          base.options, nullptr) == key);
+  // What runs other kernels: the mode, and the sinks' gradient (bwd_sink). The sinks alone
+  // change no backward kernel (the LSE holds them).
+  BackwardArgs exact = base;
+  exact.options.deterministic = true;
+  CHECK_FALSE(key_of(exact) == key);
+  BackwardArgs sunk = base;
+  sunk.options.sink_logits = static_cast<const float*>(fake(0xb00000));
+  CHECK(key_of(sunk) == key);
+  sunk.options.d_sink_logits = static_cast<float*>(fake(0xc00000));
+  CHECK_FALSE(key_of(sunk) == key);
+}
+
 TEST_CASE("the dQ accumulator is in the workspace only for kernels that sum dQ by atomics") {
   BackwardArgs args;
   const long long rows = 2LL * 8 * BwdWorkspaceRows::padded_rows(100);

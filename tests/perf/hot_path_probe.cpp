@@ -196,5 +196,20 @@ int main(int argc, char** argv) {
                              simt_config.sharedMemBytes, created, simt_args, nullptr);
   });
   fmt::print("  (result {})\n", static_cast<int>(last));
+
+  // A warm backward (bwd_prep, the dK/dV kernel, the dQ finish): its whole host time, which
+  // its launch plans (made once per layout) keep to validation, one lookup and the launches.
+  DeviceBuffer dout(engine, bytes), dq(engine, bytes), dk(engine, bytes), dv(engine, bytes);
+  DeviceBuffer lse(engine, std::size_t{4} * batch * heads * seqlen);
+  for (DeviceBuffer* b : {&o, &dout, &lse}) b->fill_bytes(0x3c);  // finite, small
+  const BackwardOptions backward_options;
+  auto backward = [&] {
+    engine.backward(view(q), view(k), view(v), view(o), view(dout),
+                    static_cast<const float*>(lse.data()), view(dq), view(dk), view(dv),
+                    backward_options, created);
+  };
+  for (int i = 0; i < 10; ++i) backward();
+  synchronize(engine);
+  row("backward, created stream (context current), 3 launches", backward);
   return 0;
 }
