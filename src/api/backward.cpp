@@ -1,8 +1,8 @@
-// Engine::backward: validate -> (first time for this key: choose and load the kernels) -> on the
-// caller's stream, bwd_prep (row terms, and a zeroed dQ accumulator where one is used), bwd_sink
-// where the sinks' gradient is asked for, the dK/dV kernel, then the dQ kernel (bwd_wgmma's in
-// both modes, bwd_mma's when deterministic), or bwd_convert turning the accumulator the dK/dV
-// kernel's atomics summed into dq.
+// Engine::backward: validate -> (first time for this layout: choose and load the kernels, plan
+// the launches) -> on the caller's stream, bwd_prep (row terms, and a zeroed dQ accumulator where
+// one is used), bwd_sink where the sinks' gradient is asked for, the dK/dV kernel, then the dQ
+// kernel (bwd_wgmma's in both modes, bwd_mma's when deterministic), or bwd_convert turning the
+// accumulator the dK/dV kernel's atomics summed into dq.
 #include <fmt/format.h>
 
 #include "api/engine_impl.hpp"
@@ -113,9 +113,11 @@ std::shared_ptr<const detail::BackwardLaunch> Engine::Impl::prepare_backward(
   // The plans read only the params' tensors and their layout, not the workspace.
   ready->dkdv = detail::backward_launch_plan(kernels.dkdv, forward, problem.params, device);
   if (forward.seqlen_q > 0) {
-    ready->rows = detail::bwd_rows_plan(forward.seqlen_q, forward.heads_q, forward.batch);
-    if (!kernels.dq_accumulator)
-      ready->finish = detail::backward_launch_plan(kernels.finish, forward, problem.params, device);
+    ready->prep = detail::bwd_rows_plan(forward.seqlen_q, forward.heads_q, forward.batch);
+    ready->finish =
+        kernels.dq_accumulator
+            ? ready->prep  // bwd_convert: the same rows
+            : detail::backward_launch_plan(kernels.finish, forward, problem.params, device);
   }
   if (problem.params.dsink != nullptr) ready->sink = detail::bwd_sink_plan(forward.heads_q);
   backward_plans.insert(key, ready);
@@ -157,12 +159,11 @@ void Engine::Impl::backward(detail::BackwardProblem problem, const BackwardOptio
   void* workspace = options.workspace != nullptr ? options.workspace
                                                  : workspaces.get(context.get(), stream, bytes);
   const BackwardParams params = problem.with_workspace(workspace);
-  const detail::LaunchPlan& finish = kernels.dq_accumulator ? ready->rows : ready->finish;
-  detail::launch(kernels.prep.function, ready->rows, params, stream);
+  detail::launch(kernels.prep.function, ready->prep, params, stream);
   if (params.dsink != nullptr) detail::launch(kernels.sink.function, ready->sink, params, stream);
   if (mask == nullptr) {
     detail::launch(kernels.main.function, ready->dkdv, params, stream);
-    detail::launch(kernels.last.function, finish, params, stream);
+    detail::launch(kernels.last.function, ready->finish, params, stream);
     return;
   }
   BackwardParams listed = params;
@@ -170,7 +171,7 @@ void Engine::Impl::backward(detail::BackwardProblem problem, const BackwardOptio
   detail::launch(kernels.main.entry(true), ready->dkdv, listed, stream);
   if (mask->dq) detail::use_block_mask(listed.fwd, *mask->dq);
   // bwd_convert (no dQ map) reads no block mask.
-  detail::launch(kernels.last.entry(mask->dq != nullptr), finish, listed, stream);
+  detail::launch(kernels.last.entry(mask->dq != nullptr), ready->finish, listed, stream);
 }
 
 namespace {

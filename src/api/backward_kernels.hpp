@@ -56,10 +56,10 @@ struct BackwardPlanKey {
 // maps at the first call's addresses, re-addressed per call like the forward's).
 struct BackwardLaunch {
   const BackwardKernels* kernels = nullptr;  // Engine::Impl::backward_kernel_sets, never erased
-  LaunchPlan rows;  // bwd_prep, and bwd_convert where it finishes dQ
+  LaunchPlan prep;
+  LaunchPlan sink;  // where the sinks' gradient is asked for
   LaunchPlan dkdv;
-  LaunchPlan finish;  // the dQ kernel's (unused where bwd_convert finishes)
-  LaunchPlan sink;    // bwd_sink's, where the sinks' gradient is asked for
+  LaunchPlan finish;  // bwd_convert's or the dQ kernel's
 };
 
 // The dK/dV variant for the problem on this GPU: options.family's (a dK/dV family that runs it,
