@@ -13,6 +13,8 @@ namespace flashjit::detail {
 namespace {
 
 constexpr std::size_t kWorkspaceAlignment = 256;
+// Far beyond any device, and small enough that the workspace's sums and roundings cannot wrap.
+constexpr long long kMaxWorkspaceBytes = 1LL << 62;
 
 std::size_t aligned(std::size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
@@ -64,6 +66,16 @@ BackwardProblem problem_of(const ForwardProblem& forward, const BackwardOptions&
                        "2^31 (total_q {} and {} sequences, each padded to {} rows)",
                        rows, forward.total_q, forward.batch, BwdWorkspaceRows::kRowQuantum));
   problem.params.seqlen_rows = static_cast<int>(rows);
+  // The workspace's largest part, the fp32 dQ accumulator, is rows x heads (x batch) x head_dim
+  // floats: its byte count must fit (absurd shapes over overlapping strides pass every view check).
+  long long accumulator_bytes = 0;
+  const long long per_head = forward.varlen ? 1 : forward.batch;
+  if (__builtin_mul_overflow(per_head * forward.heads_q, rows, &accumulator_bytes) ||
+      __builtin_mul_overflow(accumulator_bytes, forward.head_dim * 4LL, &accumulator_bytes) ||
+      accumulator_bytes > kMaxWorkspaceBytes)
+    reject(fmt::format("the backward's workspace would hold {} x {} heads x {} rows x head_dim {} "
+                       "fp32 values: expected at most 2^62 bytes",
+                       per_head, forward.heads_q, rows, forward.head_dim));
   problem.params.dscore_scale = forward.softmax_scale;  // the forward's, whatever a cap made fwd's
   if (options.d_sink_logits != nullptr) {
     if (options.sink_logits == nullptr)

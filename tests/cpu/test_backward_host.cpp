@@ -91,6 +91,16 @@ TEST_CASE("backward arguments are checked before any launch, naming the argument
   BackwardArgs i;  // the forward's own checks hold too: heads_q a multiple of heads_kv
   i.q = i.out = i.dout = i.dq = TensorView::bshd(fake(0x100000), DType::bf16, 2, 100, 7, 128);
   CHECK(rejection(i).find("not a multiple of k/v heads") != std::string::npos);
+  // Views whose strides overlap pass the view checks at any size, but the workspace (one fp32
+  // accumulator row per query row and head) would pass 2^64 bytes (fuzz_backward_args found it).
+  BackwardArgs j;
+  TensorView huge{fake(0x100000), DType::bf16, {65535, 2147483519, 65535, 128}, {8, 8, 8, 1}};
+  j.q = j.out = j.dout = j.dq = huge;
+  j.k = j.v = j.dk = j.dv = TensorView::bshd(fake(0x200000), DType::bf16, 65535, 16, 1, 128);
+  CHECK(rejection(j).find("fp32 values: expected at most 2^62 bytes") != std::string::npos);
+  huge.shape[1] = 1000;  // 65535 x 65535 x 1024 rows x 128 floats: 2^51 bytes, accepted
+  j.q = j.out = j.dout = j.dq = huge;
+  CHECK(rejection(j) == "accepted");
 }
 
 TEST_CASE("the backward workspace holds the row terms, and before dispatch the dQ accumulator unless deterministic") {
