@@ -40,7 +40,9 @@ struct ForwardProblem {
   // Sequences of their own lengths: a varlen batch, or keys cut per sequence by seqused_k.
   bool per_sequence_lengths() const { return varlen || has_seqused; }
   // Query rows that share one KV head: what the decode family packs into one tile.
-  int rows_per_kv_head() const { return seqlen_q * (heads_kv > 0 ? heads_q / heads_kv : 1); }
+  long long rows_per_kv_head() const {
+    return static_cast<long long>(seqlen_q) * (heads_kv > 0 ? heads_q / heads_kv : 1);
+  }
   // The most key tiles of tile_n keys that the query rows of one sequence see (what split-KV
   // divides): all of them, or under a window its band over seqlen_q rows, plus one tile for the
   // band's misalignment with the tiles, plus the tiles of the sink tokens before it. Where the

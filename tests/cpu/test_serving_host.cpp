@@ -246,6 +246,23 @@ TEST_CASE("a paged KV cache is validated before any launch, naming the argument"
   workspace.options.workspace = fake(0x100010);
   CHECK(rejection(workspace).find("options.workspace") != std::string::npos);
 
+  // Query rows per KV head past the decode grid's limit: no family runs it, and dispatch says
+  // why before anything is planned (seqlen_q x heads_q / heads_kv was an int product, and
+  // overflowed: fuzz_serving_args found it).
+  PagedArgs rows;
+  rows.q = TensorView{fake(0x100000), DType::bf16, {1, 738197804, 32, 128}, {8, 8, 8, 1}};
+  const auto many = detail::validate_forward(rows.q, rows.kv, rows.q, nullptr, rows.options);
+  CHECK(many.rows_per_kv_head() == 738197804LL * 4);
+  try {
+    detail::select_variant(many, h200(), nullptr);
+    FAIL("dispatched a problem past the decode grid's rows");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::unsupported);
+    CHECK(std::string(e.what()).find("query rows per KV head (seqlen_q x heads_q / heads_kv; its "
+                                     "grid's limit), this problem has 2952791216") !=
+          std::string::npos);
+  }
+
   PagedArgs hnd;  // the HND layout is the same pages through other strides
   hnd.pages = TensorView::bhsd(fake(0x200000), DType::bf16, 1000, 16, 8, 128);
   hnd.kv = KVCache::paged(hnd.pages, hnd.pages, kTable, 64);

@@ -4,6 +4,7 @@
 
 #include "core/arch.hpp"
 #include "decode/shape.cuh"
+#include "merge/shape.cuh"
 #include "families/decode/split_heuristic.hpp"
 #include "families/query_tile.hpp"
 #include "families/tma_map.hpp"
@@ -86,9 +87,18 @@ TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal, boo
   return table;
 }
 
+// Row blocks times splits make the grid's x dimension (at most 2^31 - 1): 2^24 rows per KV head
+// in tiles of 16 or more leave room for the most splits.
+constexpr long long kMaxGridRowsPerKvHead = 1LL << 24;
+static_assert(kMaxGridRowsPerKvHead / 16 * MergeShape::kMaxStates <= 0x7fffffffLL);
+
 // Dense caches with many rows per KV head are prefill's. `exempt`: what the family takes anyway,
-// at any row count, spelled for the message.
+// at any row count (up to the grid's), spelled for the message.
 std::string rows_beyond_decode(const ForwardProblem& problem, bool exempt, const char* unless) {
+  if (problem.rows_per_kv_head() > kMaxGridRowsPerKvHead)
+    return fmt::format("takes at most {} query rows per KV head (seqlen_q x heads_q / heads_kv; "
+                       "its grid's limit), this problem has {}",
+                       kMaxGridRowsPerKvHead, problem.rows_per_kv_head());
   if (exempt || problem.rows_per_kv_head() <= DecodeShape::kMaxRowsPerKvHead) return {};
   return fmt::format(
       "takes at most {} query rows per KV head (seqlen_q x heads_q / heads_kv) unless {}, this "
@@ -131,7 +141,7 @@ void add_kv_maps(LaunchPlan& plan, const Variant& v, const ForwardProblem& probl
 
 LaunchPlan decode_plan(const Variant& v, const ForwardProblem& problem, const DeviceInfo& device) {
   const int splits = decode_num_splits(v, problem, device);
-  const int row_blocks = (problem.rows_per_kv_head() + v.tile_m - 1) / v.tile_m;
+  const int row_blocks = static_cast<int>((problem.rows_per_kv_head() + v.tile_m - 1) / v.tile_m);
   LaunchPlan plan;
   plan.grid = {static_cast<unsigned>(row_blocks * splits), static_cast<unsigned>(problem.heads_kv),
                static_cast<unsigned>(problem.batch)};
