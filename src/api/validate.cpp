@@ -18,6 +18,14 @@ namespace flashjit::detail {
 namespace {
 
 constexpr int kMaxSplits = MergeShape::kMaxStates;
+// Sequence lengths (and packed totals) of at most 2^30 leave int32 room for the kernels' and
+// plans' tile arithmetic (length + tile - 1, band sums); far beyond any model's context.
+constexpr std::int64_t kMaxSeqlen = std::int64_t{1} << 30;
+
+void check_seqlen(const char* what, std::int64_t length) {
+  if (length > kMaxSeqlen)
+    reject(fmt::format("{} is {}: expected at most 2^30 ({})", what, length, kMaxSeqlen));
+}
 constexpr std::uintptr_t kWorkspaceAlignment = 256;
 
 // The optional int32 device arrays: 4-byte aligned.
@@ -49,11 +57,10 @@ int check_pages(std::int64_t batch, const KVCache& kv) {
     reject(fmt::format("kv.page_table has batch ({}) x page_table_stride ({}) entries: expected "
                        "fewer than 2^31",
                        batch, kv.page_table_stride));
-  const std::int64_t capacity = kv.pages_per_seq * page_size;
-  if (capacity > std::numeric_limits<std::int32_t>::max())
-    reject(fmt::format("kv.pages_per_seq ({}) x page_size ({}) is {} keys: expected fewer than "
-                       "2^31",
-                       kv.pages_per_seq, page_size, capacity));
+  std::int64_t capacity = 0;
+  if (__builtin_mul_overflow(kv.pages_per_seq, page_size, &capacity) || capacity > kMaxSeqlen)
+    reject(fmt::format("kv.pages_per_seq ({}) x page_size ({}) keys: expected at most 2^30 ({})",
+                       kv.pages_per_seq, page_size, kMaxSeqlen));
   return static_cast<int>(capacity);
 }
 
@@ -113,6 +120,9 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   check_view("out", out, q.dtype);
   for (int dim = 0; dim < 4; ++dim) expect_dim("out", out, dim, q.shape[dim], "the same as q");
   if (!paged && varlen == nullptr) expect_dim("k", k, 0, q.shape[0], "q's batch");
+  check_seqlen(varlen != nullptr ? "q.shape[1] (total_q)" : "q.shape[1] (seqlen_q)", q.shape[1]);
+  if (!paged)
+    check_seqlen(varlen != nullptr ? "k.shape[1] (total_k)" : "k.shape[1] (seqlen_k)", k.shape[1]);
   if (varlen != nullptr) check_varlen(q, kv, *varlen);
   const std::int64_t batch = varlen != nullptr ? varlen->batch : q.shape[0];
   expect_dim(paged ? "kv.k" : "k", k, 3, q.shape[3], "q's head_dim");

