@@ -106,7 +106,8 @@ void check_varlen(const TensorView& q, const KVCache& kv, const VarlenBatch& var
 }  // namespace
 
 ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const TensorView& out,
-                                const VarlenBatch* varlen, const ForwardOptions& options) {
+                                const VarlenBatch* varlen, const ForwardOptions& options,
+                                OutView out_view) {
   const TensorView& k = kv.k;
   const TensorView& v = kv.v;
   const bool paged = kv.is_paged();
@@ -118,6 +119,7 @@ ForwardProblem validate_forward(const TensorView& q, const KVCache& kv, const Te
   check_view(paged ? "kv.k" : "k", k, q.dtype);
   check_view(paged ? "kv.v" : "v", v, q.dtype);
   check_view("out", out, q.dtype);
+  if (out_view == OutView::written) check_output_view("out", out);
   for (int dim = 0; dim < 4; ++dim) expect_dim("out", out, dim, q.shape[dim], "the same as q");
   if (!paged && varlen == nullptr) expect_dim("k", k, 0, q.shape[0], "q's batch");
   check_seqlen(varlen != nullptr ? "q.shape[1] (total_q)" : "q.shape[1] (seqlen_q)", q.shape[1]);
@@ -284,6 +286,7 @@ MergeParams validate_merge(const TensorView& out_a, const float* lse_a, const Te
   check_view("out_a", out_a, out_a.dtype);
   check_view("out_b", out_b, out_a.dtype);
   check_view("out", out, out_a.dtype);
+  check_output_view("out", out);
   for (int dim = 0; dim < 4; ++dim) {
     expect_dim("out_b", out_b, dim, out_a.shape[dim], "the same as out_a");
     expect_dim("out", out, dim, out_a.shape[dim], "the same as out_a");

@@ -129,6 +129,9 @@ BackwardProblem validate_backward(const TensorView& q, const TensorView& k, cons
   check_gradient("dq", dq, q, "the shape of q");
   check_gradient("dk", dk, k, "the shape of k");
   check_gradient("dv", dv, v, "the shape of v");
+  check_output_view("dq", dq);
+  check_output_view("dk", dk);
+  check_output_view("dv", dv);
   if (options.workspace != nullptr &&
       reinterpret_cast<std::uintptr_t>(options.workspace) % kWorkspaceAlignment != 0)
     reject(fmt::format("options.workspace ({}) is not {}-byte aligned", options.workspace,
@@ -149,8 +152,9 @@ BackwardProblem validate_backward(const TensorView& q, const TensorView& k, cons
                                   const VarlenBatch* varlen, const BackwardOptions& options) {
   // Any valid LSE address: only its alignment is checked here.
   static const float kSomeLse = 0.f;
+  // q stands in for out's shape (q, an input, may overlap itself; an output may not).
   return problem_of(validate_forward(q, KVCache::dense(k, v), q, varlen,
-                                     forward_options(options, &kSomeLse)),
+                                     forward_options(options, &kSomeLse), OutView::shape_only),
                     options);
 }
 

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <limits>
 
@@ -63,6 +64,25 @@ void check_view(const char* name, const TensorView& t, DType dtype) {
         fmt::format("{}: shape {} with strides {} reaches past 2^63 bytes: expected the strides "
                     "of one tensor in memory",
                     name, fmt::join(t.shape, " x "), fmt::join(t.stride, ", ")));
+}
+
+void check_output_view(const char* name, const TensorView& t) {
+  if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) return;  // nothing written
+  std::array<int, 4> dims = {3, 0, 1, 2};  // head_dim first: its stride is 1
+  std::sort(dims.begin() + 1, dims.end(), [&](int a, int b) { return t.stride[a] < t.stride[b]; });
+  std::int64_t extent = t.shape[3];  // elements spanned by the dimensions so far (last offset + 1)
+  for (int i = 1; i < 4; ++i) {
+    const int dim = dims[i];
+    if (t.shape[dim] <= 1) continue;  // never stepped along
+    if (t.stride[dim] < extent)
+      reject(fmt::format("{}: shape {} with strides {} has elements that share memory ({} stride "
+                         "{} < {}, the extent of the dimensions inside it): expected an output "
+                         "view with no overlap",
+                         name, fmt::join(t.shape, " x "), fmt::join(t.stride, ", "), kDims[dim],
+                         t.stride[dim], extent));
+    // The span so far: check_view bounded the last offset, so this fits.
+    extent += t.stride[dim] * (t.shape[dim] - 1);
+  }
 }
 
 void expect_dim(const char* name, const TensorView& t, int dim, std::int64_t expected,

@@ -91,16 +91,31 @@ TEST_CASE("backward arguments are checked before any launch, naming the argument
   BackwardArgs i;  // the forward's own checks hold too: heads_q a multiple of heads_kv
   i.q = i.out = i.dout = i.dq = TensorView::bshd(fake(0x100000), DType::bf16, 2, 100, 7, 128);
   CHECK(rejection(i).find("not a multiple of k/v heads") != std::string::npos);
-  // Views whose strides overlap pass the view checks at any size, but the workspace (one fp32
-  // accumulator row per query row and head) would pass 2^64 bytes (fuzz_backward_args found it).
-  BackwardArgs j;
+  // Views whose strides overlap pass the view checks at any size (outputs may not overlap, but
+  // the workspace query takes q alone), and the workspace (one fp32 accumulator row per query row
+  // and head) would pass 2^64 bytes (fuzz_backward_args found it).
   TensorView huge{fake(0x100000), DType::bf16, {65535, 1073741696, 65535, 128}, {8, 8, 8, 1}};
-  j.q = j.out = j.dout = j.dq = huge;
-  j.k = j.v = j.dk = j.dv = TensorView::bshd(fake(0x200000), DType::bf16, 65535, 16, 1, 128);
-  CHECK(rejection(j).find("fp32 values: expected at most 2^62 bytes") != std::string::npos);
+  const auto kv = TensorView::bshd(fake(0x200000), DType::bf16, 65535, 16, 1, 128);
+  auto query = [&](const TensorView& q) -> std::string {
+    try {
+      return std::to_string(detail::validate_backward(q, kv, kv, nullptr, {}).workspace_bytes());
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::invalid_argument);
+      return e.what();
+    }
+  };
+  CHECK(query(huge).find("fp32 values: expected at most 2^62 bytes") != std::string::npos);
   huge.shape[1] = 1000;  // 65535 x 65535 x 1024 rows x 128 floats: 2^51 bytes, accepted
-  j.q = j.out = j.dout = j.dq = huge;
-  CHECK(rejection(j) == "accepted");
+  CHECK(query(huge).find("expected") == std::string::npos);
+  // An output whose elements share memory would be written twice: refused, naming it.
+  BackwardArgs overlap;
+  overlap.dq.stride = {100 * 8 * 128, 8 * 128, 64, 1};  // heads 64 apart, 128 wide
+  CHECK(rejection(overlap).find("dq: shape 2 x 100 x 8 x 128 with strides 102400, 1024, 64, 1 "
+                                "has elements that share memory (heads stride 64 < 128") !=
+        std::string::npos);
+  BackwardArgs transposed;  // BHSD gradients with BSHD inputs: no overlap
+  transposed.dk = TensorView::bhsd(fake(0x800000), DType::bf16, 2, 300, 2, 128);
+  CHECK(rejection(transposed) == "accepted");
 }
 
 TEST_CASE("the backward workspace holds the row terms, and before dispatch the dQ accumulator unless deterministic") {

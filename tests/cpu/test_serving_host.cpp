@@ -251,7 +251,8 @@ TEST_CASE("a paged KV cache is validated before any launch, naming the argument"
   // overflowed: fuzz_serving_args found it).
   PagedArgs rows;
   rows.q = TensorView{fake(0x100000), DType::bf16, {1, 738197804, 32, 128}, {8, 8, 8, 1}};
-  const auto many = detail::validate_forward(rows.q, rows.kv, rows.q, nullptr, rows.options);
+  const auto out = TensorView::bshd(fake(0x300000), DType::bf16, 1, 738197804, 32, 128);
+  const auto many = detail::validate_forward(rows.q, rows.kv, out, nullptr, rows.options);
   CHECK(many.rows_per_kv_head() == 738197804LL * 4);
   try {
     detail::select_variant(many, h200(), nullptr);
@@ -265,7 +266,7 @@ TEST_CASE("a paged KV cache is validated before any launch, naming the argument"
 
   // Lengths past 2^30 (room for the tile arithmetic in int32), dense or paged.
   PagedArgs long_q;
-  long_q.q = TensorView{fake(0x100000), DType::bf16, {1, (1LL << 30) + 1, 32, 128}, {8, 8, 8, 1}};
+  long_q.q = TensorView::bshd(fake(0x100000), DType::bf16, 1, (1LL << 30) + 1, 32, 128);
   CHECK(rejection(long_q).find("q.shape[1] (seqlen_q) is 1073741825: expected at most 2^30") !=
         std::string::npos);
   PagedArgs capacity;

@@ -124,6 +124,16 @@ TEST_CASE("each bad input is named") {
     a.out.shape[1] = 127;
     CHECK(mentions(rejection(a), "out.shape[1] (seqlen) is 127: expected 128"));
   }
+  SUBCASE("out's elements overlap (each would be written twice)") {
+    a.out.stride[1] = a.out.stride[2];  // every row on the same memory as the next head
+    CHECK(mentions(rejection(a), "has elements that share memory"));
+    CHECK(mentions(rejection(a), "expected an output view with no overlap"));
+  }
+  SUBCASE("an input may overlap itself (one K/V row for every key), an output not") {
+    a.k.stride[1] = 8;
+    a.v.stride[1] = 8;
+    CHECK(rejection(a) == "(accepted)");
+  }
   SUBCASE("batch mismatch") {
     a.k.shape[0] = 3;
     CHECK(mentions(rejection(a), "k.shape[0] (batch) is 3"));

@@ -70,6 +70,9 @@ void check_accepted(const flashjit::detail::BackwardProblem& problem, const Argu
             "out, dout or dq shaped unlike q but accepted");
   invariant(a.k.shape == a.v.shape && a.dk.shape == a.k.shape && a.dv.shape == a.k.shape,
             "v, dk or dv shaped unlike k but accepted");
+  for (const auto& [name, view] : {std::pair{"dq", &a.dq}, {"dk", &a.dk}, {"dv", &a.dv}})
+    invariant(flashjit::fuzz::small_view_overlap_free(*view),
+              std::string(name) + "'s elements overlap but accepted");
   invariant(a.lse != nullptr && reinterpret_cast<std::uintptr_t>(a.lse) % 4 == 0,
             "null or misaligned lse accepted");
   const auto& f = problem.forward;

@@ -39,6 +39,7 @@ void check_accepted(const flashjit::detail::ForwardProblem& problem, const Tenso
   check_accepted_view("v", v, q);
   check_accepted_view("out", out, q);
   invariant(out.shape == q.shape, "out.shape differs from q");
+  invariant(flashjit::fuzz::small_view_overlap_free(out), "out's elements overlap but accepted");
   invariant(k.shape == v.shape, "v.shape differs from k");
   invariant(k.shape[0] == q.shape[0] && k.shape[3] == q.shape[3], "k batch/head_dim differ from q");
   const auto dims = flashjit::supported_head_dims();

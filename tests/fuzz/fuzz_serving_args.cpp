@@ -55,6 +55,7 @@ void check_accepted(const flashjit::detail::ForwardProblem& problem, const Tenso
   check_accepted_view("v", kv.v, q);
   invariant(out.shape == q.shape && kv.v.shape == kv.k.shape && kv.k.shape[3] == q.shape[3],
             "out, v or head_dim shaped unlike q / k but accepted");
+  invariant(flashjit::fuzz::small_view_overlap_free(out), "out's elements overlap but accepted");
   invariant(problem.batch <= 65535 && problem.heads_q <= 65535, "grid limit exceeded");
   invariant(kv.seqused_k == nullptr || aligned4(kv.seqused_k), "misaligned seqused_k accepted");
   if (kv.is_paged()) {

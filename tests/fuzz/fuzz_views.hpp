@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <limits>
 #include <string>
+#include <vector>
 
 #include "flashjit/flashjit.hpp"
 #include "fuzz_input.hpp"
@@ -91,6 +92,24 @@ inline void check_accepted_view(const char* name, const TensorView& t, const Ten
   }
   invariant(last_offset_fits(t),
             which + ": the last element's offset overflows int64 but accepted");
+}
+
+// For a view a kernel writes: no two elements at one offset, checked element by element where
+// the view is small enough (the fuzzer's shapes mostly are); true for larger ones.
+inline bool small_view_overlap_free(const TensorView& t) {
+  std::int64_t count = 1;
+  for (const std::int64_t size : t.shape) {
+    if (size == 0) return true;
+    if (__builtin_mul_overflow(count, size, &count) || count > 4096) return true;
+  }
+  std::vector<std::int64_t> offsets;
+  for (std::int64_t b = 0; b < t.shape[0]; ++b)
+    for (std::int64_t s = 0; s < t.shape[1]; ++s)
+      for (std::int64_t h = 0; h < t.shape[2]; ++h)
+        for (std::int64_t d = 0; d < t.shape[3]; ++d)
+          offsets.push_back(b * t.stride[0] + s * t.stride[1] + h * t.stride[2] + d * t.stride[3]);
+  std::sort(offsets.begin(), offsets.end());
+  return std::adjacent_find(offsets.begin(), offsets.end()) == offsets.end();
 }
 
 }  // namespace flashjit::fuzz
