@@ -18,17 +18,7 @@
 #include "fuzz_views.hpp"
 #include "invariant.hpp"
 
-using flashjit::BackwardOptions;
-using flashjit::DType;
-using flashjit::Error;
-using flashjit::ErrorCode;
-using flashjit::TensorView;
-using flashjit::fuzz::check_accepted_view;
-using flashjit::fuzz::fake_pointer;
-using flashjit::fuzz::FuzzInput;
-using flashjit::fuzz::fuzz_view;
-using flashjit::fuzz::invariant;
-
+namespace flashjit::fuzz {
 namespace {
 
 struct Arguments {
@@ -109,7 +99,7 @@ void check_accepted(const flashjit::detail::BackwardProblem& problem, const Argu
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+int test_one_input(const std::uint8_t* data, std::size_t size) {
   FuzzInput in(data, size);
   const DType dtype = in.flag() ? DType::fp16 : DType::bf16;
   Arguments a;
@@ -157,4 +147,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   check_accepted(problem, a);
   return 0;
+}
+
+}  // namespace flashjit::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  return flashjit::fuzz::test_one_input(data, size);
 }

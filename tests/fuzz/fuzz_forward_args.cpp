@@ -18,17 +18,7 @@
 #include "invariant.hpp"
 #include "api/validate.hpp"
 
-using flashjit::DType;
-using flashjit::Error;
-using flashjit::ErrorCode;
-using flashjit::ForwardOptions;
-using flashjit::TensorView;
-using flashjit::fuzz::check_accepted_view;
-using flashjit::fuzz::fake_pointer;
-using flashjit::fuzz::FuzzInput;
-using flashjit::fuzz::fuzz_view;
-using flashjit::fuzz::invariant;
-
+namespace flashjit::fuzz {
 namespace {
 
 void check_accepted(const flashjit::detail::ForwardProblem& problem, const TensorView& q,
@@ -69,7 +59,7 @@ void check_accepted(const flashjit::detail::ForwardProblem& problem, const Tenso
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+int test_one_input(const std::uint8_t* data, std::size_t size) {
   FuzzInput in(data, size);
   const DType dtype = in.flag() ? DType::fp16 : DType::bf16;
   const TensorView q = fuzz_view(in, 0, dtype);
@@ -91,4 +81,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   check_accepted(problem, q, k, v, out, options);
   return 0;
+}
+
+}  // namespace flashjit::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  return flashjit::fuzz::test_one_input(data, size);
 }

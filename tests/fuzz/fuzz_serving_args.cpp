@@ -21,19 +21,7 @@
 #include "invariant.hpp"
 #include "merge/shape.cuh"
 
-using flashjit::DType;
-using flashjit::Error;
-using flashjit::ErrorCode;
-using flashjit::ForwardOptions;
-using flashjit::KVCache;
-using flashjit::TensorView;
-using flashjit::VarlenBatch;
-using flashjit::fuzz::check_accepted_view;
-using flashjit::fuzz::fake_pointer;
-using flashjit::fuzz::FuzzInput;
-using flashjit::fuzz::fuzz_view;
-using flashjit::fuzz::invariant;
-
+namespace flashjit::fuzz {
 namespace {
 
 bool aligned4(const void* p) { return reinterpret_cast<std::uintptr_t>(p) % 4 == 0; }
@@ -145,7 +133,7 @@ void check_plan(const flashjit::detail::ForwardProblem& problem) {
 
 }  // namespace
 
-extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+int test_one_input(const std::uint8_t* data, std::size_t size) {
   FuzzInput in(data, size);
   const DType dtype = in.flag() ? DType::fp16 : DType::bf16;
   const std::uint8_t form = in.byte();
@@ -197,4 +185,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   check_accepted(problem, q, kv, out, batch, options);
   check_plan(problem);
   return 0;
+}
+
+}  // namespace flashjit::fuzz
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  return flashjit::fuzz::test_one_input(data, size);
 }
