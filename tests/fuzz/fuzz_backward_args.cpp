@@ -50,7 +50,8 @@ bool workspace_bytes_fit(const flashjit::detail::BackwardProblem& problem, std::
   return true;
 }
 
-void check_accepted(const flashjit::detail::BackwardProblem& problem, const Arguments& a) {
+void check_accepted(const flashjit::detail::BackwardProblem& problem, const Arguments& a,
+                    const VarlenBatch* varlen) {
   const TensorView& q = a.q;
   for (const auto& [name, view] :
        {std::pair{"q", &a.q}, {"k", &a.k}, {"v", &a.v}, {"out", &a.out}, {"dout", &a.dout},
@@ -77,10 +78,22 @@ void check_accepted(const flashjit::detail::BackwardProblem& problem, const Argu
   if (a.options.workspace != nullptr)
     invariant(reinterpret_cast<std::uintptr_t>(a.options.workspace) % 256 == 0,
               "misaligned workspace accepted");
-  invariant(problem.params.seqlen_rows >= f.seqlen_q &&
-                problem.params.seqlen_rows % flashjit::BwdWorkspaceRows::kRowQuantum == 0,
-            fmt::format("seqlen_rows {} does not pad seqlen_q {}", problem.params.seqlen_rows,
+  if (varlen != nullptr && varlen->batch > 0) {
+    invariant(q.shape[0] == 1 && a.k.shape[0] == 1 && varlen->cu_seqlens_q != nullptr &&
+                  varlen->cu_seqlens_k != nullptr && f.varlen && f.total_q == q.shape[1],
+              "a varlen backward accepted over unpacked views or without cu_seqlens");
+    // Each sequence's rows padded to the quantum, plus one quantum per sequence (packed_rows).
+    invariant(problem.params.seqlen_rows >=
+                  f.total_q + static_cast<long long>(varlen->batch) *
+                                  flashjit::BwdWorkspaceRows::kRowQuantum,
+              "the varlen workspace rows do not cover every sequence's padding");
+  }
+  // (An empty problem runs nothing; a varlen batch of 0 sequences keeps its unchecked hints.)
+  invariant(f.empty() || problem.params.seqlen_rows >= f.seqlen_q,
+            fmt::format("seqlen_rows {} does not cover seqlen_q {}", problem.params.seqlen_rows,
                         f.seqlen_q));
+  invariant(problem.params.seqlen_rows % flashjit::BwdWorkspaceRows::kRowQuantum == 0,
+            fmt::format("seqlen_rows {} is not whole tiles of rows", problem.params.seqlen_rows));
   std::size_t bytes = 0;
   invariant(workspace_bytes_fit(problem, bytes),
             fmt::format("the workspace of {} x {} heads x {} rows x head_dim {} overflows but was "
@@ -135,17 +148,27 @@ int test_one_input(const std::uint8_t* data, std::size_t size) {
     o.window_left = static_cast<int>(in.integer());
     o.window_right = static_cast<int>(in.integer());
   }
+  // A varlen batch, read last so that inputs without these bytes stay dense ones.
+  VarlenBatch varlen;
+  const bool use_varlen = in.flag();
+  if (use_varlen) {
+    varlen.batch = static_cast<int>(in.integer());
+    varlen.cu_seqlens_q = static_cast<const std::int32_t*>(fake_pointer(in, 12));
+    varlen.cu_seqlens_k = static_cast<const std::int32_t*>(fake_pointer(in, 13));
+    varlen.max_seqlen_q = static_cast<int>(in.integer());
+    varlen.max_seqlen_k = static_cast<int>(in.integer());
+  }
 
   flashjit::detail::BackwardProblem problem;
   try {
     problem = flashjit::detail::validate_backward(a.q, a.k, a.v, a.out, a.dout, a.lse, a.dq, a.dk,
-                                                  a.dv, nullptr, a.options);
+                                                  a.dv, use_varlen ? &varlen : nullptr, a.options);
   } catch (const Error& error) {
     invariant(error.code() == ErrorCode::invalid_argument,
               std::string("rejection is not invalid_argument: ") + error.what());
     return 0;
   }
-  check_accepted(problem, a);
+  check_accepted(problem, a, use_varlen ? &varlen : nullptr);
   return 0;
 }
 
