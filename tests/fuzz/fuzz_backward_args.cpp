@@ -27,26 +27,23 @@ struct Arguments {
   BackwardOptions options;
 };
 
-// The workspace's size recomputed with every product checked: false where it overflows.
+// The workspace's size recomputed with every operation checked (its three parts each rounded up
+// to 256 bytes at most): false where it overflows.
 bool workspace_bytes_fit(const flashjit::detail::BackwardProblem& problem, std::size_t& bytes) {
   const auto& f = problem.forward;
   const long long per_head = f.varlen ? 1 : f.batch;
   long long rows = 0, floats = 0;
+  std::size_t terms = 0, accumulator = 0, total = 0;
   if (__builtin_mul_overflow(per_head, static_cast<long long>(f.heads_q), &rows) ||
-      __builtin_mul_overflow(rows, static_cast<long long>(problem.params.seqlen_rows), &rows))
+      __builtin_mul_overflow(rows, static_cast<long long>(problem.params.seqlen_rows), &rows) ||
+      __builtin_mul_overflow(rows, static_cast<long long>(f.head_dim), &floats) ||
+      __builtin_mul_overflow(static_cast<std::size_t>(rows), sizeof(float), &terms) ||
+      __builtin_mul_overflow(static_cast<std::size_t>(floats), sizeof(float), &accumulator) ||
+      __builtin_add_overflow(terms, terms, &total) ||
+      __builtin_add_overflow(total, accumulator, &total) ||
+      __builtin_add_overflow(total, std::size_t{3 * 256}, &total))
     return false;
-  std::size_t terms = 0, accumulator = 0;
-  if (__builtin_mul_overflow(static_cast<std::size_t>(rows), sizeof(float), &terms)) return false;
-  if (__builtin_mul_overflow(rows, static_cast<long long>(f.head_dim), &floats) ||
-      __builtin_mul_overflow(static_cast<std::size_t>(floats), sizeof(float), &accumulator))
-    return false;
-  // Each part rounded up to 256 bytes: 2 row terms, then the accumulator.
-  const std::size_t slack = 3 * 256;
-  std::size_t total = 0;
-  if (__builtin_add_overflow(2 * terms, accumulator, &total) ||
-      __builtin_add_overflow(total, slack, &total) || terms > SIZE_MAX / 2)
-    return false;
-  bytes = (problem.dq_accumulator ? 2 * terms + accumulator : 2 * terms);
+  bytes = problem.dq_accumulator ? 2 * terms + accumulator : 2 * terms;
   return true;
 }
 
@@ -159,16 +156,28 @@ int test_one_input(const std::uint8_t* data, std::size_t size) {
     varlen.max_seqlen_k = static_cast<int>(in.integer());
   }
 
+  const VarlenBatch* batch = use_varlen ? &varlen : nullptr;
+  // The workspace query (Engine::backward_workspace_bytes) sees q, k and v alone: q, an input,
+  // may overlap itself there at any size, so its workspace is checked on its own.
+  try {
+    const auto query = flashjit::detail::validate_backward(a.q, a.k, a.v, batch, a.options);
+    std::size_t bytes = 0;
+    invariant(workspace_bytes_fit(query, bytes) && query.workspace_bytes() >= bytes,
+              "the workspace query accepted a workspace whose size overflows");
+  } catch (const Error& error) {
+    invariant(error.code() == ErrorCode::invalid_argument,
+              std::string("query rejection is not invalid_argument: ") + error.what());
+  }
   flashjit::detail::BackwardProblem problem;
   try {
     problem = flashjit::detail::validate_backward(a.q, a.k, a.v, a.out, a.dout, a.lse, a.dq, a.dk,
-                                                  a.dv, use_varlen ? &varlen : nullptr, a.options);
+                                                  a.dv, batch, a.options);
   } catch (const Error& error) {
     invariant(error.code() == ErrorCode::invalid_argument,
               std::string("rejection is not invalid_argument: ") + error.what());
     return 0;
   }
-  check_accepted(problem, a, use_varlen ? &varlen : nullptr);
+  check_accepted(problem, a, batch);
   return 0;
 }
 
