@@ -1,5 +1,5 @@
-// The backward pass's row passes, one warp per (query row, head, batch), for equal-length and
-// varlen batches alike (cu_seqlens_q read at run time: these passes are cheap):
+// The backward pass's row passes over every (query row, head, batch), for equal-length and varlen
+// batches alike (cu_seqlens_q read at run time: these passes are cheap), geometry in shape.cuh:
 //  - bwd_prep_kernel, before the dK/dV and dQ kernels: delta = rowsum(dO ∘ O), the LSE in exp2
 //    units (+inf where the row saw no key or does not exist, so its probabilities are exactly
 //    0), and a zeroed fp32 dQ accumulator row for the atomic mode;
@@ -33,40 +33,56 @@ struct WorkspaceRows {
         padded(BwdWorkspaceRows::padded_rows(seq.seqlen_q)) {}
 };
 
+// Eight columns of O and dO, their products summed.
+template <typename T>
+__device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
+  const unsigned av[4] = {a.x, a.y, a.z, a.w}, bv[4] = {b.x, b.y, b.z, b.w};
+  float dot = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    float a0, a1, b0, b1;
+    unpack2<T>(av[i], a0, a1);
+    unpack2<T>(bv[i], b0, b1);
+    dot = fmaf(a0, b0, fmaf(a1, b1, dot));
+  }
+  return dot;
+}
+
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_prep_kernel(const BackwardParams p) {
-  const int row = blockIdx.x * BwdRowsShape::kWarps + threadIdx.x / 32;
-  const int head = blockIdx.y, batch = blockIdx.z, lane = threadIdx.x % 32;
+  constexpr int kLanes = BwdRowsShape::prep_lanes(HeadDim);
+  constexpr int kRows = BwdRowsShape::prep_rows(HeadDim);
+  static_assert(BwdWorkspaceRows::kRowQuantum % kRows == 0, "whole CTAs of padded rows");
+  const int row = blockIdx.x * kRows + threadIdx.x / kLanes;
+  const int col = threadIdx.x % kLanes * BwdRowsShape::kVectorElements;
+  const int head = blockIdx.y, batch = blockIdx.z;
   const FmhaParams& f = p.fwd;
   const SequenceSpan seq = sequence_span(f, batch);
   const WorkspaceRows rows(p, seq, batch, head);
-  if (row >= rows.padded) return;
+  if (row >= rows.padded) return;  // the whole CTA (static_assert above): the sum below needs all
   const long long r = rows.first + row;
+  const bool real_row = row < seq.seqlen_q;
   float dot = 0.f;
-  if (row < seq.seqlen_q) {
+  if (real_row && col < HeadDim) {
     const long long q_row = seq.q_start + row;
     const T* o = static_cast<const T*>(f.o) + seq.q_batch * f.o_stride_b + q_row * f.o_stride_s +
                  head * f.o_stride_h;
     const T* d = static_cast<const T*>(p.dout) + seq.q_batch * p.do_stride_b +
                  q_row * p.do_stride_s + head * p.do_stride_h;
-#pragma unroll
-    for (int c = 2 * lane; c < HeadDim; c += 64) {
-      float o0, o1, d0, d1;
-      unpack2<T>(*reinterpret_cast<const unsigned*>(o + c), o0, o1);
-      unpack2<T>(*reinterpret_cast<const unsigned*>(d + c), d0, d1);
-      dot = fmaf(o0, d0, fmaf(o1, d1, dot));
-    }
+    dot = dot8<T>(*reinterpret_cast<const uint4*>(o + col), *reinterpret_cast<const uint4*>(d + col));
   }
-  dot = warp_sum(dot);
-  if (lane == 0) {
+  dot = lane_group_sum<kLanes>(dot);
+  if (col == 0) {
     p.delta[r] = dot;
     const float lse =
-        row < seq.seqlen_q ? f.lse[lse_offset<true>(f, batch, seq.q_start, head, row)] : neg_inf();
+        real_row ? f.lse[lse_offset<true>(f, batch, seq.q_start, head, row)] : neg_inf();
     p.lse_log2[r] = lse == neg_inf() ? -neg_inf() : lse * kLog2e;
   }
-  if (p.dq_accum != nullptr) {
-    float4* acc = reinterpret_cast<float4*>(p.dq_accum + r * HeadDim);
-    for (int c = lane; c < HeadDim / 4; c += 32) acc[c] = make_float4(0.f, 0.f, 0.f, 0.f);
+  // Every padded row's head_dim floats, whichever layout the accumulator has: the rows of a
+  // (sequence, head) are one contiguous range in both.
+  if (p.dq_accum != nullptr && col < HeadDim) {
+    float4* acc = reinterpret_cast<float4*>(p.dq_accum + r * HeadDim + col);
+    acc[0] = acc[1] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 }
 
@@ -97,24 +113,62 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_sink_kernel(const 
   }
 }
 
+// Eight accumulator floats, scaled, as 16 bytes of dq.
+template <typename T>
+__device__ __forceinline__ void store8(T* dq, float scale, float2 c0, float2 c1, float2 c2,
+                                       float2 c3) {
+  *reinterpret_cast<uint4*>(dq) =
+      make_uint4(pack2<T>(c0.x * scale, c0.y * scale), pack2<T>(c1.x * scale, c1.y * scale),
+                 pack2<T>(c2.x * scale, c2.y * scale), pack2<T>(c3.x * scale, c3.y * scale));
+}
+
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(BwdRowsShape::kThreads)
     bwd_convert_kernel(const BackwardParams p) {
-  const int row = blockIdx.x * BwdRowsShape::kWarps + threadIdx.x / 32;
-  const int head = blockIdx.y, batch = blockIdx.z, lane = threadIdx.x % 32;
+  constexpr int kSide = BwdRowsShape::kConvertSide;
+  constexpr int kColumnBlocks = BwdRowsShape::convert_column_blocks(HeadDim);
+  static_assert(BwdWorkspaceRows::kRowQuantum % kSide == 0, "whole blocks of padded rows");
+  static_assert(BwdRowsShape::kThreads * 16 == kSide * kSide, "16 floats a thread");
+  const int row0 = blockIdx.x / kColumnBlocks * kSide;
+  const int col0 = blockIdx.x % kColumnBlocks * kSide;
+  const int head = blockIdx.y, batch = blockIdx.z, t = threadIdx.x;
   const SequenceSpan seq = sequence_span(p.fwd, batch);
-  if (row >= seq.seqlen_q) return;
-  const long long accum_row = WorkspaceRows(p, seq, batch, head).first + row;
+  if (row0 >= seq.seqlen_q) return;
+  const long long first = WorkspaceRows(p, seq, batch, head).first + row0;
   T* dq = static_cast<T*>(p.dq) + seq.q_batch * p.dq_stride_b +
-          (seq.q_start + static_cast<long long>(row)) * p.dq_stride_s + head * p.dq_stride_h;
+          (seq.q_start + static_cast<long long>(row0)) * p.dq_stride_s + head * p.dq_stride_h;
+  const int rows = min(kSide, seq.seqlen_q - row0);
   const float scale = p.dscore_scale;
+  if constexpr (HeadDim % kSide == 0) {
+    if (p.dq_accum_blocks) {
+      // Thread t reads 16 floats in a run: warp w's rows 16 w + r8 and + 8, columns 8 j .. 8 j + 7
+      // (BwdDqBlocks: float 4 q + 2 h + b of that run is row + 8 h, column 8 j + 2 q + b).
+      const int j = t % 8, r8 = t / 8 % 8, w = t / 64;
+      const float4* run = reinterpret_cast<const float4*>(
+          p.dq_accum + BwdDqBlocks::offset(first, col0, HeadDim) + w * BwdDqBlocks::kWarpFloats +
+          j * 128 + r8 * 16);
+      const float4 a = run[0], b = run[1], c = run[2], d = run[3];
+      const int row = 16 * w + r8, col = col0 + 8 * j;
+      if (row < rows)
+        store8<T>(dq + row * p.dq_stride_s + col, scale, make_float2(a.x, a.y),
+                  make_float2(b.x, b.y), make_float2(c.x, c.y), make_float2(d.x, d.y));
+      if (row + 8 < rows)
+        store8<T>(dq + (row + 8) * p.dq_stride_s + col, scale, make_float2(a.z, a.w),
+                  make_float2(b.z, b.w), make_float2(c.z, c.w), make_float2(d.z, d.w));
+      return;
+    }
+  }
+  // Row-major: thread t's 8 columns of rows t / 8 and t / 8 + 32.
+  const int col = col0 + 8 * (t % 8);
+  if (col >= HeadDim) return;
 #pragma unroll
-  for (int c = 2 * lane; c < HeadDim; c += 64) {
-    // Columns c, c + 1 lie side by side in either order (BwdDqBlocks: elements 2 h, 2 h + 1).
-    const long long at = p.dq_accum_blocks ? BwdDqBlocks::offset(accum_row, c, HeadDim)
-                                           : accum_row * HeadDim + c;
-    const float2 pair = *reinterpret_cast<const float2*>(p.dq_accum + at);
-    *reinterpret_cast<unsigned*>(dq + c) = pack2<T>(pair.x * scale, pair.y * scale);
+  for (int half = 0; half < 2; ++half) {
+    const int row = t / 8 + 32 * half;
+    if (row >= rows) break;
+    const float4* src = reinterpret_cast<const float4*>(p.dq_accum + (first + row) * HeadDim + col);
+    const float4 a = src[0], b = src[1];
+    store8<T>(dq + row * p.dq_stride_s + col, scale, make_float2(a.x, a.y), make_float2(a.z, a.w),
+              make_float2(b.x, b.y), make_float2(b.z, b.w));
   }
 }
 

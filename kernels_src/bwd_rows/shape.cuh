@@ -1,13 +1,37 @@
-// Geometry of the backward pass's row kernels (bwd_rows/kernel.cu): one warp per query row. The
-// rows each sequence and head keeps in the workspace: common/bwd_workspace.cuh. Read by NVRTC and
-// g++ (src/families/bwd_rows).
+// Geometry of the backward pass's row kernels (bwd_rows/kernel.cu). The rows each sequence and
+// head keeps in the workspace: common/bwd_workspace.cuh. Read by NVRTC and g++
+// (src/families/bwd_rows), so the launches cannot disagree with the kernels.
 #pragma once
+
+#include "common/host_device.cuh"
 
 namespace flashjit {
 
 struct BwdRowsShape {
-  static constexpr int kWarps = 8;  // rows per CTA
-  static constexpr int kThreads = kWarps * 32;
+  static constexpr int kThreads = 256;
+  static constexpr int kWarps = kThreads / 32;  // the variants' tile_m (m8n1s1)
+  static constexpr int kVectorElements = 8;     // 16 bytes of bf16 / fp16
+
+  // bwd_prep: a group of lanes per row, each with 16 bytes of O and of dO (two loads in flight a
+  // lane: one warp per row kept too few bytes in flight at head dim 64), head_dim / 8 rounded up
+  // to a power of two so the group sums by butterfly. Rows per CTA divide the workspace's row
+  // quantum, so a CTA's rows are all inside a (sequence, head)'s padded rows or all past them.
+  FLASHJIT_HOST_DEVICE static constexpr int prep_lanes(int head_dim) {
+    int lanes = 1;
+    while (lanes * kVectorElements < head_dim) lanes *= 2;
+    return lanes;
+  }
+  FLASHJIT_HOST_DEVICE static constexpr int prep_rows(int head_dim) {
+    return kThreads / prep_lanes(head_dim);
+  }
+
+  // bwd_convert: a CTA per 64 rows x 64 columns of the accumulator, 16 floats a thread read with
+  // 16-byte loads and written as two 16-byte stores of dq (the fused backward's blocks,
+  // BwdDqBlocks, are 64 x 64: each CTA reads one of them, 16 KB in one run).
+  static constexpr int kConvertSide = 64;
+  FLASHJIT_HOST_DEVICE static constexpr int convert_column_blocks(int head_dim) {
+    return (head_dim + kConvertSide - 1) / kConvertSide;
+  }
 };
 
 }  // namespace flashjit

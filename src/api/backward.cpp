@@ -113,10 +113,12 @@ std::shared_ptr<const detail::BackwardLaunch> Engine::Impl::prepare_backward(
   // The plans read only the params' tensors and their layout, not the workspace.
   ready->dkdv = detail::backward_launch_plan(kernels.dkdv, forward, problem.params, device);
   if (forward.seqlen_q > 0) {
-    ready->prep = detail::bwd_rows_plan(forward.seqlen_q, forward.heads_q, forward.batch);
+    ready->prep =
+        detail::bwd_prep_plan(forward.head_dim, forward.seqlen_q, forward.heads_q, forward.batch);
     ready->finish =
         kernels.dq_accumulator
-            ? ready->prep  // bwd_convert: the same rows
+            ? detail::bwd_convert_plan(forward.head_dim, forward.seqlen_q, forward.heads_q,
+                                       forward.batch)
             : detail::backward_launch_plan(kernels.finish, forward, problem.params, device);
   }
   if (problem.params.dsink != nullptr) ready->sink = detail::bwd_sink_plan(forward.heads_q);

@@ -10,13 +10,14 @@
 namespace flashjit::detail {
 namespace {
 
-// The one shape: tile_m = rows (warps) per CTA; tile_n and stages have no meaning here.
+// The one shape: tile_m = warps per CTA; tile_n and stages have no meaning here (the rows each
+// CTA takes: bwd_rows/shape.cuh).
 constexpr TileConfig kRowsTiles{BwdRowsShape::kWarps, 1, 1};
 
 std::string rows_check(const Variant& v) {
   if (TileConfig{v.tile_m, v.tile_n, v.stages} != kRowsTiles)
-    return fmt::format("{} variants have tiles m{}n1s1 (one warp per row, {} rows per CTA)",
-                       v.family, BwdRowsShape::kWarps, BwdRowsShape::kWarps);
+    return fmt::format("{} variants have tiles m{}n1s1 ({} warps per CTA)", v.family,
+                       BwdRowsShape::kWarps, BwdRowsShape::kWarps);
   if (v.causal) return fmt::format("{} variants have no mask: drop .causal", v.family);
   return {};
 }
@@ -85,9 +86,20 @@ LaunchPlan bwd_sink_plan(int heads_q) {
   return plan;
 }
 
-LaunchPlan bwd_rows_plan(int seqlen_q, int heads_q, int batch) {
+LaunchPlan bwd_prep_plan(int head_dim, int seqlen_q, int heads_q, int batch) {
   LaunchPlan plan;
-  plan.grid = {static_cast<unsigned>(BwdWorkspaceRows::padded_rows(seqlen_q) / BwdRowsShape::kWarps),
+  plan.grid = {static_cast<unsigned>(BwdWorkspaceRows::padded_rows(seqlen_q) /
+                                     BwdRowsShape::prep_rows(head_dim)),
+               static_cast<unsigned>(heads_q), static_cast<unsigned>(batch)};
+  plan.block = {BwdRowsShape::kThreads, 1, 1};
+  return plan;
+}
+
+LaunchPlan bwd_convert_plan(int head_dim, int seqlen_q, int heads_q, int batch) {
+  LaunchPlan plan;
+  plan.grid = {static_cast<unsigned>(BwdWorkspaceRows::padded_rows(seqlen_q) /
+                                     BwdRowsShape::kConvertSide *
+                                     BwdRowsShape::convert_column_blocks(head_dim)),
                static_cast<unsigned>(heads_q), static_cast<unsigned>(batch)};
   plan.block = {BwdRowsShape::kThreads, 1, 1};
   return plan;

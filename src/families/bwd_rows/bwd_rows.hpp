@@ -16,8 +16,10 @@ Variant bwd_convert_variant(std::string_view arch, DType dtype, int head_dim);
 // The learnable sinks' gradient (BackwardOptions::d_sink_logits), after bwd_prep: a CTA per head.
 Variant bwd_sink_variant(std::string_view arch, DType dtype, int head_dim);
 LaunchPlan bwd_sink_plan(int heads_q);
-// One warp per row of every (sequence, head), seqlen_q (the longest sequence's) padded to whole
-// tiles (common/bwd_workspace.cuh); each warp past its sequence's padded rows returns.
-LaunchPlan bwd_rows_plan(int seqlen_q, int heads_q, int batch);
+// Every row of every (sequence, head), seqlen_q (the longest sequence's) padded to whole tiles
+// (common/bwd_workspace.cuh), in the kernels' CTAs (bwd_rows/shape.cuh); a CTA past its own
+// sequence's rows returns.
+LaunchPlan bwd_prep_plan(int head_dim, int seqlen_q, int heads_q, int batch);
+LaunchPlan bwd_convert_plan(int head_dim, int seqlen_q, int heads_q, int batch);
 
 }  // namespace flashjit::detail
