@@ -1,11 +1,15 @@
 // flashjit_every_variant: launches every default variant of every family for this GPU on small
 // problems with ragged sequence lengths and GQA (plus fully masked rows when causal), each tensor
 // in an allocation of exactly its size, so that tools/sanitize.sh can run compute-sanitizer over
-// all of the kernel code in one go. Exits non-zero on any error, any output left unwritten or
-// non-finite, or a default variant that no problem reached. `flashjit_every_variant decode` runs
-// only the families whose names start with "decode"; `flashjit_every_variant "" softcap` the
-// soft-capped twins of every attention variant instead (`window`, `sink`, `alibi`: those twins).
+// all of the kernel code in one go. The backward families run through Engine::backward
+// (every_variant_backward.cpp): each dK/dV variant on every problem, and the helpers (row passes,
+// dQ kernels) inside those backwards. Exits non-zero on any error, any output or gradient left
+// unwritten or non-finite, or a default variant that no problem reached. `flashjit_every_variant
+// decode` runs only the families whose names start with "decode" (`bwd_` the backward's);
+// `flashjit_every_variant "" softcap` the soft-capped twins of every attention variant instead
+// (`window`, `sink`, `alibi`: those twins).
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cmath>
 #include <cstdint>
@@ -18,25 +22,44 @@
 #include "flashjit/device_memory.hpp"
 #include "flashjit/flashjit.hpp"
 #include "device_problem.hpp"
+#include "every_variant.hpp"
 #include "reference.hpp"
 
 using namespace flashjit;
+using every_variant::kProblems;
+using every_variant::Problem;
+
+namespace flashjit::every_variant {
+
+// The forward's choices, which the backward of its output takes too (every_variant.hpp).
+ScoreParams score_params(const Engine& engine, const Variant& variant, bool sinks, int heads_q,
+                         std::vector<DeviceBuffer>& buffers) {
+  ScoreParams params;
+  params.softcap = variant.softcap ? 20.f : 0.f;
+  if (variant.window) {  // a band narrower than the problems, on both sides unless causal,
+    params.window_left = 48;  // and StreamingLLM's first keys left of it (a partial tile)
+    params.window_right = variant.causal ? -1 : 16;
+    params.sink_tokens = 5;
+  }
+  if (sinks) {  // one logit per query head, some above the scores, some below
+    constexpr float kSinkLogits[] = {0.5f, -1.f, 2.f, -3.f, 0.f, 1.5f};
+    std::vector<float> logits(static_cast<std::size_t>(heads_q));
+    for (std::size_t h = 0; h < logits.size(); ++h)
+      logits[h] = kSinkLogits[h % std::size(kSinkLogits)];
+    params.sink_logits = upload(engine, logits, buffers);
+  }
+  if (variant.alibi) {  // FlashAttention's slopes for heads_q heads: 2^(-8 (h + 1) / heads_q)
+    std::vector<float> slopes(static_cast<std::size_t>(heads_q));
+    for (std::size_t h = 0; h < slopes.size(); ++h)
+      slopes[h] = std::exp2(-8.f * static_cast<float>(h + 1) / static_cast<float>(heads_q));
+    params.alibi_slopes = upload(engine, slopes, buffers);
+  }
+  return params;
+}
+
+}  // namespace flashjit::every_variant
 
 namespace {
-
-struct Problem {
-  int batch, heads_q, heads_kv, seqlen_q, seqlen_k;
-  bool bhsd;
-};
-
-// Not tile multiples on either side; seqlen_q > seqlen_k in the second gives causal rows that see
-// no key; the third is a single query and key. Small, because racecheck slows every launch down a
-// hundredfold or more.
-constexpr Problem kProblems[] = {
-    {1, 4, 2, 70, 133, false},
-    {2, 3, 1, 129, 65, true},
-    {1, 2, 2, 1, 1, false},
-};
 
 // Decode kernels read a KV cache with seqused_k (so every row count is theirs), paged ones through
 // a shuffled page table of 64-row pages (decode_tma takes them at every head dim); the merge
@@ -130,29 +153,7 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
     // the shapes chosen for long sequences too.
     options.tiles = TileConfig{variant.tile_m, variant.tile_n, variant.stages};
     options.lse = problem.lse();
-    options.softcap = variant.softcap ? 20.f : 0.f;
-    if (variant.window) {  // a band narrower than the problems, on both sides unless causal,
-      options.window_left = 48;  // and StreamingLLM's first keys left of it (a partial tile)
-      options.window_right = variant.causal ? -1 : 16;
-      options.sink_tokens = 5;
-    }
-    if (variant.sink) {  // one logit per query head, some above the scores, some below
-      constexpr float kSinkLogits[] = {0.5f, -1.f, 2.f, -3.f, 0.f, 1.5f};
-      std::vector<float> sinks(static_cast<std::size_t>(p.heads_q));
-      for (std::size_t h = 0; h < sinks.size(); ++h)
-        sinks[h] = kSinkLogits[h % std::size(kSinkLogits)];
-      buffers.emplace_back(engine, sinks.size() * 4);  // kept alive until after the launch
-      buffers.back().upload(sinks.data(), sinks.size() * 4);
-      options.sink_logits = static_cast<const float*>(buffers.back().data());
-    }
-    if (variant.alibi) {  // FlashAttention's slopes for heads_q heads: 2^(-8 (h + 1) / heads_q)
-      std::vector<float> slopes(static_cast<std::size_t>(p.heads_q));
-      for (std::size_t h = 0; h < slopes.size(); ++h)
-        slopes[h] = std::exp2(-8.f * static_cast<float>(h + 1) / static_cast<float>(p.heads_q));
-      buffers.emplace_back(engine, slopes.size() * 4);  // kept alive until after the launch
-      buffers.back().upload(slopes.data(), slopes.size() * 4);
-      options.alibi_slopes = static_cast<const float*>(buffers.back().data());
-    }
+    every_variant::score_params(engine, variant, variant.sink, p.heads_q, buffers).apply(options);
     // Decode: split too, so the merge of split partials runs under the sanitizers as well.
     if (decode) options.num_splits = 3;
     const Variant chosen = engine.select_variant(problem.q(), kv, problem.out(), options);
@@ -169,11 +170,13 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
 
 }  // namespace
 
-// argv[1] (optional): run only the families whose names start with it (e.g. "decode", "merge";
-// "" for all). argv[2] (optional): "plain" (default) the default variants, "softcap" their
-// soft-capped twins (Variant::softcap), "window" their sliding-window twins (Variant::window),
-// "sink" their attention-sink twins (Variant::sink), "alibi" their ALiBi twins (Variant::alibi),
-// where the family builds them; "both" plain and softcap, "all" the five.
+// argv[1] (optional): run only the families whose names start with it (e.g. "decode", "merge",
+// "bwd_"; "" for all); a backward helper family (bwd_prep, the *_dq ones...) asked for alone
+// brings the dK/dV variants whose backwards run it. argv[2] (optional): "plain" (default) the
+// default variants, "softcap" their soft-capped twins (Variant::softcap), "window" their
+// sliding-window twins (Variant::window), "sink" their attention-sink twins (Variant::sink),
+// "alibi" their ALiBi twins (Variant::alibi), where the family builds them; "both" plain and
+// softcap, "all" the five.
 int main(int argc, char** argv) {
   try {
     Engine engine(0);
@@ -194,34 +197,63 @@ int main(int argc, char** argv) {
         if (info.name == family) return info;
       throw Error(ErrorCode::unsupported, "no family " + family);
     };
-    std::vector<Variant> variants;
-    for (const Variant& v : default_variants(engine.device().arch)) {
-      if (argc > 1 && !v.family.starts_with(argv[1])) continue;
+    // The default variant and the twins of it that `which` asks for, where its family builds them.
+    auto twins = [&](const Variant& v) {
       const FamilyInfo& info = info_of(v.family);
-      if (plain) variants.push_back(v);
+      std::vector<Variant> out;
+      if (plain) out.push_back(v);
       if (softcap && info.softcap) {
         Variant capped = v;
         capped.softcap = true;
-        variants.push_back(capped);
+        out.push_back(capped);
       }
       if (window && info.window) {
         Variant windowed = v;
         windowed.window = true;
-        variants.push_back(windowed);
+        out.push_back(windowed);
       }
       if (sink && info.sink) {
         Variant sunk = v;
         sunk.sink = true;
-        variants.push_back(sunk);
+        out.push_back(sunk);
       }
       if (alibi && info.alibi) {
         Variant biased = v;
         biased.alibi = true;
-        variants.push_back(biased);
+        out.push_back(biased);
+      }
+      return out;
+    };
+    const std::string& arch = engine.device().arch;
+    auto asked = [&](std::string_view family) { return argc < 2 || family.starts_with(argv[1]); };
+    // `every_backward`: the backward's twins whatever the prefix, for the helper families that
+    // run only inside the backward of a dK/dV variant the prefix may leave out.
+    std::vector<Variant> variants, every_backward;
+    std::vector<std::string> with_defaults;
+    for (const Variant& v : default_variants(arch)) {
+      if (std::find(with_defaults.begin(), with_defaults.end(), v.family) == with_defaults.end())
+        with_defaults.push_back(v.family);
+      for (const Variant& twin : twins(v)) {
+        if (asked(v.family)) variants.push_back(twin);
+        if (info_of(v.family).backward) every_backward.push_back(twin);
       }
     }
+    // Families with no default variant here are launched by nothing: today the block-mask
+    // builders (blockmask, bwd_blockmask), whose variants exist only for a user mask_mod
+    // (tests/gpu/test_*block_mask.cpp run them). Named, and counted as skipped.
+    std::vector<std::string> skipped;
+    for (const FamilyInfo& info : families())
+      if (asked(info.name) &&
+          std::find(info.archs.begin(), info.archs.end(), arch) != info.archs.end() &&
+          std::find(with_defaults.begin(), with_defaults.end(), info.name) == with_defaults.end())
+        skipped.push_back(info.name);
     fmt::print("{} ({}): {} default variants\n", engine.device().name, engine.device().arch,
                variants.size());
+    if (!skipped.empty())
+      fmt::print(
+          "skipped, no default variant on {} (block-mask builders are made for a user "
+          "mask_mod only): {}\n",
+          arch, fmt::join(skipped, ", "));
     // Compiled up front, all cores at once: the sanitizers look at launches, not at NVRTC.
     int failures = 0;
     for (const CompileOutcome& outcome : engine.cache().precompile(variants))
@@ -232,7 +264,12 @@ int main(int argc, char** argv) {
 
     std::mt19937 rng(5);
     int launches = 0;
+    std::vector<Variant> backward;  // run by Engine::backward, after the forward families
     for (const Variant& variant : variants) {
+      if (info_of(variant.family).backward) {
+        backward.push_back(variant);
+        continue;
+      }
       int reached = 0;
       for (const Problem& problem : kProblems) {
         std::string error;
@@ -248,16 +285,20 @@ int main(int argc, char** argv) {
           continue;
         }
         ++failures;
-        fmt::print(stderr, "FAILED {} on b{} hq{} hkv{} sq{} sk{} {}: {}\n", variant.name(),
-                   problem.batch, problem.heads_q, problem.heads_kv, problem.seqlen_q,
-                   problem.seqlen_k, problem.bhsd ? "bhsd" : "bshd", error);
+        fmt::print(stderr, "FAILED {} on {}: {}\n", variant.name(),
+                   every_variant::describe(problem), error);
       }
       if (reached == 0) {
         fmt::print(stderr, "no problem ran {}\n", variant.name());
         ++failures;
       }
     }
-    fmt::print("{} launches of {} variants, {} failures\n", launches, variants.size(), failures);
+    const every_variant::Tally tally =
+        every_variant::run_backward(engine, backward, every_backward, rng);
+    launches += tally.launches;
+    failures += tally.failures;
+    fmt::print("{} launches of {} variants, {} failures{}\n", launches, variants.size(), failures,
+               skipped.empty() ? "" : fmt::format(", {} families skipped", skipped.size()));
     return failures == 0 ? 0 : 1;
   } catch (const std::exception& e) {
     fmt::print(stderr, "FAILED: {}\n", e.what());
