@@ -57,14 +57,14 @@ struct QuerySteps : ListedSteps<Listed> {
   int m_first, m_tiles, count, first_head;
 
   __device__ __forceinline__ QuerySteps(const FmhaParams& f, SequenceLengths len, int key0,
-                                        int kv_head) {
+                                        int kv_head, int batch) {
     const QueryTilesSeeing<Causal, Window, TileM> tiles(f, len, key0, key0 + TileN - 1);
     m_first = tiles.first;
     m_tiles = tiles.count;
     count = m_tiles * f.heads_per_kv;
     first_head = kv_head * f.heads_per_kv;
     if constexpr (Listed) {
-      this->find(f, blockIdx.z, kv_head, key0 / TileN);
+      this->find(f, batch, kv_head, key0 / TileN);
       count = this->count_or(count);
     }
   }
@@ -78,6 +78,33 @@ struct QuerySteps : ListedSteps<Listed> {
   }
 };
 
+// The (key tile, KV head, batch) of this CTA; the grid is (key tiles, heads_kv, batch). Causal:
+// the first key tiles see the most query rows, and CTAs start in block order, so the key tiles
+// of kCausalGroup (batch, KV head) pairs at a time go heaviest first, tile by tile: otherwise
+// the last pair's first tile starts when too little else is left to overlap it (a tail of idle
+// SMs). Groups, not the whole grid: the CTAs running at once share their pairs' Q and dO in L2.
+struct KeyTileCoords {
+  static constexpr int kCausalGroup = 4;
+  int tile, kv_head, batch;
+
+  template <bool Causal>
+  __device__ __forceinline__ static KeyTileCoords of_block() {
+    if constexpr (!Causal) {
+      return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
+              static_cast<int>(blockIdx.z)};
+    } else {
+      const int tiles = gridDim.x, pairs = gridDim.y * gridDim.z;
+      const int linear = blockIdx.x + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
+      const int group = linear / (tiles * kCausalGroup);
+      const int within = linear - group * tiles * kCausalGroup;
+      const int group_pairs = min(kCausalGroup, pairs - group * kCausalGroup);
+      const int pair = group * kCausalGroup + within % group_pairs;
+      return {within / group_pairs, pair % static_cast<int>(gridDim.y),
+              pair / static_cast<int>(gridDim.y)};
+    }
+  }
+};
+
 // Where the CTA works, and how many steps. Varlen: its sequence's lengths and rows (the grid
 // covers the longest sequence; a CTA past a shorter one's keys does nothing).
 template <bool Causal, bool Window, bool Varlen, int TileM, int TileN, bool Listed>
@@ -88,12 +115,14 @@ struct KeyTile {
   QuerySteps<Causal, Window, TileM, TileN, Listed> steps;
 
   __device__ __forceinline__ explicit KeyTile(const FmhaParams& f)
-      : key0(blockIdx.x * TileN),
-        kv_head(blockIdx.y),
-        batch(blockIdx.z),
-        seq(packed_sequence_span<Varlen>(f, blockIdx.z)),
-        coord_batch(Varlen ? 0 : blockIdx.z),
-        steps(f, lengths_of<Varlen>(f, seq), blockIdx.x * TileN, blockIdx.y) {}
+      : KeyTile(f, KeyTileCoords::of_block<Causal>()) {}
+  __device__ __forceinline__ KeyTile(const FmhaParams& f, KeyTileCoords at)
+      : key0(at.tile * TileN),
+        kv_head(at.kv_head),
+        batch(at.batch),
+        seq(packed_sequence_span<Varlen>(f, at.batch)),
+        coord_batch(Varlen ? 0 : at.batch),
+        steps(f, lengths_of<Varlen>(f, seq), at.tile * TileN, at.kv_head, at.batch) {}
 
   __device__ __forceinline__ bool outside() const { return key0 >= seq.seqlen_k; }
   // The first workspace row of query head `head` in this sequence.
