@@ -141,14 +141,10 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads)
   const float scale = p.dscore_scale;
   if constexpr (HeadDim % kSide == 0) {
     if (p.dq_accum_blocks) {
-      // Thread t reads 16 floats in a run: warp w's rows 16 w + r8 and + 8, columns 8 j .. 8 j + 7
-      // (BwdDqBlocks: float 4 q + 2 h + b of that run is row + 8 h, column 8 j + 2 q + b).
-      const int j = t % 8, r8 = t / 8 % 8, w = t / 64;
       const float4* run = reinterpret_cast<const float4*>(
-          p.dq_accum + BwdDqBlocks::offset(first, col0, HeadDim) + w * BwdDqBlocks::kWarpFloats +
-          j * 128 + r8 * 16);
+          p.dq_accum + BwdDqBlocks::offset(first, col0, HeadDim) + BwdRowsShape::convert_run(t));
       const float4 a = run[0], b = run[1], c = run[2], d = run[3];
-      const int row = 16 * w + r8, col = col0 + 8 * j;
+      const int row = BwdRowsShape::convert_row(t), col = col0 + BwdRowsShape::convert_column(t);
       if (row < rows)
         store8<T>(dq + row * p.dq_stride_s + col, scale, make_float2(a.x, a.y),
                   make_float2(b.x, b.y), make_float2(c.x, c.y), make_float2(d.x, d.y));

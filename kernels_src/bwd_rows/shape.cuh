@@ -3,6 +3,7 @@
 // (src/families/bwd_rows), so the launches cannot disagree with the kernels.
 #pragma once
 
+#include "common/bwd_workspace.cuh"
 #include "common/host_device.cuh"
 
 namespace flashjit {
@@ -32,6 +33,14 @@ struct BwdRowsShape {
   FLASHJIT_HOST_DEVICE static constexpr int convert_column_blocks(int head_dim) {
     return (head_dim + kConvertSide - 1) / kConvertSide;
   }
+  // Over a fused block (BwdDqBlocks), thread t reads the 16 floats from convert_run(t) on: float
+  // 4 q + 2 h + b of them is row convert_row(t) + 8 h, column convert_column(t) + 2 q + b of the
+  // block (warp w's rows 16 w.., eight columns at a time).
+  FLASHJIT_HOST_DEVICE static constexpr int convert_run(int t) {
+    return t / 64 * BwdDqBlocks::kWarpFloats + t % 8 * 128 + t / 8 % 8 * 16;
+  }
+  FLASHJIT_HOST_DEVICE static constexpr int convert_row(int t) { return 16 * (t / 64) + t / 8 % 8; }
+  FLASHJIT_HOST_DEVICE static constexpr int convert_column(int t) { return 8 * (t % 8); }
 };
 
 }  // namespace flashjit

@@ -78,13 +78,9 @@ struct QuerySteps : ListedSteps<Listed> {
   }
 };
 
-// The (key tile, KV head, batch) of this CTA; the grid is (key tiles, heads_kv, batch). Causal:
-// the first key tiles see the most query rows, and CTAs start in block order, so the key tiles
-// of kCausalGroup (batch, KV head) pairs at a time go heaviest first, tile by tile: otherwise
-// the last pair's first tile starts when too little else is left to overlap it (a tail of idle
-// SMs). Groups, not the whole grid: the CTAs running at once share their pairs' Q and dO in L2.
+// The (key tile, KV head, batch) of this CTA; the grid is (key tiles, heads_kv, batch), and
+// causal grids go in BwdKeyTileOrder's order (shape.cuh).
 struct KeyTileCoords {
-  static constexpr int kCausalGroup = 4;
   int tile, kv_head, batch;
 
   template <bool Causal>
@@ -93,14 +89,11 @@ struct KeyTileCoords {
       return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
               static_cast<int>(blockIdx.z)};
     } else {
-      const int tiles = gridDim.x, pairs = gridDim.y * gridDim.z;
-      const int linear = blockIdx.x + tiles * (blockIdx.y + gridDim.y * blockIdx.z);
-      const int group = linear / (tiles * kCausalGroup);
-      const int within = linear - group * tiles * kCausalGroup;
-      const int group_pairs = min(kCausalGroup, pairs - group * kCausalGroup);
-      const int pair = group * kCausalGroup + within % group_pairs;
-      return {within / group_pairs, pair % static_cast<int>(gridDim.y),
-              pair / static_cast<int>(gridDim.y)};
+      const int heads = gridDim.y;
+      const BwdKeyTileOrder::Place at = BwdKeyTileOrder::causal(
+          blockIdx.x + gridDim.x * (blockIdx.y + heads * blockIdx.z), gridDim.x,
+          heads * gridDim.z);
+      return {at.tile, at.pair % heads, at.pair / heads};
     }
   }
 };

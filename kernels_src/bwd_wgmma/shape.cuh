@@ -115,6 +115,26 @@ struct BwdWgmmaShape {
   }
 };
 
+// Which key tile of which (batch, KV head) pair the CTA of linear block index `linear` takes in a
+// causal dK/dV grid (tiles key tiles x pairs pairs; CTAs start in block order). A causal key
+// tile's work falls from every query step (tile 0) to one; with the key tile fastest, the last
+// pair's tile 0 would start when too little else is left to overlap it (a tail of idle SMs). So
+// the tiles of kGroup pairs at a time go heaviest first, tile by tile. Groups, not the whole grid:
+// the CTAs running at once then share a few pairs' Q and dO in L2.
+struct BwdKeyTileOrder {
+  static constexpr int kGroup = 4;
+  struct Place {
+    int tile, pair;
+  };
+  FLASHJIT_HOST_DEVICE static constexpr Place causal(int linear, int tiles, int pairs) {
+    const int group = linear / (tiles * kGroup);
+    const int within = linear - group * tiles * kGroup;
+    const int rest = pairs - group * kGroup;
+    const int group_pairs = rest < kGroup ? rest : kGroup;
+    return {within / group_pairs, group * kGroup + within % group_pairs};
+  }
+};
+
 // dQ: a CTA owns tile_m query rows of one head, 64 per consumer, holds their Q and dO tiles and
 // streams the key tiles they see (K and V, `stages` deep), summing dQ in registers.
 struct BwdWgmmaDqShape {

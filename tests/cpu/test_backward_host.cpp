@@ -13,6 +13,8 @@
 #include "api/backward_kernels.hpp"
 #include "api/block_mask.hpp"
 #include "api/validate_backward.hpp"
+#include "bwd_rows/shape.cuh"
+#include "bwd_wgmma/shape.cuh"
 #include "common/bwd_workspace.cuh"
 #include "families/block_mask/block_mask.hpp"
 #include "families/registry.hpp"
@@ -168,6 +170,71 @@ TEST_CASE("the fused kernel's dQ accumulator: 64 x 64 blocks in a wgmma accumula
                 block * BwdDqBlocks::kFloats + 1024 * w + 128 * i + 4 * lane + e % 4);
         }
   }
+}
+
+TEST_CASE("bwd_convert reads each float of a fused dQ block once, as the row and column it is") {
+  // A CTA per 64 x 64 block, 256 threads of 16 floats: float 4 q + 2 h + b of thread t's run is
+  // row convert_row(t) + 8 h, column convert_column(t) + 2 q + b.
+  static_assert(BwdRowsShape::kThreads * 16 == BwdDqBlocks::kFloats);
+  for (const int head_dim : {64, 128, 256})
+    for (const long long row0 : {0LL, 64LL, 192LL})
+      for (int col0 = 0; col0 < head_dim; col0 += 64) {
+        const long long block = BwdDqBlocks::offset(row0, col0, head_dim);
+        CHECK(block % BwdDqBlocks::kFloats == 0);
+        std::vector<int> seen(BwdDqBlocks::kFloats, 0);
+        int wrong = 0;
+        for (int t = 0; t < BwdRowsShape::kThreads; ++t)
+          for (int e = 0; e < 16; ++e) {
+            const int q = e / 4, h = e % 4 / 2, b = e % 2;
+            const long long at = BwdDqBlocks::offset(row0 + BwdRowsShape::convert_row(t) + 8 * h,
+                                                     col0 + BwdRowsShape::convert_column(t) +
+                                                         2 * q + b,
+                                                     head_dim);
+            if (at != block + BwdRowsShape::convert_run(t) + e) ++wrong;
+            if (at >= block && at < block + BwdDqBlocks::kFloats)
+              ++seen[static_cast<std::size_t>(at - block)];
+          }
+        CHECK(wrong == 0);
+        CHECK(std::count(seen.begin(), seen.end(), 1) == BwdDqBlocks::kFloats);
+      }
+}
+
+TEST_CASE("the row passes' CTAs: whole groups of padded rows, every column of a row") {
+  for (const int head_dim : {32, 64, 96, 128, 192, 256}) {
+    const int lanes = BwdRowsShape::prep_lanes(head_dim);
+    CAPTURE(head_dim);
+    CHECK(lanes * BwdRowsShape::kVectorElements >= head_dim);
+    CHECK(lanes * BwdRowsShape::kVectorElements < 2 * head_dim);
+    CHECK((lanes & (lanes - 1)) == 0);
+    CHECK(lanes <= 32);
+    CHECK(BwdWorkspaceRows::kRowQuantum % BwdRowsShape::prep_rows(head_dim) == 0);
+    CHECK(BwdRowsShape::convert_column_blocks(head_dim) * BwdRowsShape::kConvertSide >= head_dim);
+  }
+}
+
+TEST_CASE("causal dK/dV grids: every (key tile, pair) once, heaviest tiles first in each group") {
+  for (const int tiles : {1, 3, 4, 64, 128})
+    for (const int pairs : {1, 2, 3, 4, 5, 16, 33}) {
+      CAPTURE(tiles);
+      CAPTURE(pairs);
+      std::vector<int> seen(static_cast<std::size_t>(tiles * pairs), 0);
+      int out_of_order = 0, previous_tile = 0, previous_group = 0;
+      for (int linear = 0; linear < tiles * pairs; ++linear) {
+        const BwdKeyTileOrder::Place at = BwdKeyTileOrder::causal(linear, tiles, pairs);
+        REQUIRE(at.tile >= 0);
+        REQUIRE(at.tile < tiles);
+        REQUIRE(at.pair >= 0);
+        REQUIRE(at.pair < pairs);
+        ++seen[static_cast<std::size_t>(at.pair * tiles + at.tile)];
+        const int group = at.pair / BwdKeyTileOrder::kGroup;
+        if (group == previous_group && at.tile < previous_tile) ++out_of_order;
+        CHECK(group >= previous_group);  // groups one after another
+        previous_tile = at.tile;
+        previous_group = group;
+      }
+      CHECK(std::count(seen.begin(), seen.end(), 1) == tiles * pairs);
+      CHECK(out_of_order == 0);
+    }
 }
 
 TEST_CASE("the dK/dV variant comes from the tile table, or the caller's family and tiles") {
