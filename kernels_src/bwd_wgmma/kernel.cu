@@ -25,6 +25,7 @@
 #include "common/fast_math.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
+#include "common/compile_flags.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/sm90_mbarrier.cuh"
 #include "common/sm90_stmatrix.cuh"
@@ -356,6 +357,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
   };
 
   if (tile.steps.count > 0) mbarrier_wait(&bars->kv_full, 0);
+  using Scores = StepScores;
   for (int t = 0; t < tile.steps.count; ++t) {
     const int stage = t % Stages;
     mbarrier_wait(&bars->full[stage], (t / Stages) & 1);
@@ -369,55 +371,69 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     bool masked = scores.any_masked(row0, row0 + TileM - 1, lane_key - at.row,
                                     lane_key - at.row + 63);
     if constexpr (Listed) masked = tile.steps.masked_or(t, masked);
-    // dSᵀ needs a factor of each score's (a cap's t, a score_mod's derivative): both GEMMs first,
-    // then one pass.
-    if constexpr (Scores::kPerScoreFactor) {
+    // The rest of the step written once, compiled twice where scores can be masked: the steps
+    // that mask none (all but a causal key tile's diagonal ones) run a copy without the
+    // per-score test.
+    auto finish_step = [&](auto masks) {
+      constexpr bool kMasked = decltype(masks)::value;
+      // dSᵀ needs a factor of each score's (a cap's t, a score_mod's derivative): both GEMMs
+      // first, then one pass.
+      if constexpr (Scores::kPerScoreFactor) {
+        wgmma_wait<0>();
+        wgmma_fence_operands(s);
+        wgmma_fence_operands(dp);
+        probabilities<TileM, true>(s, dp, terms, at, scores, kMasked, lane_key, row0);
+      } else {
+        wgmma_wait<1>();  // Sᵀ is ready; dPᵀ may still run
+        wgmma_fence_operands(s);
+        probabilities<TileM, false>(s, dp, terms, at, scores, kMasked, lane_key, row0);
+        wgmma_wait<0>();  // dPᵀ is ready
+        wgmma_fence_operands(dp);
+        score_gradients<TileM>(dp, terms, at, [&](int e) { return s[e]; });
+      }
+      unsigned dsf[TileM / 16][4];
+      gemm_fragments<T, TileM>(dsf, dp);
+      const unsigned ds_tile = base + kShape.ds_offset(t % 2);
+      unsigned pf[TileM / 16][4];
+      float dq[FusedDq ? 32 : 1];
+      if constexpr (kDqUnderDk) {
+        // dV, dQ, then dK: dQ's block is staged while dK's GEMM runs.
+        gemm_fragments<T, TileM>(pf, s);
+        gemm_rs_tiles<T, HeadDim, TileM>(dv, pf, do_tile);
+        store_score_gradients<TileM>(ds_tile, consumer, dsf);
+        issue_dq(dq, ds_tile);
+        gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
+        wgmma_wait<1>();  // dV and dQ are done; dK runs
+        wgmma_fence_operands(dq);
+        stage_dq_block(dq_block, consumer, dq);
+      } else {
+        // dK's GEMM first: dPᵀ's registers free up as its fragments are packed, then Sᵀ's as
+        // Pᵀ's are, which the kernels excluded above need.
+        gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
+        if constexpr (FusedDq) store_score_gradients<TileM>(ds_tile, consumer, dsf);
+        gemm_fragments<T, TileM>(pf, s);
+        gemm_rs_tiles<T, HeadDim, TileM>(dv, pf, do_tile);
+        if constexpr (FusedDq) issue_dq(dq, ds_tile);
+      }
       wgmma_wait<0>();
-      wgmma_fence_operands(s);
-      wgmma_fence_operands(dp);
-      probabilities<TileM, true>(s, dp, terms, at, scores, masked, lane_key, row0);
+      wgmma_fence_operands(dv);
+      wgmma_fence_operands(dk);
+      // The fragments' registers stay reserved until the GEMMs reading them are done.
+      wgmma_fence_operands(pf);
+      wgmma_fence_operands(dsf);
+      release_stage(&bars->empty[stage]);
+      if constexpr (FusedDq && !kDqUnderDk) {
+        wgmma_fence_operands(dq);
+        stage_dq_block(dq_block, consumer, dq);
+      }
+    };
+    if constexpr (Scores::kMasks) {
+      if (masked)
+        finish_step(True{});
+      else
+        finish_step(False{});
     } else {
-      wgmma_wait<1>();  // Sᵀ is ready; dPᵀ may still run
-      wgmma_fence_operands(s);
-      probabilities<TileM, false>(s, dp, terms, at, scores, masked, lane_key, row0);
-      wgmma_wait<0>();  // dPᵀ is ready
-      wgmma_fence_operands(dp);
-      score_gradients<TileM>(dp, terms, at, [&](int e) { return s[e]; });
-    }
-    unsigned dsf[TileM / 16][4];
-    gemm_fragments<T, TileM>(dsf, dp);
-    const unsigned ds_tile = base + kShape.ds_offset(t % 2);
-    unsigned pf[TileM / 16][4];
-    float dq[FusedDq ? 32 : 1];
-    if constexpr (kDqUnderDk) {
-      // dV, dQ, then dK: dQ's block is staged while dK's GEMM runs.
-      gemm_fragments<T, TileM>(pf, s);
-      gemm_rs_tiles<T, HeadDim, TileM>(dv, pf, do_tile);
-      store_score_gradients<TileM>(ds_tile, consumer, dsf);
-      issue_dq(dq, ds_tile);
-      gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
-      wgmma_wait<1>();  // dV and dQ are done; dK runs
-      wgmma_fence_operands(dq);
-      stage_dq_block(dq_block, consumer, dq);
-    } else {
-      // dK's GEMM first: dPᵀ's registers free up as its fragments are packed, then Sᵀ's as Pᵀ's
-      // are, which the kernels excluded above need.
-      gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
-      if constexpr (FusedDq) store_score_gradients<TileM>(ds_tile, consumer, dsf);
-      gemm_fragments<T, TileM>(pf, s);
-      gemm_rs_tiles<T, HeadDim, TileM>(dv, pf, do_tile);
-      if constexpr (FusedDq) issue_dq(dq, ds_tile);
-    }
-    wgmma_wait<0>();
-    wgmma_fence_operands(dv);
-    wgmma_fence_operands(dk);
-    // The fragments' registers stay reserved until the GEMMs reading them are done.
-    wgmma_fence_operands(pf);
-    wgmma_fence_operands(dsf);
-    release_stage(&bars->empty[stage]);
-    if constexpr (FusedDq && !kDqUnderDk) {
-      wgmma_fence_operands(dq);
-      stage_dq_block(dq_block, consumer, dq);
+      finish_step(False{});
     }
   }
 

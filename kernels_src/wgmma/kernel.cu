@@ -10,6 +10,7 @@
 // consumer overlaps softmax(j) with P·V(j-1). With three consumers O leaves through a staging
 // buffer and a TMA store that runs while the warpgroup starts its next tile; otherwise with
 // 16-byte stores from registers.
+#include "common/compile_flags.cuh"
 #include "common/alibi.cuh"
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
@@ -37,14 +38,6 @@ struct PipelineBarriers {
   unsigned long long q_full, q_empty;
   unsigned long long k_full[Stages], k_empty[Stages];
   unsigned long long v_full[Stages], v_empty[Stages];
-};
-
-// Compile-time flags for generic lambdas (no <type_traits> in NVRTC without the toolkit).
-struct True {
-  static constexpr bool value = true;
-};
-struct False {
-  static constexpr bool value = false;
 };
 
 struct TileCoord {
