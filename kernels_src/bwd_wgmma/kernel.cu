@@ -357,7 +357,6 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
   };
 
   if (tile.steps.count > 0) mbarrier_wait(&bars->kv_full, 0);
-  using Scores = StepScores;
   for (int t = 0; t < tile.steps.count; ++t) {
     const int stage = t % Stages;
     mbarrier_wait(&bars->full[stage], (t / Stages) & 1);
