@@ -1,9 +1,36 @@
 #include "cuda/launch.hpp"
 
+#include <fmt/format.h>
+
 #include "cuda/driver.hpp"
+#include "flashjit/flashjit.hpp"
 
 namespace flashjit::detail {
 namespace {
+
+// A refused launch names what it asked for beside what the kernel allows: the driver's code
+// alone (often CUDA_ERROR_INVALID_VALUE) does not say which of them was wrong.
+[[noreturn]] void throw_launch_error(CUresult result, CUfunction function,
+                                     const CUlaunchConfig& config) {
+  const DriverApi& cu = driver();
+  int max_threads = 0, max_dynamic_shared = 0, static_shared = 0;
+  const bool known =
+      cu.cuFuncGetAttribute(&max_threads, CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK, function) ==
+          CUDA_SUCCESS &&
+      cu.cuFuncGetAttribute(&max_dynamic_shared, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            function) == CUDA_SUCCESS &&
+      cu.cuFuncGetAttribute(&static_shared, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function) ==
+          CUDA_SUCCESS;
+  std::string message = fmt::format(
+      "{}: grid ({}, {}, {}), block ({}, {}, {}), {} bytes of dynamic shared memory",
+      describe(result, "cuLaunchKernelEx"), config.gridDimX, config.gridDimY, config.gridDimZ,
+      config.blockDimX, config.blockDimY, config.blockDimZ, config.sharedMemBytes);
+  if (known)
+    message += fmt::format(
+        "; the kernel allows {} threads a block and {} bytes of dynamic shared memory ({} static)",
+        max_threads, max_dynamic_shared, static_shared);
+  throw Error(ErrorCode::cuda_error, message);
+}
 
 void* operand_address(const FmhaParams& params, MapOperand operand) {
   switch (operand) {
@@ -36,7 +63,8 @@ void launch_with_args(CUfunction function, const LaunchPlan& plan, void** args, 
     config.attrs = &overlap;
     config.numAttrs = 1;
   }
-  check(cu.cuLaunchKernelEx(&config, function, args, nullptr), "cuLaunchKernelEx");
+  const CUresult result = cu.cuLaunchKernelEx(&config, function, args, nullptr);
+  if (result != CUDA_SUCCESS) throw_launch_error(result, function, config);
 }
 
 template <typename Params>
