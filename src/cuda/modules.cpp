@@ -7,7 +7,8 @@
 namespace flashjit::detail {
 
 namespace {
-constexpr int kDefaultDynamicSharedLimit = 48 * 1024;
+// A block's shared memory, static and dynamic together, past which a kernel must opt in.
+constexpr int kDefaultSharedLimit = 48 * 1024;
 }
 
 LoadedKernel ModuleCache::get(CUcontext context, const ModuleImage& image) {
@@ -20,7 +21,12 @@ LoadedKernel ModuleCache::get(CUcontext context, const ModuleImage& image) {
       check(cu.cuModuleGetFunction(&function, loaded.module, std::string(name).c_str()),
             "cuModuleGetFunction");
       const int shared_bytes = image.dynamic_shared_bytes;
-      if (shared_bytes > kDefaultDynamicSharedLimit)
+      // The static part counts too: bwd_mma's varlen kernels at d32 take exactly 48 KiB
+      // dynamic plus 16 bytes static, which the driver refused to launch without the opt-in.
+      int static_bytes = 0;
+      check(cu.cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
+            "cuFuncGetAttribute(SHARED_SIZE_BYTES)");
+      if (shared_bytes + static_bytes > kDefaultSharedLimit)
         check(cu.cuFuncSetAttribute(function, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                     shared_bytes),
               "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
