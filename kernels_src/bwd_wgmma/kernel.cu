@@ -367,8 +367,14 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(dp, v_rows, do_tile);
     const int row0 = tile.steps.row0(t);
     const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
-    bool masked = scores.any_masked(row0, row0 + TileM - 1, lane_key - at.row,
-                                    lane_key - at.row + 63);
+    // Fused, both consumers meet at one bar.sync a step (dS written), which is .aligned: every
+    // thread of a generation must reach the same instruction, so both take the same copy of
+    // the step below and the test spans the tile's keys (synccheck reported the two copies'
+    // barriers as divergent). It costs no time: that barrier makes each step as long as its
+    // slower consumer's anyway. Unfused, each consumer decides for its own 64 keys.
+    const int first_key = FusedDq ? tile.key0 : lane_key - at.row;
+    const int last_key = FusedDq ? tile.key0 + TileN - 1 : lane_key - at.row + 63;
+    bool masked = scores.any_masked(row0, row0 + TileM - 1, first_key, last_key);
     if constexpr (Listed) masked = tile.steps.masked_or(t, masked);
     // The rest of the step written once, compiled twice where scores can be masked: the steps
     // that mask none (all but a causal key tile's diagonal ones) run a copy without the
