@@ -287,9 +287,10 @@ VarlenCase ragged(std::vector<int> q, std::vector<int> k, int heads_q, int heads
 
 TEST_CASE("varlen backward: sequences of 0 to 300 tokens, every head dim, causal or not, GQA 4:1") {
   unsigned seed = 9100;
-  // 32: bwd_mma's varlen kernel there takes exactly 48 KiB of dynamic shared memory plus static
-  // bytes, which the driver refused to launch until the loader counted both.
-  for (int head_dim : {32, 64, 96, 128, 192, 256})
+  // The head dims with a varlen forward everywhere, which makes these cases' outputs and LSE;
+  // the backward's others (32, 96, 192) run in flashjit_every_variant (tools/sanitize.sh), which
+  // makes them by a forward per sequence.
+  for (int head_dim : {64, 128, 256})
     for (bool causal : {false, true}) {
       VarlenBackwardCase c;
       c.shape = ragged({0, 1, 63, 65, 200, 130, 7, 128}, {5, 0, 63, 129, 200, 300, 7, 128}, 8, 2,
