@@ -18,8 +18,9 @@ namespace flashjit::detail {
   X(cuCtxGetCurrent) X(cuCtxPushCurrent) X(cuCtxPopCurrent) X(cuCtxGetDevice)                   \
   X(cuCtxSynchronize) X(cuStreamGetCtx) X(cuStreamSynchronize) X(cuStreamCreate)                \
   X(cuStreamDestroy) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)               \
-  X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuTensorMapEncodeTiled)         \
-  X(cuTensorMapReplaceAddress) X(cuMemAlloc) X(cuMemFree) X(cuMemcpyHtoD) X(cuMemcpyDtoH)       \
+  X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)             \
+  X(cuTensorMapEncodeTiled) X(cuTensorMapReplaceAddress) X(cuMemAlloc) X(cuMemFree)             \
+  X(cuMemcpyHtoD) X(cuMemcpyDtoH)                                                               \
   X(cuMemsetD8) X(cuMemsetD32) X(cuMemGetInfo) X(cuEventCreate) X(cuEventRecord)               \
   X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)
 // clang-format on

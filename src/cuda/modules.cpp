@@ -22,7 +22,7 @@ LoadedKernel ModuleCache::get(CUcontext context, const ModuleImage& image) {
             "cuModuleGetFunction");
       const int shared_bytes = image.dynamic_shared_bytes;
       // The static part counts too: bwd_mma's varlen kernels at d32 take exactly 48 KiB
-      // dynamic plus 16 bytes static, which the driver refused to launch without the opt-in.
+      // dynamic plus 32 bytes static, which the driver refused to launch without the opt-in.
       int static_bytes = 0;
       check(cu.cuFuncGetAttribute(&static_bytes, CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES, function),
             "cuFuncGetAttribute(SHARED_SIZE_BYTES)");
