@@ -40,8 +40,20 @@ namespace flashjit {
 
 template <int Stages>
 struct KeyTileBarriers {
-  unsigned long long kv_full;                       // K and V landed (once)
+  unsigned long long kv_full, kv_empty;             // a tile's K and V landed / read
   unsigned long long full[Stages], empty[Stages];   // a step's Q, dO and row terms
+};
+
+// Where a role stands in the CTA's walk over its key tiles: the ring's steps so far (a step's
+// stage and phase run on across tiles) and the tiles whose K and V were loaded (kv_full's and
+// kv_empty's phases). Each role keeps its own copy; all count the same tiles and steps.
+struct RingPosition {
+  int step = 0;
+  int kv_loads = 0;
+  template <int Stages>
+  __device__ __forceinline__ int stage() const { return step % Stages; }
+  template <int Stages>
+  __device__ __forceinline__ unsigned phase() const { return (step / Stages) & 1; }
 };
 
 // The steps of a key tile [key0, key0 + TileN): every query tile holding a row that sees one of
@@ -79,22 +91,33 @@ struct QuerySteps : ListedSteps<Listed> {
   }
 };
 
-// The (key tile, KV head, batch) of this CTA; the grid is (key tiles, heads_kv, batch), and
-// causal grids go in BwdKeyTileOrder's order (shape.cuh).
+// A (key tile, KV head, batch) of the launch.
 struct KeyTileCoords {
   int tile, kv_head, batch;
+};
 
+// The launch's key tiles (key tiles x heads_kv x batch, numbered key tile fastest; causal ones in
+// BwdKeyTileOrder's order, shape.cuh) and the CTAs' walk over them: CTA b takes tiles b,
+// b + gridDim.x, ... (BwdKeyTileWalk: one tile a CTA, or a persistent grid whose CTAs load the
+// next tile's K, V and first Q while they finish and store the last).
+// Computed from the parameters at each use, not held: the producer's walk has 24 registers.
+template <int TileN>
+struct KeyTileGrid {
+  const FmhaParams& f;
+
+  __device__ __forceinline__ int tiles() const { return (f.seqlen_k + TileN - 1) / TileN; }
+  __device__ __forceinline__ int total() const {
+    return BwdKeyTileWalk::total(f.seqlen_k, TileN, f.heads_kv, f.batch);
+  }
   template <bool Causal>
-  __device__ __forceinline__ static KeyTileCoords of_block() {
+  __device__ __forceinline__ KeyTileCoords at(int linear) const {
     if constexpr (!Causal) {
-      return {static_cast<int>(blockIdx.x), static_cast<int>(blockIdx.y),
-              static_cast<int>(blockIdx.z)};
+      const int pair = linear / tiles();
+      return {linear - pair * tiles(), pair % f.heads_kv, pair / f.heads_kv};
     } else {
-      const int heads = gridDim.y;
-      const BwdKeyTileOrder::Place at = BwdKeyTileOrder::causal(
-          blockIdx.x + gridDim.x * (blockIdx.y + heads * blockIdx.z), gridDim.x,
-          heads * gridDim.z);
-      return {at.tile, at.pair % heads, at.pair / heads};
+      const BwdKeyTileOrder::Place at =
+          BwdKeyTileOrder::causal(linear, tiles(), f.heads_kv * f.batch);
+      return {at.tile, at.pair % f.heads_kv, at.pair / f.heads_kv};
     }
   }
 };
@@ -108,8 +131,6 @@ struct KeyTile {
   int coord_batch;   // the TMA maps' batch coordinate: 0 for a packed batch
   QuerySteps<Causal, Window, TileM, TileN, Listed> steps;
 
-  __device__ __forceinline__ explicit KeyTile(const FmhaParams& f)
-      : KeyTile(f, KeyTileCoords::of_block<Causal>()) {}
   __device__ __forceinline__ KeyTile(const FmhaParams& f, KeyTileCoords at)
       : key0(at.tile * TileN),
         kv_head(at.kv_head),
@@ -142,24 +163,35 @@ __device__ __forceinline__ void produce(const BackwardParams& p,
                                         const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
                                         const TmaDescriptor* tma_q, const TmaDescriptor* tma_k,
                                         const TmaDescriptor* tma_v, const TmaDescriptor* tma_do,
-                                        unsigned char* smem, KeyTileBarriers<Stages>* bars) {
+                                        unsigned char* smem, KeyTileBarriers<Stages>* bars,
+                                        RingPosition& ring) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kRow = BwdWgmmaLimits::kRowBytes;
   if (tile.steps.count == 0) return;  // no row sees these keys: the consumers write zeros
-  mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kShape.kv_bytes());
+  // The whole warp walks the tiles and waits, one lane issues: the walk's values are then
+  // warp-uniform, in uniform registers (in one thread's 24 they spilled).
+  const bool issuer = threadIdx.x % 32 == 0;
+  // K and V go once the consumers have read the last tile's (a fresh barrier counts as having
+  // completed the phase before phase 0: parity ^ 1 passes).
+  auto load_keys = [&] {
+    mbarrier_wait(&bars->kv_empty, (ring.kv_loads & 1) ^ 1);
+    ++ring.kv_loads;
+    if (!issuer) return;
+    mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kShape.kv_bytes());
 #pragma unroll
-  for (int b = 0; b < kShape.dim_blocks(); ++b) {
-    tma_load_4d(smem + kShape.k_offset() + b * TileN * kRow, tma_k, &bars->kv_full, 64 * b,
-                tile.seq.k_start + tile.key0, tile.kv_head, tile.coord_batch);
-    tma_load_4d(smem + kShape.v_offset() + b * TileN * kRow, tma_v, &bars->kv_full, 64 * b,
-                tile.seq.k_start + tile.key0, tile.kv_head, tile.coord_batch);
-  }
-  const FmhaParams& f = p.fwd;
-  for (int t = 0; t < tile.steps.count; ++t) {
-    const int stage = t % Stages;
-    // Free once every consumer warp is done with step t - Stages. A fresh barrier counts as
-    // having completed the phase before phase 0: parity ^ 1 passes.
-    mbarrier_wait(&bars->empty[stage], ((t / Stages) & 1) ^ 1);
+    for (int b = 0; b < kShape.dim_blocks(); ++b) {
+      tma_load_4d(smem + kShape.k_offset() + b * TileN * kRow, tma_k, &bars->kv_full, 64 * b,
+                  tile.seq.k_start + tile.key0, tile.kv_head, tile.coord_batch);
+      tma_load_4d(smem + kShape.v_offset() + b * TileN * kRow, tma_v, &bars->kv_full, 64 * b,
+                  tile.seq.k_start + tile.key0, tile.kv_head, tile.coord_batch);
+    }
+  };
+  auto load_step = [&](int t) {
+    const int stage = ring.stage<Stages>();
+    // Free once every consumer warp is done with the step Stages before.
+    mbarrier_wait(&bars->empty[stage], ring.phase<Stages>() ^ 1);
+    ++ring.step;
+    if (!issuer) return;
     mbarrier_arrive_expect_tx(&bars->full[stage], 2 * kShape.q_bytes() + kShape.terms_bytes());
     const int head = tile.steps.head(t), row0 = tile.steps.row0(t);
 #pragma unroll
@@ -176,7 +208,12 @@ __device__ __forceinline__ void produce(const BackwardParams& p,
     unsigned char* terms_tile = smem + kShape.terms_offset(stage);
     bulk_load(terms_tile, p.lse_log2 + terms, TileM * 4, &bars->full[stage]);
     bulk_load(terms_tile + TileM * 4, p.delta + terms, TileM * 4, &bars->full[stage]);
-  }
+  };
+  // The first step's Q and dO before K and V: they may load while the consumers finish the last
+  // tile.
+  load_step(0);
+  load_keys();
+  for (int t = 1; t < tile.steps.count; ++t) load_step(t);
 }
 
 // ---- consumer pieces --------------------------------------------------------------------------
@@ -268,10 +305,18 @@ __device__ __forceinline__ unsigned char* dq_stage(unsigned char* smem, const Bw
   return smem + shape.dq_stage_offset() + consumer * BwdDqBlocks::kBytes;
 }
 
+// Where consumer c's block goes in the accumulator (BwdDqBlocks::offset), written beside it.
+__device__ __forceinline__ volatile long long* dq_destination(unsigned char* smem,
+                                                              const BwdWgmmaShape& shape,
+                                                              int consumer) {
+  return reinterpret_cast<volatile long long*>(smem + shape.dq_destination_offset(consumer));
+}
+
 // Stages the block in the accumulator's order (BwdDqBlocks): each thread's eight float4 at
-// 512 i + 16 lane of its warp's 4 KB, no bank conflicts, no swizzle arithmetic.
-__device__ __forceinline__ void stage_dq_block(unsigned char* stage, int consumer,
-                                               const float (&dq)[32]) {
+// 512 i + 16 lane of its warp's 4 KB, no bank conflicts, no swizzle arithmetic; and where it goes.
+__device__ __forceinline__ void stage_dq_block(unsigned char* stage, volatile long long* destination,
+                                               int consumer, const float (&dq)[32],
+                                               long long accum_offset) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   unsigned char* staged = stage + BwdDqBlocks::kWarpBytes * warp;
   named_barrier_sync(kDqEmptyBarrier + consumer, kDqHandoffThreads);
@@ -279,36 +324,45 @@ __device__ __forceinline__ void stage_dq_block(unsigned char* stage, int consume
   for (int i = 0; i < 8; ++i)
     *reinterpret_cast<float4*>(staged + 512 * i + 16 * lane) =
         make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
+  if (threadIdx.x % kWarpgroupThreads == 0) *destination = accum_offset;
   fence_proxy_async_shared();  // the generic-proxy writes, before the bulk copy reads them
   named_barrier_arrive(kDqFullBarrier + consumer, kDqHandoffThreads);
 }
 
-// Fused dQ (the producer warpgroup's second warp): adds each consumer's staged block of each
-// step into the accumulator, one 16 KB bulk reduction a block, and frees the staging once the
-// reduction has read it.
-template <int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window, bool Varlen,
-          bool Listed>
-__device__ __forceinline__ void write_dq(const BackwardParams& p,
-                                         const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
-                                         unsigned char* smem) {
+// A consumer's last word to write_dq: no more blocks (destination -1).
+__device__ __forceinline__ void end_dq_blocks(volatile long long* destination, int consumer) {
+  named_barrier_sync(kDqEmptyBarrier + consumer, kDqHandoffThreads);
+  if (threadIdx.x % kWarpgroupThreads == 0) *destination = -1;
+  named_barrier_arrive(kDqFullBarrier + consumer, kDqHandoffThreads);
+}
+
+// Fused dQ (the producer warpgroup's second warp): adds each consumer's staged blocks, step by
+// step, into the accumulator where the consumer says, one 16 KB bulk reduction a block, and frees
+// the staging once the reduction has read it; until both consumers have said they are done (they
+// stage a block each every step). No walk over the tiles of its own: at the producer
+// warpgroup's 24 registers, one spilled.
+template <int HeadDim, int TileM, int TileN, int Stages>
+__device__ __forceinline__ void write_dq(const BackwardParams& p, unsigned char* smem) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, true};
   const bool leader = threadIdx.x % 32 == 0;
-  if (tile.steps.count == 0) return;
   for (int c = 0; c < kShape.consumers(); ++c)  // the staging starts free
     named_barrier_arrive(kDqEmptyBarrier + c, kDqHandoffThreads);
-  for (int t = 0; t < tile.steps.count; ++t) {
-    const long long first_row = tile.terms_row(p, tile.steps.head(t)) + tile.steps.row0(t);
+  for (bool more = true; more;) {
     for (int c = 0; c < kShape.consumers(); ++c) {
       named_barrier_sync(kDqFullBarrier + c, kDqHandoffThreads);
+      const long long destination = *dq_destination(smem, kShape, c);
+      if (destination < 0) {
+        more = false;
+        continue;
+      }
       if (leader) {
-        bulk_reduce_add_f32(p.dq_accum + BwdDqBlocks::offset(first_row + kShape.dq_block_row0(c),
-                                                             kShape.dq_block_col0(c), HeadDim),
-                            smem_u32(dq_stage(smem, kShape, c)), BwdDqBlocks::kBytes);
+        bulk_reduce_add_f32(p.dq_accum + destination, smem_u32(dq_stage(smem, kShape, c)),
+                            BwdDqBlocks::kBytes);
         bulk_commit_group();
         bulk_wait_group_read<0>();
       }
       __syncwarp();
-      if (t + 1 < tile.steps.count) named_barrier_arrive(kDqEmptyBarrier + c, kDqHandoffThreads);
+      named_barrier_arrive(kDqEmptyBarrier + c, kDqHandoffThreads);
     }
   }
   if (leader) bulk_wait_group<0>();  // the reductions are done before the CTA goes away
@@ -323,7 +377,7 @@ template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal
 __device__ __forceinline__ void consume_keys(const BackwardParams& p,
                                              const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
                                              unsigned char* smem, KeyTileBarriers<Stages>* bars,
-                                             int consumer) {
+                                             int consumer, RingPosition& ring) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
   constexpr int kRow = BwdWgmmaLimits::kRowBytes;
   // Keys past seqlen_k reach dQ (through K) only in the fused kernel; there a varlen tile holds
@@ -345,6 +399,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
   using Scores = BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd>;
   constexpr bool kDqUnderDk = FusedDq && (TileM == 64 || !(Alibi || Scores::kPerScoreFactor));
   unsigned char* const dq_block = dq_stage(smem, kShape, consumer);
+  volatile long long* const dq_to = dq_destination(smem, kShape, consumer);
   // Both consumers' columns of dS are written (their generic-proxy stores made visible to
   // wgmma's async proxy first); this consumer's dQ block is dS's rows dq_row0.. times K's
   // columns dq_col0...
@@ -356,10 +411,10 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
         base + kShape.k_offset() + kShape.dq_block_col0(consumer) / 64 * TileN * kRow);
   };
 
-  if (tile.steps.count > 0) mbarrier_wait(&bars->kv_full, 0);
-  for (int t = 0; t < tile.steps.count; ++t) {
-    const int stage = t % Stages;
-    mbarrier_wait(&bars->full[stage], (t / Stages) & 1);
+  if (tile.steps.count > 0) mbarrier_wait(&bars->kv_full, ring.kv_loads & 1);
+  for (int t = 0; t < tile.steps.count; ++t, ++ring.step) {
+    const int stage = ring.stage<Stages>();
+    mbarrier_wait(&bars->full[stage], ring.phase<Stages>());
     const unsigned q_tile = base + kShape.q_offset(stage), do_tile = base + kShape.do_offset(stage);
     const float* terms = reinterpret_cast<const float*>(smem + kShape.terms_offset(stage));
     float s[TileM / 2], dp[TileM / 2];
@@ -367,6 +422,12 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(dp, v_rows, do_tile);
     const int row0 = tile.steps.row0(t);
     const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
+    // Fused: where this consumer's block of the step's dQ goes in the accumulator.
+    const long long dq_offset =
+        FusedDq ? BwdDqBlocks::offset(tile.terms_row(p, tile.steps.head(t)) + row0 +
+                                          kShape.dq_block_row0(consumer),
+                                      kShape.dq_block_col0(consumer), HeadDim)
+                : 0;
     // Fused, both consumers meet at one bar.sync a step (dS written), which is .aligned: every
     // thread of a generation must reach the same instruction, so both take the same copy of
     // the step below and the test spans the tile's keys (synccheck reported the two copies'
@@ -398,7 +459,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       }
       unsigned dsf[TileM / 16][4];
       gemm_fragments<T, TileM>(dsf, dp);
-      const unsigned ds_tile = base + kShape.ds_offset(t % 2);
+      const unsigned ds_tile = base + kShape.ds_offset(ring.step % 2);
       unsigned pf[TileM / 16][4];
       float dq[FusedDq ? 32 : 1];
       if constexpr (kDqUnderDk) {
@@ -410,7 +471,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
         gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
         wgmma_wait<1>();  // dV and dQ are done; dK runs
         wgmma_fence_operands(dq);
-        stage_dq_block(dq_block, consumer, dq);
+        stage_dq_block(dq_block, dq_to, consumer, dq, dq_offset);
       } else {
         // dK's GEMM first: dPᵀ's registers free up as its fragments are packed, then Sᵀ's as
         // Pᵀ's are, which the kernels excluded above need.
@@ -429,7 +490,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       release_stage(&bars->empty[stage]);
       if constexpr (FusedDq && !kDqUnderDk) {
         wgmma_fence_operands(dq);
-        stage_dq_block(dq_block, consumer, dq);
+        stage_dq_block(dq_block, dq_to, consumer, dq, dq_offset);
       }
     };
     if constexpr (Scores::kMasks) {
@@ -440,6 +501,11 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     } else {
       finish_step(False{});
     }
+  }
+  // Every GEMM reading K and V is done: the producer may load the next tile's.
+  if (tile.steps.count > 0) {
+    release_stage(&bars->kv_empty);
+    ++ring.kv_loads;
   }
 
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k); keys past seqlen_k are not stored.
@@ -464,7 +530,7 @@ template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal
 __device__ __forceinline__ void consume_split(const BackwardParams& p,
                                               const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
                                               unsigned char* smem, KeyTileBarriers<Stages>* bars,
-                                              int group) {
+                                              int group, RingPosition& ring) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kRow = BwdWgmmaLimits::kRowBytes;
   constexpr int kPairThreads = 2 * kWarpgroupThreads;
@@ -481,11 +547,11 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
 
   if (tile.steps.count > 0) {
     if (!Probs) named_barrier_arrive(free, kPairThreads);  // the buffer starts free
-    mbarrier_wait(&bars->kv_full, 0);
+    mbarrier_wait(&bars->kv_full, ring.kv_loads & 1);
   }
-  for (int t = 0; t < tile.steps.count; ++t) {
-    const int stage = t % Stages;
-    mbarrier_wait(&bars->full[stage], (t / Stages) & 1);
+  for (int t = 0; t < tile.steps.count; ++t, ++ring.step) {
+    const int stage = ring.stage<Stages>();
+    mbarrier_wait(&bars->full[stage], ring.phase<Stages>());
     const unsigned q_tile = base + kShape.q_offset(stage), do_tile = base + kShape.do_offset(stage);
     const float* terms = reinterpret_cast<const float*>(smem + kShape.terms_offset(stage));
     float x[TileM / 2];  // Sᵀ then Pᵀ (Probs), dPᵀ then dSᵀ
@@ -555,6 +621,10 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
     wgmma_fence_operands(frag);  // its registers stay reserved until the GEMM reading them is done
     release_stage(&bars->empty[stage]);
   }
+  if (tile.steps.count > 0) {  // K and V read: the producer may load the next tile's
+    release_stage(&bars->kv_empty);
+    ++ring.kv_loads;
+  }
 
   // dK = softmax_scale · dSᵀ Q; keys past seqlen_k are not stored.
   if constexpr (Probs)
@@ -594,20 +664,17 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
   extern __shared__ unsigned char smem_raw[];
   unsigned char* smem = aligned_tiles(smem_raw);
   auto* bars = reinterpret_cast<KeyTileBarriers<Stages>*>(smem + kShape.barrier_offset());
-  const KeyTile<Causal, Window, Varlen, TileM, TileN, BlockMask> tile(p.fwd);
-  // The whole CTA: past a shorter sequence's keys. (if constexpr: even a constant-false test
-  // changes the dense kernels' code.)
-  if constexpr (Varlen)
-    if (tile.outside()) return;
+  const KeyTileGrid<TileN> grid{p.fwd};
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bars->kv_full, 1);
+    mbarrier_init(&bars->kv_empty, kShape.consumer_warps());
     for (int s = 0; s < Stages; ++s) {
       mbarrier_init(&bars->full[s], 1);
       mbarrier_init(&bars->empty[s], kShape.consumer_warps());
     }
     mbarrier_init_fence();
-    if (tile.steps.count > 0) {  // with seqlen_q = 0 the Q and dO maps are not even encoded
+    if (p.fwd.seqlen_q > 0) {  // with seqlen_q = 0 the Q and dO maps are not even encoded
       tma_prefetch_descriptor(&tma_q);
       tma_prefetch_descriptor(&tma_k);
       tma_prefetch_descriptor(&tma_v);
@@ -616,24 +683,49 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
   }
   __syncthreads();
 
+  // Each role walks the CTA's tiles in a loop of its own, the barriers keeping them in step (one
+  // loop around the roles would join their register budgets, 24 and 240, at its back edge: ptxas
+  // then spills).
   const int warpgroup = enter_role();
+  RingPosition ring;
+  auto for_each_tile = [&](auto&& work) {
+    for (int linear = blockIdx.x; linear < grid.total(); linear += gridDim.x) {
+      const KeyTile<Causal, Window, Varlen, TileM, TileN, BlockMask> tile(
+          p.fwd, grid.template at<Causal>(linear));
+      // Past a shorter sequence's keys. (if constexpr: even a constant-false test changes the
+      // dense kernels' code.)
+      if constexpr (Varlen)
+        if (tile.outside()) continue;
+      work(tile);
+    }
+  };
   if (warpgroup == 0) {
-    if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(
-          p, tile, &tma_q, &tma_k, &tma_v, &tma_do, smem, bars);
+    if (__shfl_sync(0xffffffffu, threadIdx.x / 32, 0) == 0)
+      for_each_tile([&](const auto& tile) {
+        produce<T, HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(
+            p, tile, &tma_q, &tma_k, &tma_v, &tma_do, smem, bars, ring);
+      });
     else if (FusedDq && threadIdx.x / 32 == 1)
-      write_dq<HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(p, tile, smem);
+      write_dq<HeadDim, TileM, TileN, Stages>(p, smem);
   } else if constexpr (kShape.split_roles() && !FusedDq) {
     const int consumer = warpgroup - 1;
     if (consumer % 2 == 0)
-      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
-                    true>(p, tile, smem, bars, consumer / 2);
+      for_each_tile([&](const auto& tile) {
+        consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
+                      true>(p, tile, smem, bars, consumer / 2, ring);
+      });
     else
-      consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
-                    false>(p, tile, smem, bars, consumer / 2);
+      for_each_tile([&](const auto& tile) {
+        consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
+                      false>(p, tile, smem, bars, consumer / 2, ring);
+      });
   } else {
-    consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
-                 FusedDq>(p, tile, smem, bars, warpgroup - 1);
+    for_each_tile([&](const auto& tile) {
+      consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
+                   FusedDq>(p, tile, smem, bars, warpgroup - 1, ring);
+    });
+    if constexpr (FusedDq)
+      end_dq_blocks(dq_destination(smem, kShape, warpgroup - 1), warpgroup - 1);
   }
 }
 

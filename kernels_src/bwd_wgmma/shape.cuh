@@ -65,8 +65,8 @@ struct BwdWgmmaShape {
   FLASHJIT_HOST_DEVICE constexpr int exchange_bytes() const {
     return split_roles() ? key_groups() * BwdWgmmaLimits::kRowsPerConsumer * tile_m * 4 : 0;
   }
-  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const {  // kv_full, full[stages], empty[stages]
-    return (1 + 2 * stages) * 8;
+  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const {  // kv_full, kv_empty, full, empty
+    return (2 + 2 * stages) * 8;
   }
   // Fused dQ: the step's 64 x 64 dQ blocks (tile_m / 64 down, head_dim / 64 across), one per
   // consumer; dS [tile_m queries][tile_n keys] in two buffers (steps alternate, so a consumer
@@ -82,9 +82,13 @@ struct BwdWgmmaShape {
   FLASHJIT_HOST_DEVICE constexpr int ds_bytes() const {
     return fused_dq ? tile_m * tile_n * BwdWgmmaLimits::kElementBytes : 0;
   }
-  // A warp stages its 16 rows of the block in the accumulator's order (BwdDqBlocks).
+  // A warp stages its 16 rows of the block in the accumulator's order (BwdDqBlocks); after the
+  // blocks, each consumer's block's destination in the accumulator (a long long, -1: no more).
   FLASHJIT_HOST_DEVICE constexpr int dq_stage_bytes() const {
-    return fused_dq ? consumer_warps() * BwdDqBlocks::kWarpBytes : 0;
+    return fused_dq ? consumer_warps() * BwdDqBlocks::kWarpBytes + consumers() * 8 : 0;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int dq_destination_offset(int consumer) const {
+    return dq_stage_offset() + consumer_warps() * BwdDqBlocks::kWarpBytes + consumer * 8;
   }
   // Shared memory, in order: K and V (the CTA's keys, loaded once), `stages` Q and `stages` dO
   // tiles, `stages` row-term blocks (lse_log2 then delta, tile_m floats each), the Pᵀ exchange,
@@ -132,6 +136,25 @@ struct BwdKeyTileOrder {
     const int rest = pairs - group * kGroup;
     const int group_pairs = rest < kGroup ? rest : kGroup;
     return {within / group_pairs, group * kGroup + within % group_pairs};
+  }
+};
+
+// How the dK/dV CTAs walk the key tiles (key tiles x heads_kv x batch, bwd_wgmma/kernel.cu's
+// KeyTileGrid): CTA b takes tiles b, b + grid, ... A grid of one CTA a tile leaves the order to
+// the hardware, which starts each next tile on the first SM free: a balanced schedule however
+// the tiles' work varies. A persistent grid (one CTA an SM, every CTA taking tiles in turn) loads
+// the next tile's K, V and first Q and dO while it finishes and stores the last, instead of paying
+// that latency and a CTA's start once a tile; its static schedule stays balanced where the tiles'
+// work is equal (not causal) or cycles through its few values quickly (causal with at most
+// kPersistentCausalTiles key tiles: each CTA then takes tiles of every weight in turn).
+struct BwdKeyTileWalk {
+  static constexpr int kPersistentCausalTiles = 16;
+  FLASHJIT_HOST_DEVICE static constexpr int total(int seqlen_k, int tile_n, int heads_kv,
+                                                  int batch) {
+    return (seqlen_k + tile_n - 1) / tile_n * heads_kv * batch;
+  }
+  FLASHJIT_HOST_DEVICE static constexpr bool persistent(bool causal, int seqlen_k, int tile_n) {
+    return !causal || (seqlen_k + tile_n - 1) / tile_n <= kPersistentCausalTiles;
   }
 };
 

@@ -7,7 +7,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <limits>
+#include <stdexcept>
 
 #include "bwd_wgmma/shape.cuh"
 #include "common/bwd_workspace.cuh"
@@ -128,11 +131,26 @@ void add_maps(LaunchPlan& plan, const ForwardProblem& problem, const BackwardPar
                            : TensorMapArg{});
 }
 
+// One CTA a key tile, or one an SM where BwdKeyTileWalk says a persistent grid stays balanced
+// (the kernel's KeyTileGrid walks the tiles either way). Only shapes of two consumers: their
+// 240-register consumers fill the register file, one CTA an SM; one of a single consumer might
+// share its SM with another CTA, which a grid of one an SM would give away.
 LaunchPlan dkdv_plan(const Variant& v, const ForwardProblem& problem, const BackwardParams& params,
-                     const DeviceInfo&) {
+                     const DeviceInfo& device) {
+  const std::int64_t tiles = static_cast<std::int64_t>((problem.seqlen_k + v.tile_n - 1) / v.tile_n) *
+                             problem.heads_kv * problem.batch;
+  if (tiles > std::numeric_limits<int>::max())
+    throw std::invalid_argument(fmt::format(
+        "{} key tiles of {} keys (seqlen_k {} x heads_kv {} x batch {}): expected at most {}",
+        tiles, v.tile_n, problem.seqlen_k, problem.heads_kv, problem.batch,
+        std::numeric_limits<int>::max()));
+  const bool persistent = device.multiprocessors > 0 &&
+                          dkdv_shape(v).consumers() == Limits::kMaxConsumers &&
+                          BwdKeyTileWalk::persistent(v.causal, problem.seqlen_k, v.tile_n);
   LaunchPlan plan;
-  plan.grid = {static_cast<unsigned>((problem.seqlen_k + v.tile_n - 1) / v.tile_n),
-               static_cast<unsigned>(problem.heads_kv), static_cast<unsigned>(problem.batch)};
+  plan.grid = {static_cast<unsigned>(persistent ? std::min<std::int64_t>(tiles, device.multiprocessors)
+                                                : tiles),
+               1, 1};
   plan.block = {static_cast<unsigned>(dkdv_shape(v).threads()), 1, 1};
   plan.shared_bytes = static_cast<unsigned>(dkdv_shared_bytes(v));
   add_maps(plan, problem, params, v.tile_m, v.tile_n);
