@@ -12,6 +12,9 @@ card's speed moves 5-10 % between processes; the ratio moved 0.3 % in session 20
         --out $OUT/ab -- --lib .devpack/libflashjit.so.0 --no-fa4 \
         --case bwd:2,16,16,8192,8192,128,0 --case bwd:1,16,16,16384,16384,128,1
 
+A build may bring its own library, NAME=KERNELS_DIR@LIB (host changes: a launch plan, a grid),
+which replaces the --lib given after --.
+
 Rounds alternate the builds' order (round 2 runs them backwards); the first round checks
 correctness (a timing-only build that computes wrong results: --timing-only NAME), later rounds
 only time. Every build gets its own kernel cache under --out. Prints and writes summary.txt:
@@ -35,17 +38,22 @@ CASE_LISTS = ("cases", "kv_cases", "varlen_cases", "backward_cases")
 
 
 def parse_builds(texts):
+    """{name: (kernels dir, library or None)}."""
     builds = {}
     for text in texts:
-        name, _, directory = text.partition("=")
+        name, _, spec = text.partition("=")
+        directory, _, library = spec.partition("@")
         if not name or not directory:
-            raise SystemExit(f"--build {text!r}: expected NAME=KERNELS_DIR")
+            raise SystemExit(f"--build {text!r}: expected NAME=KERNELS_DIR[@LIB]")
+        if library and not Path(library).is_file():
+            raise SystemExit(f"--build {text!r}: no library at {library}")
         if not (Path(directory) / "common").is_dir():
             raise SystemExit(f"--build {text!r}: {directory} is not a kernels_src tree "
                              "(no common/ in it)")
         if name in builds:
             raise SystemExit(f"--build {name!r} given twice")
-        builds[name] = str(Path(directory).resolve())
+        builds[name] = (str(Path(directory).resolve()),
+                        str(Path(library).resolve()) if library else None)
     if len(builds) < 2:
         raise SystemExit("--build: at least two builds to compare")
     return builds
@@ -78,7 +86,7 @@ def geomean_text(values, width=0):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--build", action="append", required=True, help="NAME=KERNELS_DIR")
+    ap.add_argument("--build", action="append", required=True, help="NAME=KERNELS_DIR[@LIB]")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--timing-only", action="append", default=[],
                     help="a build whose results are knowingly wrong: never checked")
@@ -103,11 +111,20 @@ def main():
         order = list(builds) if r % 2 else list(reversed(builds))
         for name in order:
             run_dir = args.out / f"r{r}-{name}"
-            command = [sys.executable, str(HARNESS), *passthrough, "--out", str(run_dir),
+            kernels, library = builds[name]
+            harness_args = list(passthrough)
+            if library:
+                if "--lib" in harness_args:
+                    harness_args[harness_args.index("--lib") + 1] = library
+                else:
+                    harness_args += ["--lib", library]
+            command = [sys.executable, str(HARNESS), *harness_args, "--out", str(run_dir),
                        "--cache-dir", str(args.out / f"cache-{name}")]
             if r > 1 or name in args.timing_only:
                 command.append("--no-check")
-            env = dict(os.environ, FLASHJIT_KERNELS_DIR=builds[name])
+            env = dict(os.environ, FLASHJIT_KERNELS_DIR=kernels)
+            if library:
+                env["FLASHJIT_LIBRARY"] = library
             log = args.out / f"r{r}-{name}.log"
             with log.open("w") as out:
                 try:

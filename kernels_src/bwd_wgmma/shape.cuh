@@ -144,11 +144,13 @@ struct BwdKeyTileOrder {
 // the hardware, which starts each next tile on the first SM free: a balanced schedule however
 // the tiles' work varies. A persistent grid (one CTA an SM, every CTA taking tiles in turn) loads
 // the next tile's K, V and first Q and dO while it finishes and stores the last, instead of paying
-// that latency and a CTA's start once a tile; its static schedule stays balanced where the tiles'
-// work is equal (not causal) or cycles through its few values quickly (causal with at most
-// kPersistentCausalTiles key tiles: each CTA then takes tiles of every weight in turn).
+// that latency and a CTA's start once a tile. Its static schedule is used where it measured
+// faster (session 24, H200): not causal (equal tiles: +6 % at d64 512, +1 % at 16k), and causal
+// up to kPersistentCausalTiles key tiles (+8 % at d64 512, +2.7 % at d256 512). At 16 key
+// tiles (causal 2k) it lost 1.3 % (d64) and 15 % (d128), at 64–128 (8k–16k) 9–25 %: there the
+// hardware's greedy order balances tiles of 1 to 128 steps.
 struct BwdKeyTileWalk {
-  static constexpr int kPersistentCausalTiles = 16;
+  static constexpr int kPersistentCausalTiles = 8;
   FLASHJIT_HOST_DEVICE static constexpr int total(int seqlen_k, int tile_n, int heads_kv,
                                                   int batch) {
     return (seqlen_k + tile_n - 1) / tile_n * heads_kv * batch;

@@ -136,6 +136,16 @@ TEST_CASE("backward: seqlen_q != seqlen_k both ways; rows that see no key get ze
   check_cases(cases, 200);
 }
 
+TEST_CASE("backward: more key tiles than SMs, a persistent grid's CTAs taking several each") {
+  // 160 to 192 key tiles (of 64 or 128 keys): past the 132 SMs of an H100/H200, so the Hopper
+  // kernels' persistent grids walk two tiles in some CTAs (BwdKeyTileWalk); causal ones are
+  // persistent up to 16 key tiles; the d128 case has a ragged last tile.
+  check_cases({{2, 40, 40, 256, 256, 64, false},
+               {2, 48, 48, 200, 200, 128, true},
+               {2, 24, 24, 256, 256, 256, false}},
+              800);
+}
+
 TEST_CASE("backward: GQA and MQA sum dk and dv over each group of query heads") {
   check_cases({{2, 8, 2, 150, 150, 128, false},  // 4:1
                {1, 16, 2, 100, 140, 64, true},   // 8:1
