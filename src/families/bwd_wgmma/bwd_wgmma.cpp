@@ -1,6 +1,6 @@
 // Host side of kernels_src/bwd_wgmma/ (Hopper, sm_90a only): the dK/dV families bwd_wgmma_fused
-// (dQ too, added into the fp32 accumulator) and bwd_wgmma (a CTA per key tile x KV head x batch
-// each: one kernel template), and the dQ family bwd_wgmma_dq (a CTA per query tile x head x
+// (dQ too, added into the fp32 accumulator) and bwd_wgmma (key tiles x KV heads x batch, a CTA
+// each or a persistent grid walking them, BwdKeyTileWalk: one kernel template), and the dQ family bwd_wgmma_dq (a CTA per query tile x head x
 // batch), each a producer warpgroup and one or two consumers (bwd_wgmma/shape.cuh) reading q, k,
 // v and dO through TMA tensor maps.
 #include "families/bwd_wgmma/bwd_wgmma.hpp"
