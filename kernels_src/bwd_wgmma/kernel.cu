@@ -105,7 +105,9 @@ template <int TileN>
 struct KeyTileGrid {
   const FmhaParams& f;
 
-  __device__ __forceinline__ int tiles() const { return (f.seqlen_k + TileN - 1) / TileN; }
+  __device__ __forceinline__ int tiles() const {
+    return BwdKeyTileWalk::key_tiles(f.seqlen_k, TileN);
+  }
   __device__ __forceinline__ int total() const {
     return BwdKeyTileWalk::total(f.seqlen_k, TileN, f.heads_kv, f.batch);
   }

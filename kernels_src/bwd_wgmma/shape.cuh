@@ -151,12 +151,17 @@ struct BwdKeyTileOrder {
 // hardware's greedy order balances tiles of 1 to 128 steps.
 struct BwdKeyTileWalk {
   static constexpr int kPersistentCausalTiles = 8;
+  // Key tiles of one (batch, KV head) pair.
+  FLASHJIT_HOST_DEVICE static constexpr int key_tiles(int seqlen_k, int tile_n) {
+    return (seqlen_k + tile_n - 1) / tile_n;
+  }
+  // All of the launch's (the host checks it fits an int).
   FLASHJIT_HOST_DEVICE static constexpr int total(int seqlen_k, int tile_n, int heads_kv,
                                                   int batch) {
-    return (seqlen_k + tile_n - 1) / tile_n * heads_kv * batch;
+    return key_tiles(seqlen_k, tile_n) * heads_kv * batch;
   }
   FLASHJIT_HOST_DEVICE static constexpr bool persistent(bool causal, int seqlen_k, int tile_n) {
-    return !causal || (seqlen_k + tile_n - 1) / tile_n <= kPersistentCausalTiles;
+    return !causal || key_tiles(seqlen_k, tile_n) <= kPersistentCausalTiles;
   }
 };
 

@@ -139,7 +139,7 @@ TEST_CASE("backward: seqlen_q != seqlen_k both ways; rows that see no key get ze
 TEST_CASE("backward: more key tiles than SMs, a persistent grid's CTAs taking several each") {
   // 160 to 192 key tiles (of 64 or 128 keys): past the 132 SMs of an H100/H200, so the Hopper
   // kernels' persistent grids walk two tiles in some CTAs (BwdKeyTileWalk); causal ones are
-  // persistent up to 16 key tiles; the d128 case has a ragged last tile.
+  // persistent up to 8 key tiles (the d128 case's 2); it has a ragged last tile.
   check_cases({{2, 40, 40, 256, 256, 64, false},
                {2, 48, 48, 200, 200, 128, true},
                {2, 24, 24, 256, 256, 256, false}},

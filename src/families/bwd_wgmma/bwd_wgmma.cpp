@@ -1,8 +1,8 @@
 // Host side of kernels_src/bwd_wgmma/ (Hopper, sm_90a only): the dK/dV families bwd_wgmma_fused
 // (dQ too, added into the fp32 accumulator) and bwd_wgmma (key tiles x KV heads x batch, a CTA
-// each or a persistent grid walking them, BwdKeyTileWalk: one kernel template), and the dQ family bwd_wgmma_dq (a CTA per query tile x head x
-// batch), each a producer warpgroup and one or two consumers (bwd_wgmma/shape.cuh) reading q, k,
-// v and dO through TMA tensor maps.
+// each or a persistent grid walking them, BwdKeyTileWalk: one kernel template), and the dQ family
+// bwd_wgmma_dq (a CTA per query tile x head x batch), each a producer warpgroup and one or two
+// consumers (bwd_wgmma/shape.cuh) reading q, k, v and dO through TMA tensor maps.
 #include "families/bwd_wgmma/bwd_wgmma.hpp"
 
 #include <fmt/format.h>
@@ -10,7 +10,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <stdexcept>
 
 #include "bwd_wgmma/shape.cuh"
 #include "common/bwd_workspace.cuh"
@@ -137,19 +136,22 @@ void add_maps(LaunchPlan& plan, const ForwardProblem& problem, const BackwardPar
 // share its SM with another CTA, which a grid of one an SM would give away.
 LaunchPlan dkdv_plan(const Variant& v, const ForwardProblem& problem, const BackwardParams& params,
                      const DeviceInfo& device) {
-  const std::int64_t tiles = static_cast<std::int64_t>((problem.seqlen_k + v.tile_n - 1) / v.tile_n) *
-                             problem.heads_kv * problem.batch;
+  // The kernel numbers its tiles with an int (BwdKeyTileWalk::total).
+  const std::int64_t tiles =
+      static_cast<std::int64_t>(BwdKeyTileWalk::key_tiles(problem.seqlen_k, v.tile_n)) *
+      problem.heads_kv * problem.batch;
   if (tiles > std::numeric_limits<int>::max())
-    throw std::invalid_argument(fmt::format(
-        "{} key tiles of {} keys (seqlen_k {} x heads_kv {} x batch {}): expected at most {}",
-        tiles, v.tile_n, problem.seqlen_k, problem.heads_kv, problem.batch,
-        std::numeric_limits<int>::max()));
+    throw Error(ErrorCode::invalid_argument,
+                fmt::format("{} key tiles of {} keys (seqlen_k {} x heads_kv {} x batch {}): "
+                            "expected at most {}",
+                            tiles, v.tile_n, problem.seqlen_k, problem.heads_kv, problem.batch,
+                            std::numeric_limits<int>::max()));
   const bool persistent = device.multiprocessors > 0 &&
                           dkdv_shape(v).consumers() == Limits::kMaxConsumers &&
                           BwdKeyTileWalk::persistent(v.causal, problem.seqlen_k, v.tile_n);
   LaunchPlan plan;
-  plan.grid = {static_cast<unsigned>(persistent ? std::min<std::int64_t>(tiles, device.multiprocessors)
-                                                : tiles),
+  plan.grid = {static_cast<unsigned>(
+                   persistent ? std::min<std::int64_t>(tiles, device.multiprocessors) : tiles),
                1, 1};
   plan.block = {static_cast<unsigned>(dkdv_shape(v).threads()), 1, 1};
   plan.shared_bytes = static_cast<unsigned>(dkdv_shared_bytes(v));
