@@ -307,18 +307,10 @@ __device__ __forceinline__ unsigned char* dq_stage(unsigned char* smem, const Bw
   return smem + shape.dq_stage_offset() + consumer * BwdDqBlocks::kBytes;
 }
 
-// Where consumer c's block goes in the accumulator (BwdDqBlocks::offset), written beside it.
-__device__ __forceinline__ volatile long long* dq_destination(unsigned char* smem,
-                                                              const BwdWgmmaShape& shape,
-                                                              int consumer) {
-  return reinterpret_cast<volatile long long*>(smem + shape.dq_destination_offset(consumer));
-}
-
 // Stages the block in the accumulator's order (BwdDqBlocks): each thread's eight float4 at
-// 512 i + 16 lane of its warp's 4 KB, no bank conflicts, no swizzle arithmetic; and where it goes.
-__device__ __forceinline__ void stage_dq_block(unsigned char* stage, volatile long long* destination,
-                                               int consumer, const float (&dq)[32],
-                                               long long accum_offset) {
+// 512 i + 16 lane of its warp's 4 KB, no bank conflicts, no swizzle arithmetic.
+__device__ __forceinline__ void stage_dq_block(unsigned char* stage, int consumer,
+                                               const float (&dq)[32]) {
   const int lane = threadIdx.x % 32, warp = (threadIdx.x / 32) % 4;
   unsigned char* staged = stage + BwdDqBlocks::kWarpBytes * warp;
   named_barrier_sync(kDqEmptyBarrier + consumer, kDqHandoffThreads);
@@ -326,48 +318,43 @@ __device__ __forceinline__ void stage_dq_block(unsigned char* stage, volatile lo
   for (int i = 0; i < 8; ++i)
     *reinterpret_cast<float4*>(staged + 512 * i + 16 * lane) =
         make_float4(dq[4 * i], dq[4 * i + 1], dq[4 * i + 2], dq[4 * i + 3]);
-  if (threadIdx.x % kWarpgroupThreads == 0) *destination = accum_offset;
   fence_proxy_async_shared();  // the generic-proxy writes, before the bulk copy reads them
   named_barrier_arrive(kDqFullBarrier + consumer, kDqHandoffThreads);
 }
 
-// A consumer's last word to write_dq: no more blocks (destination -1).
-__device__ __forceinline__ void end_dq_blocks(volatile long long* destination, int consumer) {
-  named_barrier_sync(kDqEmptyBarrier + consumer, kDqHandoffThreads);
-  if (threadIdx.x % kWarpgroupThreads == 0) *destination = -1;
-  named_barrier_arrive(kDqFullBarrier + consumer, kDqHandoffThreads);
-}
-
-// Fused dQ (the producer warpgroup's second warp): adds each consumer's staged blocks, step by
-// step, into the accumulator where the consumer says, one 16 KB bulk reduction a block, and frees
-// the staging once the reduction has read it; until both consumers have said they are done (they
-// stage a block each every step). No walk over the tiles of its own: at the producer
-// warpgroup's 24 registers, one spilled.
-template <int HeadDim, int TileM, int TileN, int Stages>
-__device__ __forceinline__ void write_dq(const BackwardParams& p, unsigned char* smem) {
+// Fused dQ (the producer warpgroup's second warp): walks the tile's steps as the consumers do,
+// adds each consumer's staged block of each step into the accumulator, one 16 KB bulk reduction
+// a block, and frees the staging once the reduction has read it. It finds each block's
+// destination itself: handing it over from the consumers, with an end mark after their last
+// tile, made ptxas recompute the consumers' shared-memory addresses every step (+40
+// instructions a step, session 24).
+template <int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Window, bool Varlen,
+          bool Listed>
+__device__ __forceinline__ void write_dq(const BackwardParams& p,
+                                         const KeyTile<Causal, Window, Varlen, TileM, TileN, Listed>& tile,
+                                         unsigned char* smem) {
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, true};
   const bool leader = threadIdx.x % 32 == 0;
-  for (int c = 0; c < kShape.consumers(); ++c)  // the staging starts free
+  if (tile.steps.count == 0) return;  // the consumers stage nothing for this tile
+  // The staging is free: the last tile's reductions were read before its last step ended.
+  for (int c = 0; c < kShape.consumers(); ++c)
     named_barrier_arrive(kDqEmptyBarrier + c, kDqHandoffThreads);
-  for (bool more = true; more;) {
+  for (int t = 0; t < tile.steps.count; ++t) {
+    const long long first_row = tile.terms_row(p, tile.steps.head(t)) + tile.steps.row0(t);
     for (int c = 0; c < kShape.consumers(); ++c) {
       named_barrier_sync(kDqFullBarrier + c, kDqHandoffThreads);
-      const long long destination = *dq_destination(smem, kShape, c);
-      if (destination < 0) {
-        more = false;
-        continue;
-      }
       if (leader) {
-        bulk_reduce_add_f32(p.dq_accum + destination, smem_u32(dq_stage(smem, kShape, c)),
-                            BwdDqBlocks::kBytes);
+        bulk_reduce_add_f32(p.dq_accum + BwdDqBlocks::offset(first_row + kShape.dq_block_row0(c),
+                                                             kShape.dq_block_col0(c), HeadDim),
+                            smem_u32(dq_stage(smem, kShape, c)), BwdDqBlocks::kBytes);
         bulk_commit_group();
         bulk_wait_group_read<0>();
       }
       __syncwarp();
-      named_barrier_arrive(kDqEmptyBarrier + c, kDqHandoffThreads);
+      // After the tile's last step the next tile's first arrival frees it.
+      if (t + 1 < tile.steps.count) named_barrier_arrive(kDqEmptyBarrier + c, kDqHandoffThreads);
     }
   }
-  if (leader) bulk_wait_group<0>();  // the reductions are done before the CTA goes away
 }
 
 // ---- consumers --------------------------------------------------------------------------------
@@ -401,7 +388,6 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
   using Scores = BackwardScores<Causal, Softcap, Window, Alibi, kKeyEnd>;
   constexpr bool kDqUnderDk = FusedDq && (TileM == 64 || !(Alibi || Scores::kPerScoreFactor));
   unsigned char* const dq_block = dq_stage(smem, kShape, consumer);
-  volatile long long* const dq_to = dq_destination(smem, kShape, consumer);
   // Both consumers' columns of dS are written (their generic-proxy stores made visible to
   // wgmma's async proxy first); this consumer's dQ block is dS's rows dq_row0.. times K's
   // columns dq_col0...
@@ -424,12 +410,6 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(dp, v_rows, do_tile);
     const int row0 = tile.steps.row0(t);
     const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
-    // Fused: where this consumer's block of the step's dQ goes in the accumulator.
-    const long long dq_offset =
-        FusedDq ? BwdDqBlocks::offset(tile.terms_row(p, tile.steps.head(t)) + row0 +
-                                          kShape.dq_block_row0(consumer),
-                                      kShape.dq_block_col0(consumer), HeadDim)
-                : 0;
     // Fused, both consumers meet at one bar.sync a step (dS written), which is .aligned: every
     // thread of a generation must reach the same instruction, so both take the same copy of
     // the step below and the test spans the tile's keys (synccheck reported the two copies'
@@ -473,7 +453,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
         gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
         wgmma_wait<1>();  // dV and dQ are done; dK runs
         wgmma_fence_operands(dq);
-        stage_dq_block(dq_block, dq_to, consumer, dq, dq_offset);
+        stage_dq_block(dq_block, consumer, dq);
       } else {
         // dK's GEMM first: dPᵀ's registers free up as its fragments are packed, then Sᵀ's as
         // Pᵀ's are, which the kernels excluded above need.
@@ -492,7 +472,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       release_stage(&bars->empty[stage]);
       if constexpr (FusedDq && !kDqUnderDk) {
         wgmma_fence_operands(dq);
-        stage_dq_block(dq_block, dq_to, consumer, dq, dq_offset);
+        stage_dq_block(dq_block, consumer, dq);
       }
     };
     if constexpr (Scores::kMasks) {
@@ -702,13 +682,20 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
     }
   };
   if (warpgroup == 0) {
-    if (__shfl_sync(0xffffffffu, threadIdx.x / 32, 0) == 0)
+    // Read through a shuffle, the warp is uniform to the compiler: each walk's values then sit
+    // in uniform registers (in the producer warpgroup's 24 a thread's walk spilled).
+    const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
+    if (warp == 0)
       for_each_tile([&](const auto& tile) {
         produce<T, HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(
             p, tile, &tma_q, &tma_k, &tma_v, &tma_do, smem, bars, ring);
       });
-    else if (FusedDq && threadIdx.x / 32 == 1)
-      write_dq<HeadDim, TileM, TileN, Stages>(p, smem);
+    else if (FusedDq && warp == 1) {
+      for_each_tile([&](const auto& tile) {
+        write_dq<HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(p, tile, smem);
+      });
+      if (threadIdx.x % 32 == 0) bulk_wait_group<0>();  // the reductions end before the CTA
+    }
   } else if constexpr (kShape.split_roles() && !FusedDq) {
     const int consumer = warpgroup - 1;
     if (consumer % 2 == 0)
@@ -726,8 +713,6 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
       consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
                    FusedDq>(p, tile, smem, bars, warpgroup - 1, ring);
     });
-    if constexpr (FusedDq)
-      end_dq_blocks(dq_destination(smem, kShape, warpgroup - 1), warpgroup - 1);
   }
 }
 

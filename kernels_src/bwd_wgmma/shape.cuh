@@ -82,13 +82,9 @@ struct BwdWgmmaShape {
   FLASHJIT_HOST_DEVICE constexpr int ds_bytes() const {
     return fused_dq ? tile_m * tile_n * BwdWgmmaLimits::kElementBytes : 0;
   }
-  // A warp stages its 16 rows of the block in the accumulator's order (BwdDqBlocks); after the
-  // blocks, each consumer's block's destination in the accumulator (a long long, -1: no more).
+  // A warp stages its 16 rows of the block in the accumulator's order (BwdDqBlocks).
   FLASHJIT_HOST_DEVICE constexpr int dq_stage_bytes() const {
-    return fused_dq ? consumer_warps() * BwdDqBlocks::kWarpBytes + consumers() * 8 : 0;
-  }
-  FLASHJIT_HOST_DEVICE constexpr int dq_destination_offset(int consumer) const {
-    return dq_stage_offset() + consumer_warps() * BwdDqBlocks::kWarpBytes + consumer * 8;
+    return fused_dq ? consumer_warps() * BwdDqBlocks::kWarpBytes : 0;
   }
   // Shared memory, in order: K and V (the CTA's keys, loaded once), `stages` Q and `stages` dO
   // tiles, `stages` row-term blocks (lse_log2 then delta, tile_m floats each), the Pᵀ exchange,
