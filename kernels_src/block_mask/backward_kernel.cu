@@ -10,6 +10,7 @@
 #include "block_mask/tile_visibility.cuh"
 #include "common/bwd_block_mask.cuh"
 #include "common/bwd_scores.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
@@ -22,6 +23,7 @@ namespace flashjit {
 template <typename T, int TileM, int TileN, bool Causal, bool Window, bool Varlen>
 __global__ void __launch_bounds__(BlockMaskShape::kThreads)
     build_backward_block_mask_kernel(const FmhaParams p) {
+  begin_after_previous_grid();
   const int key_tile = blockIdx.x, kv_head = blockIdx.y, batch = blockIdx.z;
   const long long entry = batch * p.block_stride_b + kv_head * p.block_stride_h + key_tile;
   // The map is this kernel's output; the dK/dV kernels read it through the same (const) fields.

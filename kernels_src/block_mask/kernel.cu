@@ -7,6 +7,7 @@
 // sequence's seqlen_q count for nothing; keys past its seqlen_k are hidden.
 #include "block_mask/shape.cuh"
 #include "block_mask/tile_visibility.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
@@ -19,6 +20,7 @@ namespace flashjit {
 template <typename T, int TileM, int TileN, bool Causal, bool Window, bool Varlen>
 __global__ void __launch_bounds__(BlockMaskShape::kThreads)
     build_block_mask_kernel(const FmhaParams p) {
+  begin_after_previous_grid();
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const long long entry = batch * p.block_stride_b + head * p.block_stride_h + m_block;
   // The map is this kernel's output; forward reads it through the same (const) fields.

@@ -9,6 +9,7 @@
 #include "common/bwd_scores.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/fast_math.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/masking.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
@@ -25,6 +26,7 @@ template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal
           bool Window, bool Alibi, bool Varlen, bool BlockMask = false>
 __global__ void __launch_bounds__(BwdMmaDqShape{HeadDim, TileM, TileN, Stages}.threads())
     bwd_mma_dq_kernel(const BackwardParams p) {
+  begin_after_previous_grid();
   constexpr BwdMmaDqShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kThreads = kShape.threads();
   static_assert(!BlockMask || user::kMaskMod, "block masks come with a mask_mod");

@@ -17,6 +17,7 @@
 #include "common/bwd_scores.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/fast_math.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
 #include "common/params.cuh"
@@ -80,6 +81,7 @@ template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal
           bool Window, bool Alibi, bool Varlen, bool BlockMask = false>
 __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, false}.threads())
     bwd_mma_kernel(const BackwardParams p) {
+  begin_after_previous_grid();
   constexpr BwdMmaShape kShape{HeadDim, TileM, TileN, Stages, bulk_dq_reduce(__CUDA_ARCH__ / 10)};
   constexpr int kThreads = kShape.threads();
   static_assert(!BlockMask || user::kMaskMod, "block masks come with a mask_mod");

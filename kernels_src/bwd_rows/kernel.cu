@@ -10,6 +10,7 @@
 #include "common/bwd_workspace.cuh"
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
 #include "common/types.cuh"
@@ -50,6 +51,7 @@ __device__ __forceinline__ float dot8(const uint4& a, const uint4& b) {
 
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_prep_kernel(const BackwardParams p) {
+  begin_after_previous_grid();
   constexpr int kLanes = BwdRowsShape::prep_lanes(HeadDim);
   constexpr int kRows = BwdRowsShape::prep_rows(HeadDim);
   static_assert(BwdWorkspaceRows::kRowQuantum % kRows == 0, "whole CTAs of padded rows");
@@ -92,6 +94,7 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_prep_kernel(const 
 // a fixed tree: the same bits every run.
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_sink_kernel(const BackwardParams p) {
+  begin_after_previous_grid();
   const int head = blockIdx.x;
   const float sink_log2 = __ldg(p.fwd.sink_logits + head) * kLog2e;
   float sum = 0.f;
@@ -125,6 +128,7 @@ __device__ __forceinline__ void store8(T* dq, float scale, float2 c0, float2 c1,
 template <typename T, int HeadDim>
 __global__ void __launch_bounds__(BwdRowsShape::kThreads)
     bwd_convert_kernel(const BackwardParams p) {
+  begin_after_previous_grid();
   constexpr int kSide = BwdRowsShape::kConvertSide;
   constexpr int kColumnBlocks = BwdRowsShape::convert_column_blocks(HeadDim);
   static_assert(BwdWorkspaceRows::kRowQuantum % kSide == 0, "whole blocks of padded rows");

@@ -16,6 +16,7 @@
 #include "common/bwd_scores.cuh"
 #include "common/bwd_workspace.cuh"
 #include "common/fast_math.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
@@ -200,6 +201,7 @@ __global__ void __launch_bounds__(BwdWgmmaDqShape{HeadDim, TileM, TileN, Stages}
                         const __grid_constant__ TmaDescriptor tma_k,
                         const __grid_constant__ TmaDescriptor tma_v,
                         const __grid_constant__ TmaDescriptor tma_do) {
+  begin_after_previous_grid();
   constexpr BwdWgmmaDqShape kShape{HeadDim, TileM, TileN, Stages};
   static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 16 == 0, "whole swizzled tiles");
   static_assert(TileM <= BwdWgmmaLimits::kMaxBoxRows && TileN <= BwdWgmmaLimits::kMaxBoxRows,

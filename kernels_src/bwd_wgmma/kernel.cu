@@ -23,6 +23,7 @@
 #include "common/bwd_block_mask.cuh"
 #include "common/bwd_scores.cuh"
 #include "common/fast_math.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
 #include "common/compile_flags.cuh"
@@ -631,6 +632,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
                      const __grid_constant__ TmaDescriptor tma_k,
                      const __grid_constant__ TmaDescriptor tma_v,
                      const __grid_constant__ TmaDescriptor tma_do) {
+  begin_after_previous_grid();
   constexpr BwdWgmmaShape kShape{HeadDim, TileM, TileN, Stages, FusedDq};
   static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 64 == 0, "whole swizzled tiles");
   static_assert(TileM <= BwdWgmmaLimits::kMaxBoxRows && TileN <= BwdWgmmaLimits::kMaxBoxRows,

@@ -16,6 +16,7 @@
 #include "common/alibi.cuh"
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/masking.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
@@ -53,6 +54,7 @@ template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal
 __global__ void __launch_bounds__(DecodeShape::kThreads)
     fmha_decode_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor k_map,
                        const __grid_constant__ TmaDescriptor v_map) {
+  begin_after_previous_grid();
   constexpr DecodeShape kShape{HeadDim, TileM, TileN, Stages, Tma};
   constexpr int kThreads = DecodeShape::kThreads;
   constexpr int kPitch = kShape.pitch();

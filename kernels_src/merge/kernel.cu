@@ -3,6 +3,7 @@
 // out = sum_i e^(lse_i - m) o_i / sum_i e^(lse_i - m), lse = m + log(sum_i e^(lse_i - m)), where
 // m = max_i lse_i; rows whose states are all empty (lse -inf) come out 0 with LSE -inf.
 #include "common/fast_math.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/params.cuh"
 #include "common/types.cuh"
 #include "common/warp_reduce.cuh"
@@ -56,13 +57,9 @@ __device__ __forceinline__ void accumulate_states(const In* o, long long state_s
 
 template <typename T, int HeadDim, int Warps>
 __global__ void __launch_bounds__(Warps * 32) merge_states_kernel(const MergeParams p) {
+  begin_after_previous_grid();
   static_assert(HeadDim % 32 == 0, "whole columns per lane");
   constexpr int N = HeadDim / 32;  // columns per lane
-#if __CUDA_ARCH__ >= 900
-  // Launched under the split-KV kernel's tail (LaunchPlan::overlaps_previous): its partials are
-  // complete and visible only past this wait, a no-op for an ordinary launch.
-  asm volatile("griddepcontrol.wait;" ::: "memory");
-#endif
   const int lane = threadIdx.x % 32;
   const long long row = static_cast<long long>(blockIdx.x) * Warps + threadIdx.x / 32;
   if (row >= static_cast<long long>(p.batch) * p.seqlen * p.heads) return;

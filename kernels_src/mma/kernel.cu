@@ -12,6 +12,7 @@
 #include "common/alibi.cuh"
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/masking.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
@@ -54,6 +55,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaPar
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
           bool Window, bool Sink, bool Alibi, bool BlockMask = false>
 __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
+  begin_after_previous_grid();
   constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
   constexpr int kThreads = MmaShape::kThreads;
   constexpr int kPitch = kShape.pitch();

@@ -6,6 +6,7 @@
 // Each thread scores TileN/4 keys of its row and accumulates HeadDim/4 output columns.
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
 #include "common/quad_reduce.cuh"
@@ -30,6 +31,7 @@ template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal
           bool Window, bool Sink, bool Alibi>
 __global__ void __launch_bounds__(SimtShape{HeadDim, TileM, TileN}.threads())
     fmha_simt_kernel(const FmhaParams p) {
+  begin_after_previous_grid();
   static_assert(!Window, "simt builds no sliding-window variants (its family lacks the feature)");
   static_assert(!Sink, "simt builds no sink variants (its family lacks the feature)");
   static_assert(!Alibi, "simt builds no ALiBi variants (its family lacks the feature)");

@@ -15,6 +15,7 @@
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
 #include "common/global_store.cuh"
+#include "common/grid_dependency.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
 #include "common/quad_reduce.cuh"
@@ -608,6 +609,7 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
                       const __grid_constant__ TmaDescriptor tma_k,
                       const __grid_constant__ TmaDescriptor tma_v,
                       const __grid_constant__ TmaDescriptor tma_o, const WgmmaSchedule sched) {
+  begin_after_previous_grid();
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen>;
   extern __shared__ unsigned char smem_raw[];
   // The 128B swizzle pattern repeats every 1024 bytes and wgmma assumes atoms start on that grid.

@@ -122,6 +122,8 @@ std::shared_ptr<const detail::BackwardLaunch> Engine::Impl::prepare_backward(
             : detail::backward_launch_plan(kernels.finish, forward, problem.params, device);
   }
   if (problem.params.dsink != nullptr) ready->sink = detail::bwd_sink_plan(forward.heads_q);
+  for (detail::LaunchPlan* plan : {&ready->prep, &ready->sink, &ready->dkdv, &ready->finish})
+    plan->overlaps_previous = detail::may_overlap_previous(device);
   backward_plans.insert(key, ready);
   return ready;
 }

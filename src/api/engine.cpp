@@ -115,6 +115,7 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
   ready->use(loaded(key.context, *ready->kernel));
   const detail::KernelFamily& family = detail::family_named(ready->variant.family, "family");
   ready->plan = family.plan(ready->variant, problem, device);
+  ready->plan.overlaps_previous = detail::may_overlap_previous(device);
   const detail::SplitPlan split = detail::plan_splits(family, ready->variant, problem, device);
   ready->num_splits = split.num_splits;
   ready->split_tiles = split.split_tiles;
@@ -126,9 +127,7 @@ std::shared_ptr<const detail::ReadyLaunch> Engine::Impl::prepare(
         merge.kernel, merge.function,
         detail::merge_plan(static_cast<long long>(problem.batch) * problem.seqlen_q *
                            problem.heads_q)};
-    // The merge follows the attention kernel on the same stream: from sm_90 on it launches
-    // under that kernel's tail and waits for it on the device.
-    ready->merge->plan.overlaps_previous = device.cc_major >= 9;
+    ready->merge->plan.overlaps_previous = detail::may_overlap_previous(device);
   }
   if (ready->plan.maps.size() > detail::LaunchPlan::kMaxMaps ||
       ready->plan.values.size() > detail::LaunchPlan::kMaxValues)
@@ -271,8 +270,9 @@ void Engine::Impl::build_map(const detail::LaunchContext& context, const Variant
   const CUfunction function = loaded(context.get(), *kernel).function;
   FmhaParams params = problem_params;
   detail::use_block_mask(params, map);
-  detail::launch(function, detail::block_mask_plan(map.rows(), map.heads, map.batches), params,
-                 stream);
+  detail::LaunchPlan plan = detail::block_mask_plan(map.rows(), map.heads, map.batches);
+  plan.overlaps_previous = detail::may_overlap_previous(device);
+  detail::launch(function, plan, params, stream);
 }
 
 BlockMask Engine::create_block_mask(const TensorView& q, const TensorView& k, const TensorView& v,
@@ -378,7 +378,9 @@ void Engine::merge_attention_states(const TensorView& out_a, const float* lse_a,
   const detail::LaunchContext context(stream, impl_->primary.get());
   const auto merge =
       impl_->merge_kernel(context.get(), out_a.dtype, static_cast<int>(out_a.shape[3]));
-  detail::launch(merge.function, detail::merge_plan(rows), params, stream);
+  detail::LaunchPlan plan = detail::merge_plan(rows);
+  plan.overlaps_previous = detail::may_overlap_previous(impl_->device);
+  detail::launch(merge.function, plan, params, stream);
 }
 
 }  // namespace flashjit

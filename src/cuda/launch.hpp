@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "common/params.cuh"
+#include "flashjit/flashjit.hpp"
 
 namespace flashjit::detail {
 
@@ -31,11 +32,13 @@ struct LaunchPlan {
   // Kernel arguments after FmhaParams, in order: the tensor maps, then plain values.
   std::vector<TensorMapArg> maps;
   std::vector<std::vector<std::byte>> values;
-  // Programmatic dependent launch (sm_90 on): the kernel may be launched while the stream's
-  // previous kernel is still finishing, and waits for it (griddepcontrol.wait) before reading
-  // what it wrote. Hides the launch gap of the split-KV merge.
+  // Programmatic dependent launch: the kernel may be launched while the stream's previous kernel
+  // is still finishing (every kernel waits for it first: common/grid_dependency.cuh).
   bool overlaps_previous = false;
 };
+
+// Whether kernels on `device` launch under the previous kernel's tail (griddepcontrol: sm_90 on).
+inline bool may_overlap_previous(const DeviceInfo& device) { return device.cc_major >= 9; }
 
 // The plan's grid, block and shared memory as the driver's launch configuration on `stream`.
 CUlaunchConfig launch_config(const LaunchPlan& plan, CUstream stream);
