@@ -1,7 +1,9 @@
 // fmha_mma: FlashAttention-2 forward on tensor cores (mma.sync m16n8k16, fp32 accumulation), for
 // every GPU from sm_80 on.
 //
-// Layout of the work: one CTA per (TileM query rows, head, batch), 4 warps. Each warp owns TileM/4
+// Layout of the work: one CTA per (TileM query rows, head, batch), 4 warps. Varlen (varlen batches,
+// seqused_k): each sequence's own rows and lengths (common/sequence.cuh); the grid covers the
+// longest sequence, and CTAs past a shorter one's queries return. Each warp owns TileM/4
 // query rows (one or two m16 row tiles) across all keys and the whole head dim, so the softmax
 // statistics of a row never leave its quad of lanes and warps share nothing but the K/V tiles.
 // K and V stream through rings of `Stages` shared buffers filled by cp.async: V_j is in flight
@@ -20,6 +22,7 @@
 #include "common/softcap.cuh"
 #include "common/user_scores.cuh"
 #include "common/quad_reduce.cuh"
+#include "common/sequence.cuh"
 #include "common/tile_copy_async.cuh"
 #include "common/types.cuh"
 #include "mma/shape.cuh"
@@ -30,15 +33,15 @@ constexpr int kMmaWarps = MmaShape::kWarps;
 
 // -inf for every score whose key the row may not see; lane_row / lane_key: the lane's first row
 // and first key in the accumulator layout.
-template <bool Causal, bool Window, int MT, int NT>
-__device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaParams& p,
-                                            int lane_row, int lane_key) {
+template <bool Causal, bool Window, int MT, int NT, typename Lengths>
+__device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const Lengths& len,
+                                            const FmhaParams& p, int lane_row, int lane_key) {
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int row = lane_row + mt * 16 + h * 8;
-      const int first = key_first<Window>(p, p, row), end = key_end<Causal, Window>(p, p, row);
+      const int first = key_first<Window>(len, p, row), end = key_end<Causal, Window>(len, p, row);
 #pragma unroll
       for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -53,7 +56,7 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const FmhaPar
 // BlockMask: the entry that reads a block mask (FmhaParams::block_*), compiled beside the other
 // for variants with a mask_mod.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Sink, bool Alibi, bool BlockMask = false>
+          bool Window, bool Sink, bool Alibi, bool Varlen, bool BlockMask = false>
 __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
   begin_after_previous_grid();
   constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
@@ -80,10 +83,23 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   const int row0 = m_tile * TileM;
   const int lane = threadIdx.x % 32;
   const int warp_row0 = (threadIdx.x / 32) * kWarpRows;  // first row of this warp in the tile
+  const SequenceSpan seq = sequence_span<Varlen>(p, batch);
+  if (Varlen && row0 >= seq.seqlen_q) return;  // past a shorter sequence's queries
+  // The masks' lengths: the sequence's, or (dense) the launch's read from the params where used.
+  const SequenceLengths seq_lengths = seq.lengths();
+  const auto& len = [&]() -> const auto& {
+    if constexpr (Varlen)
+      return seq_lengths;
+    else
+      return p;
+  }();
 
-  const T* q = static_cast<const T*>(p.q) + batch * p.q_stride_b + head * p.q_stride_h;
-  const T* k = static_cast<const T*>(p.k) + batch * p.k_stride_b + kv_head * p.k_stride_h;
-  const T* v = static_cast<const T*>(p.v) + batch * p.v_stride_b + kv_head * p.v_stride_h;
+  const T* q = static_cast<const T*>(p.q) + seq.q_batch * p.q_stride_b +
+               seq.q_start * p.q_stride_s + head * p.q_stride_h;
+  const T* k = static_cast<const T*>(p.k) + seq.k_batch * p.k_stride_b +
+               seq.k_start * p.k_stride_s + kv_head * p.k_stride_h;
+  const T* v = static_cast<const T*>(p.v) + seq.k_batch * p.v_stride_b +
+               seq.k_start * p.v_stride_s + kv_head * p.v_stride_h;
   using KvStream = TileStream<T, HeadDim, TileN, kPitch, kThreads>;
   const KvStream k_stream(k, p.k_stride_s);
   const KvStream v_stream(v, p.v_stride_s);
@@ -97,7 +113,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   // V_{j+Stages-1} and K_{j+Stages}. So when K_j or V_j is waited for, exactly 2·(Stages-1)
   // newer groups exist. Tiles past the end commit empty groups to keep that count.
   const auto visits = [&] {
-    const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(p, p, row0);
+    const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(len, p, row0);
     if constexpr (BlockMask) {  // the block mask lists the tiles
       ListedVisits<TileRange, true> listed{range, nullptr, 0, 0, 0};
       list_block_mask(listed, p, batch, head, m_tile);
@@ -108,15 +124,15 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   }();
   const int n_tiles = visits.count();
   TileStream<T, HeadDim, TileM, kPitch, kThreads>(q, p.q_stride_s)
-      .copy(smem_address(q_tile), row0, p.seqlen_q, p.q_stride_s);
+      .copy(smem_address(q_tile), row0, len.seqlen_q, p.q_stride_s);
 #pragma unroll
   for (int j = 0; j < Stages; ++j) {
     if (j < n_tiles)
-      k_stream.copy(k_smem + j * kKvTileBytes, visits.tile(j) * TileN, p.seqlen_k, p.k_stride_s);
+      k_stream.copy(k_smem + j * kKvTileBytes, visits.tile(j) * TileN, len.seqlen_k, p.k_stride_s);
     cp_async_commit();
     if (j == Stages - 1) break;
     if (j < n_tiles)
-      v_stream.copy(v_smem + j * kKvTileBytes, visits.tile(j) * TileN, p.seqlen_k, p.v_stride_s);
+      v_stream.copy(v_smem + j * kKvTileBytes, visits.tile(j) * TileN, len.seqlen_k, p.v_stride_s);
     cp_async_commit();
   }
 
@@ -134,7 +150,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
 
   // ALiBi: every row of the CTA has its head's slope; the diagonals grow with the rows.
   const float alibi_slope = Alibi ? alibi_raw_slope(p, head) : 0.f;
-  const int alibi_diagonal = row0 + warp_row0 + lane / 4 + p.seqlen_k - p.seqlen_q;
+  const int alibi_diagonal = row0 + warp_row0 + lane / 4 + len.seqlen_k - len.seqlen_q;
 
   for (int j = 0; j < n_tiles; ++j) {
     const int tile = visits.tile(j);
@@ -143,7 +159,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
     __syncthreads();  // K_tile has landed for all; every warp is done with P·V of tile - 1
     if (j + Stages - 1 < n_tiles)
       v_stream.copy(v_smem + (j + Stages - 1) % Stages * kKvTileBytes,
-                    visits.tile(j + Stages - 1) * TileN, p.seqlen_k, p.v_stride_s);
+                    visits.tile(j + Stages - 1) * TileN, len.seqlen_k, p.v_stride_s);
     cp_async_commit();
 
     float s[MT][NT][4];
@@ -158,25 +174,25 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
     // With a mask_mod every tile is masked but those a block mask lists as untouched. (Only in
     // the block-mask entry: even an empty branch changed the other kernels' machine code.)
     const auto user_row = [&](int mt, int h) {
-      return UserRow{min(row0 + warp_row0 + lane / 4 + mt * 16 + h * 8, p.seqlen_q - 1), head};
+      return UserRow{min(row0 + warp_row0 + lane / 4 + mt * 16 + h * 8, len.seqlen_q - 1), head};
     };
     if constexpr (BlockMask) {
       if (visits.untouched(j))
-        user_scores_m16n8<false, MT, NT>(s, p, batch, user_row, p.seqlen_k, key0 + (lane % 4) * 2);
+        user_scores_m16n8<false, MT, NT>(s, p, batch, user_row, len.seqlen_k, key0 + (lane % 4) * 2);
       else
-        user_scores_m16n8<true, MT, NT>(s, p, batch, user_row, p.seqlen_k, key0 + (lane % 4) * 2);
+        user_scores_m16n8<true, MT, NT>(s, p, batch, user_row, len.seqlen_k, key0 + (lane % 4) * 2);
     } else {
-      user_scores_m16n8<true, MT, NT>(s, p, batch, user_row, p.seqlen_k, key0 + (lane % 4) * 2);
+      user_scores_m16n8<true, MT, NT>(s, p, batch, user_row, len.seqlen_k, key0 + (lane % 4) * 2);
     }
-    if (tile_needs_band_mask<Causal, Window, kWarpRows, TileN>(p, p, row0 + warp_row0, key0))
-      mask_scores<Causal, Window, MT, NT>(s, p, row0 + warp_row0 + lane / 4,
+    if (tile_needs_band_mask<Causal, Window, kWarpRows, TileN>(len, p, row0 + warp_row0, key0))
+      mask_scores<Causal, Window, MT, NT>(s, len, p, row0 + warp_row0 + lane / 4,
                                           key0 + (lane % 4) * 2);
 
     cp_async_wait<2 * (Stages - 1)>();
     __syncthreads();  // V_tile has landed for all; every warp is done reading K_tile
     if (j + Stages < n_tiles)
       k_stream.copy(k_smem + j % Stages * kKvTileBytes, visits.tile(j + Stages) * TileN,
-                    p.seqlen_k, p.k_stride_s);
+                    len.seqlen_k, p.k_stride_s);
     cp_async_commit();
 
     unsigned probs[MT][NT / 2][4];
@@ -189,6 +205,8 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   // other threads' Q copies may still be landing in this slice.
   cp_async_wait<0>();
   __syncthreads();
+  // Read again, not kept across the loop (d64 causal varlen at 255 registers spilled 100 B).
+  const SequenceSpan out_seq = sequence_span<Varlen>(p, batch);
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
@@ -201,17 +219,18 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
       for (int dt = 0; dt < DT; ++dt)
         staged[dt * 4] = pack2<T>(o[mt][dt][2 * h] * scale, o[mt][dt][2 * h + 1] * scale);
       const int row = row0 + local_row;
-      if (p.lse != nullptr && lane % 4 == 0 && row < p.seqlen_q)
-        store_row_lse(p, batch, head, row, finish.lse());
+      if (p.lse != nullptr && lane % 4 == 0 && row < len.seqlen_q)
+        store_row_lse<Varlen>(p, batch, head, row, finish.lse(), out_seq.q_start);
     }
   __syncwarp();
-  T* o_base = static_cast<T*>(p.o) + batch * p.o_stride_b + head * p.o_stride_h;
+  T* o_base = static_cast<T*>(p.o) + out_seq.q_batch * p.o_stride_b +
+               out_seq.q_start * p.o_stride_s + head * p.o_stride_h;
   static_assert(kWarpRows * DT % 32 == 0, "whole rounds of 32 vectors");
 #pragma unroll
   for (int i0 = 0; i0 < kWarpRows * DT; i0 += 32) {
     const int r = warp_row0 + (i0 + lane) / DT;
     const int c = ((i0 + lane) % DT) * 8;
-    if (row0 + r < p.seqlen_q)
+    if (row0 + r < len.seqlen_q)
       *reinterpret_cast<uint4*>(o_base + (row0 + r) * p.o_stride_s + c) =
           *reinterpret_cast<const uint4*>(q_tile + r * kPitch + c);
   }

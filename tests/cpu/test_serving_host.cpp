@@ -88,7 +88,8 @@ TEST_CASE("decode and merge variant names parse back; feature suffixes keep thei
                        doctest::Contains("features field"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("decode.sm90a.bf16.d128.m16n64s3.varlen"),
                        doctest::Contains("has no varlen variants"), Error);
-  CHECK_THROWS_WITH_AS(Variant::parse("mma.sm80.bf16.d128.m128n64s2.varlen"),
+  CHECK(Variant::parse("mma.sm80.bf16.d128.m128n64s2.causal.varlen").varlen);
+  CHECK_THROWS_WITH_AS(Variant::parse("simt.sm80.bf16.d128.m64n64s1.varlen"),
                        doctest::Contains("has no varlen variants"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("decode.sm90a.bf16.d256.m32n64s2"),
                        doctest::Contains("use tile_m 16"), Error);
@@ -99,21 +100,24 @@ TEST_CASE("decode and merge variant names parse back; feature suffixes keep thei
 }
 
 TEST_CASE("precompile's defaults include paged decode, varlen prefill and merge variants") {
-  int decode = 0, paged = 0, merge = 0, wgmma = 0, varlen = 0;
+  int decode = 0, paged = 0, merge = 0, wgmma = 0, mma = 0, varlen = 0;
   for (const Variant& v : default_variants("sm_90a")) {
     decode += v.family == "decode" || v.family == "decode_tma";
     paged += v.paged;
     merge += v.family == "merge";
     wgmma += v.family == "wgmma";
+    mma += v.family == "mma";
     // The forward's varlen variants (the backward's: tests/cpu/test_backward_host.cpp).
     varlen += v.varlen && !v.family.starts_with("bwd_");
     if (v.paged) CHECK(v.family.starts_with("decode"));
-    if (v.varlen) CHECK((v.family == "wgmma" || v.family.starts_with("bwd_")));
+    if (v.varlen) CHECK((v.family == "wgmma" || v.family == "mma" || v.family.starts_with("bwd_")));
     CHECK_NOTHROW(detail::check_variant(v));
   }
-  // wgmma: every dense shape once more with per-sequence lengths compiled in.
+  // wgmma and mma: every dense shape once more with per-sequence lengths compiled in (mma: 2
+  // dtypes x 6 head dims x 2 masks, one shape each, twice).
   CHECK(wgmma == 36);
-  CHECK(varlen == 18);
+  CHECK(mma == 48);
+  CHECK(varlen == 18 + 24);
   // Each of the two decode kernels: 2 dtypes x 2 masks x 2 caches x (2 + 2 + 1) tiles over
   // d64/d128/d256, and decode_tma's short-key tile for small pages at d128 (2 dtypes x 2 masks).
   CHECK(decode == 84);
@@ -335,7 +339,8 @@ TEST_CASE("a varlen batch is validated against its packed views; prefill goes to
   CHECK(problem.params.total_q == 1000);
   CHECK(problem.params.cu_seqlens_k == cu_k);
   // Prefill-sized rows (300 x 4 per KV head): Hopper's prefill kernel, which decode_tma leaves to
-  // it; the decode family on sm_80 (mma takes no varlen batch); forced splits: decode.
+  // it; the decode family on sm_80 (mma runs it only when forced, or at head dims decode has no
+  // kernels for); forced splits: decode.
   const Variant prefill = detail::select_variant(problem, h200(), nullptr);
   CHECK(prefill.family == "wgmma");
   CHECK(prefill.varlen);
@@ -346,7 +351,10 @@ TEST_CASE("a varlen batch is validated against its packed views; prefill goes to
   a100.multiprocessors = 108;
   a100.max_shared_per_block_optin = 163 * 1024;
   CHECK(detail::select_variant(problem, a100, nullptr).family == "decode");
-  CHECK_THROWS_WITH_AS(detail::select_variant(problem, a100, &family("mma")),
+  const Variant forced_mma = detail::select_variant(problem, a100, &family("mma"));
+  CHECK(forced_mma.family == "mma");
+  CHECK(forced_mma.varlen);
+  CHECK_THROWS_WITH_AS(detail::select_variant(problem, a100, &family("simt")),
                        doctest::Contains("takes no varlen batch"), Error);
   ForwardOptions split;
   split.num_splits = 4;

@@ -2,7 +2,7 @@
 // paged caches through the decode families (sequences of length 0, refused batches, families that
 // take none), and ragged prefill batches through the prefill kernel (wgmma on Hopper: its sorted
 // schedule up to 256 sequences and the unsorted one past that, every tile shape it builds,
-// seqused_k). Outputs and LSEs hold NaN before every run; so does every K/V slot that holds no
+// seqused_k) and mma's varlen variants (forced, and the dispatcher's at head dims 32 and 96). Outputs and LSEs hold NaN before every run; so does every K/V slot that holds no
 // valid key (varlen_problem.hpp), so a kernel that reads one into P·V shows.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
@@ -35,11 +35,13 @@ Engine& engine() { return shared_engine(); }
 // along the seqlen dimension, each compared on its own against the float64 reference.
 namespace {
 
-// The family the dispatcher picks: on Hopper the prefill kernel (wgmma) for a dense cache with
-// more than 64 query rows per KV head (the max_seqlen_q hint x heads_q / heads_kv) unless split,
-// decode_tma for the rest but pages under 64 rows; elsewhere always decode.
+// The family the dispatcher picks: mma at the head dims the decode and wgmma families have no
+// kernels for (32, 96, 192); on Hopper the prefill kernel (wgmma) for a dense cache with more
+// than 64 query rows per KV head (the max_seqlen_q hint x heads_q / heads_kv) unless split,
+// decode_tma for the rest but pages under 64 rows; elsewhere decode.
 std::string dispatcher_family(const VarlenCase& c, const VarlenBatch& varlen,
                               const ForwardOptions& options) {
+  if (!decode_has_head_dim(c.head_dim)) return "mma";
   if (engine().device().arch != "sm_90a") return "decode";
   const int rows_per_kv_head = varlen.max_seqlen_q * (c.heads_q / c.heads_kv);
   if (!c.paged() && rows_per_kv_head > 64) return options.num_splits > 1 ? "decode" : "wgmma";
@@ -113,9 +115,9 @@ void check_varlen_variant(const VarlenRun& r, const VarlenCase& c, const VarlenB
   else
     CHECK(r.variant.family == dispatcher_family(c, varlen, options));
   CHECK(r.variant.paged == c.paged());
-  // Per-sequence lengths are compiled into wgmma's varlen variants; the decode kernels take them
-  // at run time.
-  CHECK(r.variant.varlen == (r.variant.family == "wgmma"));
+  // Per-sequence lengths are compiled into wgmma's and mma's varlen variants; the decode kernels
+  // take them at run time.
+  CHECK(r.variant.varlen == (r.variant.family == "wgmma" || r.variant.family == "mma"));
   CHECK(r.variant.causal == c.causal);
   CHECK(r.variant.dtype == c.dtype);
   CHECK(r.variant.head_dim == c.head_dim);
@@ -419,10 +421,10 @@ TEST_CASE("varlen: decode families run it, workspace only when split, other fami
   }
 
   // The families without varlen batches refuse one, even when forced, and write nothing (wgmma
-  // takes them: the prefill cases below).
+  // and mma take them: the prefill cases below).
   p.poison();
   for (const std::string& family : family_names()) {
-    if (family.starts_with("decode") || family == "wgmma") continue;
+    if (family.starts_with("decode") || family == "wgmma" || family == "mma") continue;
     ForwardOptions options;
     options.causal = c.causal;
     options.lse = p.lse();
@@ -439,7 +441,8 @@ TEST_CASE("varlen: decode families run it, workspace only when split, other fami
   CHECK_MESSAGE(all_poison(p.lse_values()), "a refused call wrote the LSE");
 }
 
-// Ragged prefill: the prefill kernel (wgmma) on Hopper, the decode family elsewhere.
+// Ragged prefill: the dispatcher's family (dispatcher_family), every wgmma shape on Hopper, and
+// mma (sm_80 on) forced.
 namespace {
 
 // The wgmma tile shapes the tile table may pick for the case (each forced in turn), on Hopper.
@@ -453,10 +456,11 @@ std::vector<TileConfig> wgmma_shapes(const VarlenCase& c) {
   return shapes;
 }
 
-// The dispatcher's choice and every wgmma shape.
+// The dispatcher's choice, mma, and every wgmma shape.
 void run_prefill_matrix(VarlenDeviceProblem& p, const HostVarlen& host,
                         const std::vector<Reference>& refs) {
-  std::vector<ForwardOptions> runs(1);
+  std::vector<ForwardOptions> runs(2);
+  runs[1].family = "mma";
   for (const TileConfig& tiles : wgmma_shapes(host.shape)) {
     ForwardOptions options;
     options.family = "wgmma";
@@ -485,7 +489,9 @@ TEST_CASE(
   };
   const Shape shapes[] = {{4, 4, 64, DType::fp16, false},
                           {8, 2, 128, DType::bf16, true},
-                          {8, 1, 256, DType::bf16, false}};
+                          {8, 1, 256, DType::bf16, false},
+                          {4, 2, 32, DType::bf16, true},
+                          {6, 2, 96, DType::fp16, false}};
   unsigned seed = 8500;
   for (const Shape& shape : shapes)
     for (bool causal : {false, true}) {

@@ -1,5 +1,6 @@
 // Host side of kernels_src/mma/kernel.cu: 4 warps, each owning tile_m/4 query rows; shared memory
-// holds the Q tile and `stages` K and V tiles, rows padded by 16 bytes (mma/shape.cuh).
+// holds the Q tile and `stages` K and V tiles, rows padded by 16 bytes (mma/shape.cuh). Dense
+// batches, and (Variant::varlen) varlen batches or seqused_k; not paged caches.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -87,8 +88,15 @@ TileTable mma_tiles(std::string_view arch, int head_dim, bool causal, bool) {
   return TileTable::single(causal ? row->causal : row->full);
 }
 
+// Varlen: seqlen_q is the longest sequence's and batch the sequence count, so the grid covers
+// every sequence's query tiles.
 LaunchPlan mma_plan(const Variant& v, const ForwardProblem& problem, const DeviceInfo&) {
   return query_tile_plan(v, problem, MmaShape::kThreads, mma_shared_bytes(v));
+}
+
+std::string mma_arguments(const Variant& v) {
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
+                     v.stages, v.causal, v.softcap, v.window, v.sink, v.alibi, v.varlen);
 }
 
 // Multiples of 16: whole mma k-steps.
@@ -97,8 +105,8 @@ constexpr int kMmaHeadDims[] = {32, 64, 96, 128, 192, 256};
 }  // namespace
 
 constinit extern const KernelFamily kMmaFamily = {
-    .features = kFeatureUserFunctions | kFeatureBlockMask | kFeatureSoftcap | kFeatureWindow |
-                kFeatureSink | kFeatureAlibi,
+    .features = kFeatureUserFunctions | kFeatureBlockMask | kFeatureSeqUsedK | kFeatureVarlen |
+                kFeatureSoftcap | kFeatureWindow | kFeatureSink | kFeatureAlibi,
     .name = "mma",
     .summary = "tensor cores through mma.sync, FlashAttention-2 class",
     .source_file = "mma/kernel.cu",
@@ -110,6 +118,8 @@ constinit extern const KernelFamily kMmaFamily = {
     .tile_table = mma_tiles,
     .unsupported_reason = runs_every_problem,
     .plan = mma_plan,
+    .template_arguments = mma_arguments,
+    .varlen_variants = true,
 };
 
 }  // namespace flashjit::detail
