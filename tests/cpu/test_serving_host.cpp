@@ -360,6 +360,19 @@ TEST_CASE("a varlen batch is validated against its packed views; prefill goes to
   split.num_splits = 4;
   CHECK(detail::select_variant(detail::validate_forward(q, dense, q, &good, split), h200(), nullptr)
             .family == "decode");
+  // Head dims without decode or wgmma kernels: mma's varlen variants, prefill- or decode-sized,
+  // on Hopper and sm_80 alike.
+  const auto q96 = TensorView::bshd(fake(0x100000), DType::bf16, 1, 1000, 32, 96);
+  const auto kv96 = TensorView::bshd(fake(0x200000), DType::bf16, 1, 5000, 8, 96);
+  VarlenBatch decode_sized96 = good;
+  decode_sized96.max_seqlen_q = 16;
+  for (const VarlenBatch& batch : {good, decode_sized96})
+    for (const DeviceInfo& gpu : {h200(), a100}) {
+      const Variant v = detail::select_variant(
+          detail::validate_forward(q96, KVCache::dense(kv96, kv96), q96, &batch, {}), gpu, nullptr);
+      CHECK(v.family == "mma");
+      CHECK(v.varlen);
+    }
   // Decode-sized rows (16 x 4 per KV head) stay with decode_tma.
   VarlenBatch decode_sized = good;
   decode_sized.max_seqlen_q = 16;
