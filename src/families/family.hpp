@@ -102,7 +102,8 @@ struct KernelFamily {
   LaunchPlan (*backward_plan)(const Variant& variant, const ForwardProblem& problem,
                               const BackwardParams& params, const DeviceInfo& device) = nullptr;
   // Template arguments after the element type, e.g. "128, 64, 64, 2, false"; null: the common
-  // (head_dim, tile_m, tile_n, stages, causal).
+  // (head_dim, tile_m, tile_n, stages, causal, softcap, window, sink, alibi), then varlen for
+  // families with varlen_variants.
   std::string (*template_arguments)(const Variant& variant) = nullptr;
   // True: per-sequence lengths (varlen batches, seqused_k) are compiled into variants of their own
   // (Variant::varlen), so dense batches run kernels without that code.

@@ -119,8 +119,9 @@ KernelSpec kernel_spec(const Variant& v) {
   const std::string arguments =
       family.template_arguments
           ? family.template_arguments(v)
-          : fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
-                        v.stages, v.causal, v.softcap, v.window, v.sink, v.alibi);
+          : fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}{}", v.head_dim, v.tile_m, v.tile_n,
+                        v.stages, v.causal, v.softcap, v.window, v.sink, v.alibi,
+                        family.varlen_variants ? fmt::format(", {}", v.varlen) : "");
   spec.name_expression =
       fmt::format("{}<flashjit::{}, {}>", family.kernel_template, to_string(v.dtype), arguments);
   // The kernels of these families end their template arguments with BlockMask (false unless given).

@@ -94,11 +94,6 @@ LaunchPlan mma_plan(const Variant& v, const ForwardProblem& problem, const Devic
   return query_tile_plan(v, problem, MmaShape::kThreads, mma_shared_bytes(v));
 }
 
-std::string mma_arguments(const Variant& v) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
-                     v.stages, v.causal, v.softcap, v.window, v.sink, v.alibi, v.varlen);
-}
-
 // Multiples of 16: whole mma k-steps.
 constexpr int kMmaHeadDims[] = {32, 64, 96, 128, 192, 256};
 
@@ -118,7 +113,6 @@ constinit extern const KernelFamily kMmaFamily = {
     .tile_table = mma_tiles,
     .unsupported_reason = runs_every_problem,
     .plan = mma_plan,
-    .template_arguments = mma_arguments,
     .varlen_variants = true,
 };
 
