@@ -20,6 +20,8 @@
 #include "common/masking.cuh"
 #include "common/mma_attention.cuh"
 #include "common/mma_sm80.cuh"
+#include "common/page_boxes.cuh"
+#include "common/paged_keys.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
 #include "common/softcap.cuh"
@@ -29,25 +31,6 @@
 #include "decode/shape.cuh"
 
 namespace flashjit {
-
-// The page holding key `key` of a paged cache; page_shift >= 0: the page size is 2^page_shift.
-__device__ __forceinline__ int page_of(const FmhaParams& p, int key, int page_shift) {
-  return page_shift >= 0 ? key >> page_shift : key / p.page_size;
-}
-
-// Where key `key` of sequence `batch` lives: (batch, key) in a dense cache, (page, row in page)
-// in a paged one.
-struct KvRow {
-  long long block;  // index along stride_b
-  int row;          // index along stride_s
-};
-template <bool Paged>
-__device__ __forceinline__ KvRow locate_key(const FmhaParams& p, int batch, int key,
-                                            int page_shift, int dense_block, int dense_start) {
-  if (!Paged) return {dense_block, dense_start + key};
-  const int index = page_of(p, key, page_shift);
-  return {__ldg(p.page_table + batch * p.page_table_stride + index), key - index * p.page_size};
-}
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged,
           bool Tma, bool Softcap, bool Window, bool Sink, bool Alibi>
@@ -135,8 +118,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
   }
 
-  int page_shift = -1;  // a power-of-two page size divides by shifting
-  if (Paged && (p.page_size & (p.page_size - 1)) == 0) page_shift = __ffs(p.page_size) - 1;
+  const int page_shift = Paged ? page_shift_of(p) : -1;
   const T* k_base = static_cast<const T*>(p.k) + kv_head * p.k_stride_h;
   const T* v_base = static_cast<const T*>(p.v) + kv_head * p.v_stride_h;
   const int copy_row = threadIdx.x / kVecs;
@@ -144,7 +126,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   // Paged TMA: warp 0's lane b holds the page table entry of box b of the next tile to load, read
   // one tile ahead (tiles are loaded in order), so issuing a tile's boxes never waits on the page
   // table; boxes past the sequence read nothing (their entries may be anything).
-  const int box_rows = Paged ? kShape.page_box_rows(p.page_size) : TileN;
+  const int box_rows = Paged ? page_box_rows(p.page_size, TileN) : TileN;
   const int boxes = TileN / box_rows;
   auto read_page = [&](int tile) {
     const int key = tile * TileN + lane * box_rows;

@@ -48,12 +48,6 @@ struct DecodeShape {
     return barrier_bytes() + q_bytes() + (tma ? kSwizzleAlign - 16 : 0) +
            (ring_bytes() > merge_bytes() ? ring_bytes() : merge_bytes());
   }
-  // TMA: keys per box of a paged cache: the largest power of two dividing both the page size and
-  // the tile, so a box never crosses a page (a dense cache takes whole tiles).
-  FLASHJIT_HOST_DEVICE constexpr int page_box_rows(int page_size) const {
-    const int low_bit = page_size & -page_size;
-    return low_bit < tile_n ? low_bit : tile_n;
-  }
 };
 
 }  // namespace flashjit

@@ -1,15 +1,15 @@
 // fmha_wgmma: the Hopper attention forward (sm_90a only), built like FlashAttention-3.
 //
 // One CTA per SM loops over work units (a persistent grid; wgmma/schedule.cuh says which, for dense
-// and varlen batches). Warpgroup 0 is the producer: one thread issues TMA loads
-// of the Q tile and of a Stages-deep ring of K and V tiles into 128-byte-swizzled shared memory,
-// each completing on an mbarrier. Warpgroups 1..TileM/64 are consumers: each owns 64 query rows
-// and runs S = Q·Kᵀ (wgmma, both operands in shared memory), the online softmax in registers, and
-// O += P·V (wgmma, P straight from the S registers). Registers move from the producer to the
-// consumers with setmaxnreg; at d64/d128 consumers take turns issuing GEMMs (ping-pong), and every
-// consumer overlaps softmax(j) with P·V(j-1). With three consumers O leaves through a staging
-// buffer and a TMA store that runs while the warpgroup starts its next tile; otherwise with
-// 16-byte stores from registers.
+// and varlen batches). Warpgroup 0 is the producer: one thread issues TMA loads of the Q tile and
+// of a Stages-deep ring of K and V tiles into 128-byte-swizzled shared memory, each completing on
+// an mbarrier (over a paged KV cache one warp, a key tile in page-sized runs of rows). Warpgroups
+// 1..TileM/64 are consumers: each owns 64 query rows and runs S = Q·Kᵀ (wgmma, both operands in
+// shared memory), the online softmax in registers, and O += P·V (wgmma, P straight from the S
+// registers). Registers move from the producer to the consumers with setmaxnreg; at d64/d128
+// consumers take turns issuing GEMMs (ping-pong), and every consumer overlaps softmax(j) with
+// P·V(j-1). With three consumers O leaves through a staging buffer and a TMA store that runs
+// while the warpgroup starts its next tile; otherwise with 16-byte stores from registers.
 #include "common/compile_flags.cuh"
 #include "common/alibi.cuh"
 #include "common/epilogue.cuh"
@@ -17,6 +17,8 @@
 #include "common/global_store.cuh"
 #include "common/grid_dependency.cuh"
 #include "common/masking.cuh"
+#include "common/page_boxes.cuh"
+#include "common/paged_keys.cuh"
 #include "common/params.cuh"
 #include "common/quad_reduce.cuh"
 #include "common/quad_transpose.cuh"
@@ -47,13 +49,23 @@ struct TileCoord {
 
 // ---- producer ---------------------------------------------------------------------------------
 
+// Dense caches: thread 0 runs this and issues every load, a key tile in HeadDim / 64 boxes. Paged
+// caches: warp 0 runs it, a key tile comes in page-sized runs of rows (page_box_rows), and lane b
+// looks up and issues run b (lane 0 also Q and the stage's byte count): the page-table reads of a
+// tile go out together, before the wait for its slot.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Window, bool BlockMask>
+          bool Window, bool BlockMask, bool Paged>
 __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars) {
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
+  const int lane = threadIdx.x % 32;
+  const bool leader = !Paged || lane == 0;
+  const int page_shift = Paged ? page_shift_of(p) : -1;
+  const int box_rows = Paged ? page_box_rows(p.page_size, TileN) : TileN;
+  static_assert(!Paged || (TileN & (TileN - 1)) == 0, "page-sized runs of rows fill a tile");
+  static_assert(TileN / 16 <= 32, "a run per lane (runs of at least 16 rows)");
   int pipe = 0, q_loads = 0;
   const int units = total_units<Varlen>(p, sched, table);
   for (UnitCursor<Varlen> at_unit(sched); at_unit.unit < units; at_unit.next()) {
@@ -69,37 +81,66 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
       if (q_loads > 0) mbarrier_wait(&bars->q_empty, (q_loads - 1) & 1);
       ++q_loads;
-      mbarrier_arrive_expect_tx(&bars->q_full, Shape::kQBytes);
+      if (leader) {
+        mbarrier_arrive_expect_tx(&bars->q_full, Shape::kQBytes);
 #pragma unroll
-      for (int b = 0; b < Shape::kDimBlocks; ++b)
-        tma_load_4d(smem + Shape::kQOffset + b * TileM * Shape::kRowBytes, tma_q, &bars->q_full,
-                    64 * b, seq.q_start + row0, u.head, seq.q_batch);
+        for (int b = 0; b < Shape::kDimBlocks; ++b)
+          tma_load_4d(smem + Shape::kQOffset + b * TileM * Shape::kRowBytes, tma_q, &bars->q_full,
+                      64 * b, seq.q_start + row0, u.head, seq.q_batch);
+      }
       const int kv_head = u.head / p.heads_per_kv;
+      // Paged: this lane's run of key tile j (its page and first row there), or {-1, 0} where
+      // the run starts past the sequence: not loaded (its page-table entry may be anything),
+      // and the consumers zero those V rows.
+      auto locate = [&](int j) -> KvRow {
+        if (!Paged) return {};
+        const int key = j * TileN + lane * box_rows;
+        if (lane * box_rows >= TileN || key >= seq.seqlen_k) return {-1, 0};
+        return locate_key<true>(p, u.batch, key, page_shift, 0, 0);
+      };
       // Key tile j into its ring's slot `at` (counted over the whole loop) once the consumers
       // have freed it. A fresh barrier counts as having completed the phase before phase 0:
       // parity ^ 1 passes.
       auto load = [&](unsigned long long* empty, unsigned long long* full, int offset,
-                      const TmaDescriptor* map, int j, int at) {
+                      const TmaDescriptor* map, int j, int at, const KvRow& run) {
         const int stage = at % Stages;
         mbarrier_wait(&empty[stage], ((at / Stages) & 1) ^ 1);
-        mbarrier_arrive_expect_tx(&full[stage], Shape::kKVBytes);
         unsigned char* tile = smem + offset + stage * Shape::kKVBytes;
+        if constexpr (!Paged) {
+          mbarrier_arrive_expect_tx(&full[stage], Shape::kKVBytes);
 #pragma unroll
-        for (int b = 0; b < Shape::kDimBlocks; ++b)
-          tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, &full[stage], 64 * b,
-                      seq.k_start + j * TileN, kv_head, seq.k_batch);
+          for (int b = 0; b < Shape::kDimBlocks; ++b)
+            tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, &full[stage], 64 * b,
+                        seq.k_start + j * TileN, kv_head, seq.k_batch);
+        } else {
+          const int runs = min(TileN, seq.seqlen_k - j * TileN + box_rows - 1) / box_rows;
+          if (lane == 0)
+            mbarrier_arrive_expect_tx(&full[stage],
+                                      runs * box_rows * Shape::kRowBytes * Shape::kDimBlocks);
+          __syncwarp();  // the bytes are announced before any run can land
+          if (run.block >= 0)
+#pragma unroll
+            for (int b = 0; b < Shape::kDimBlocks; ++b)
+              tma_load_4d(tile + (b * TileN + lane * box_rows) * Shape::kRowBytes, map,
+                          &full[stage], 64 * b, run.row, kv_head, static_cast<int>(run.block));
+        }
       };
       // Keys ahead (WgmmaGeometry::keys_ahead): K(j + 1) before V(j), since K's slot frees once
       // both consumers' S(j - 1) is done and V's only after their P·V(j - 2); else K(j), V(j).
-      // Tiles go in the consumers' order (TileOrder), the i-th into slot pipe + i.
+      // Tiles go in the consumers' order (TileOrder), the i-th into slot pipe + i. `run` is the
+      // i-th tile's (paged), `next` the one after it, looked up before the waits.
+      KvRow run = locate(order.tile(0));
       if (Shape::kKeysAhead)
-        load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(0), pipe);
+        load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(0), pipe, run);
       for (int i = 0; i < order.count(); ++i, ++pipe) {
+        const KvRow next = i + 1 < order.count() ? locate(order.tile(i + 1)) : run;
         if (!Shape::kKeysAhead)
-          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(i), pipe);
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(i), pipe, run);
         else if (i + 1 < order.count())
-          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(i + 1), pipe + 1);
-        load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, order.tile(i), pipe);
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(i + 1), pipe + 1,
+               next);
+        load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, order.tile(i), pipe, run);
+        run = next;
       }
     }
   }
@@ -418,7 +459,7 @@ struct Turns {
 // ---- consumer main loop -----------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink, bool Alibi, bool BlockMask>
+          bool Softcap, bool Window, bool Sink, bool Alibi, bool Paged, bool BlockMask>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -528,11 +569,12 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       };
       auto values_alone = [&](int i) {  // O += P(i)·V(i), waited on
         wait_full(bars->v_full, pipe + i);
-        // With seqused_k the rows past a sequence's last key may hold anything (NaN included),
-        // and P = 0 does not cancel NaN in P·V: the last tile's rows past it become zeros (that
-        // tile is masked, so it is visited last).
+        // With seqused_k or pages the rows past a sequence's last key may hold anything (NaN
+        // included; runs of pages past it are not loaded at all), and P = 0 does not cancel NaN
+        // in P·V: the last tile's rows past it become zeros (that tile is masked, so it is
+        // visited last).
         const int j = order.tile(i);
-        if (Varlen && p.seqused_k != nullptr && seq.seqlen_k - j * TileN < TileN)
+        if ((Paged || (Varlen && p.seqused_k != nullptr)) && seq.seqlen_k - j * TileN < TileN)
           zero_rows<HeadDim, TileN>(
               smem + Shape::kVOffset + ((pipe + i) % Stages) * Shape::kKVBytes,
               seq.seqlen_k - j * TileN, staged.barrier);
@@ -600,10 +642,11 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
 
 // ---- kernel -----------------------------------------------------------------------------------
 
+// Paged: K and V come from a paged cache (FmhaParams::page_table) through maps over its pages.
 // BlockMask: the entry that reads a block mask (FmhaParams::block_*), compiled beside the other
 // for variants with a mask_mod.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink, bool Alibi, bool BlockMask = false>
+          bool Softcap, bool Window, bool Sink, bool Alibi, bool Paged, bool BlockMask = false>
 __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kThreads, 1)
     fmha_wgmma_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor tma_q,
                       const __grid_constant__ TmaDescriptor tma_k,
@@ -645,12 +688,12 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / kWarpgroupThreads, 0);
   if (warpgroup == 0) {
     warpgroup_lower_registers<Shape::kProducerRegs>();
-    if (threadIdx.x == 0)
-      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask>(
+    if (threadIdx.x < (Paged ? 32 : 1))
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, Paged>(
           p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::kConsumerRegs>();
-    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi,
+    consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi, Paged,
             BlockMask>(
         p, sched, table, &tma_o, smem, bars, warpgroup - 1);
   }

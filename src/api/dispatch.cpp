@@ -33,27 +33,12 @@ const KernelFamily* forced_family(const std::optional<std::string>& name) {
   return &family;
 }
 
-namespace {
-
-// Empty when the family can run the problem on this GPU (before its tile shape is chosen).
-std::string why_family_cannot_run(const KernelFamily& family, const ForwardProblem& problem,
-                                  const DeviceInfo& device) {
-  if (family.role != FamilyRole::attention) return "is not an attention kernel";
-  if (!family.runs_on(device.arch)) return fmt::format("does not run on {}", device.arch);
-  if (std::string missing = missing_feature(family, problem); !missing.empty()) return missing;
-  if (std::find(family.head_dims.begin(), family.head_dims.end(), problem.head_dim) ==
-      family.head_dims.end())
-    return fmt::format("has no head_dim {}", problem.head_dim);
-  return family.unsupported_reason(problem);
-}
-
-}  // namespace
-
 std::vector<Variant> fallback_variants(const ForwardProblem& problem, const DeviceInfo& device,
                                        const KernelFamily* forced) {
   std::vector<Variant> candidates;
   for (const KernelFamily* family : registered_families()) {
-    if ((forced && family != forced) || !why_family_cannot_run(*family, problem, device).empty())
+    if ((forced && family != forced) ||
+        !why_family_cannot_run(*family, problem, device.arch).empty())
       continue;
     const TileTable table =
         family->tile_table(device.arch, problem.head_dim, problem.causal, problem.paged);
@@ -77,7 +62,7 @@ Variant select_variant(const ForwardProblem& problem, const DeviceInfo& device,
   std::string reasons;
   for (const KernelFamily* family : registered_families()) {
     if ((forced && family != forced) || family->role != FamilyRole::attention) continue;
-    std::string why = why_family_cannot_run(*family, problem, device);
+    std::string why = why_family_cannot_run(*family, problem, device.arch);
     Variant variant;
     if (why.empty()) {
       const TileConfig tiles =

@@ -112,6 +112,17 @@ std::string missing_feature(const KernelFamily& family, const ForwardProblem& pr
   return {};
 }
 
+std::string why_family_cannot_run(const KernelFamily& family, const ForwardProblem& problem,
+                                  std::string_view arch) {
+  if (family.role != FamilyRole::attention) return "is not an attention kernel";
+  if (!family.runs_on(arch)) return fmt::format("does not run on {}", arch);
+  if (std::string missing = missing_feature(family, problem); !missing.empty()) return missing;
+  if (std::find(family.head_dims.begin(), family.head_dims.end(), problem.head_dim) ==
+      family.head_dims.end())
+    return fmt::format("has no head_dim {}", problem.head_dim);
+  return family.unsupported_reason(problem);
+}
+
 KernelSpec kernel_spec(const Variant& v) {
   const KernelFamily& family = family_named(v.family, "family");
   KernelSpec spec;

@@ -26,6 +26,10 @@ void check_variant(const Variant& variant);
 // the score variants, user functions, block masks, split-KV), else what it lacks ("has no
 // ALiBi"): the forward's dispatcher and the backward's share it.
 std::string missing_feature(const KernelFamily& family, const ForwardProblem& problem);
+// Empty when the family can run the problem on a GPU of this arch (before its tile shape is
+// chosen), else why not ("has no head_dim 96").
+std::string why_family_cannot_run(const KernelFamily& family, const ForwardProblem& problem,
+                                  std::string_view arch);
 // What the JIT compiles for a checked variant.
 KernelSpec kernel_spec(const Variant& variant);
 

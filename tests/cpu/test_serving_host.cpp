@@ -76,7 +76,11 @@ TEST_CASE("decode and merge variant names parse back; feature suffixes keep thei
                        doctest::Contains("features field"), Error);
   CHECK_THROWS_WITH_AS(Variant::parse("decode.sm90a.bf16.d128.m16n64s3.paged.paged"),
                        doctest::Contains("features field"), Error);
-  CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d128.m128n128s2.paged"),
+  // wgmma reads pages in runs that fill power-of-two key tiles; simt reads no pages.
+  CHECK(Variant::parse("wgmma.sm90a.bf16.d128.m128n128s2.causal.paged.varlen").paged);
+  CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d128.m128n176s2.paged"),
+                       doctest::Contains("tile_n 176 must be a power of two"), Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.paged"),
                        doctest::Contains("does not read paged KV caches"), Error);
   // Varlen variants: the wgmma family's own specialization for per-sequence lengths, last.
   const Variant varlen = Variant::parse("wgmma.sm90a.bf16.d128.m128n176s2.causal.varlen");
@@ -109,19 +113,20 @@ TEST_CASE("precompile's defaults include paged decode, varlen prefill and merge 
     mma += v.family == "mma";
     // The forward's varlen variants (the backward's: tests/cpu/test_backward_host.cpp).
     varlen += v.varlen && !v.family.starts_with("bwd_");
-    if (v.paged) CHECK(v.family.starts_with("decode"));
+    if (v.paged) CHECK((v.family.starts_with("decode") || v.family == "wgmma"));
     if (v.varlen) CHECK((v.family == "wgmma" || v.family == "mma" || v.family.starts_with("bwd_")));
     CHECK_NOTHROW(detail::check_variant(v));
   }
   // wgmma and mma: every dense shape once more with per-sequence lengths compiled in (mma: 2
-  // dtypes x 6 head dims x 2 masks, one shape each, twice).
-  CHECK(wgmma == 36);
+  // dtypes x 6 head dims x 2 masks, one shape each, twice); wgmma's paged shapes (2 dtypes x
+  // (3 at d64, 3 at d128, 2 at d256)) both ways too.
+  CHECK(wgmma == 36 + 32);
   CHECK(mma == 48);
-  CHECK(varlen == 18 + 24);
+  CHECK(varlen == 18 + 24 + 16);
   // Each of the two decode kernels: 2 dtypes x 2 masks x 2 caches x (2 + 2 + 1) tiles over
   // d64/d128/d256, and decode_tma's short-key tile for small pages at d128 (2 dtypes x 2 masks).
   CHECK(decode == 84);
-  CHECK(paged == 44);
+  CHECK(paged == 44 + 32);
   CHECK(merge == 12);  // 2 dtypes x 6 head dims
   // d256 decode does not fit the 99 KB of an sm_86 block, so it is not built there.
   for (const Variant& v : default_variants("sm_86")) {
@@ -169,10 +174,62 @@ TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to 
   CHECK(detail::select_variant(paged, a100, nullptr).name() ==
         "decode.sm80.bf16.d128.m16n64s2.paged");
   // Forcing a family without the feature names what is missing.
-  CHECK_THROWS_WITH_AS(detail::select_variant(paged, gpu, &family("wgmma")),
+  CHECK_THROWS_WITH_AS(detail::select_variant(paged, gpu, &family("mma")),
                        doctest::Contains("reads no paged KV cache"), Error);
   CHECK_THROWS_WITH_AS(detail::forced_family(std::string("merge")),
                        doctest::Contains("expected an attention family"), Error);
+}
+
+TEST_CASE("paged prefill runs in wgmma on Hopper where its pages come in runs of 16 rows or more") {
+  const DeviceInfo gpu = h200();
+  // 300 queries x 4 query heads per KV head (more than decode's 64 rows) over pages of
+  // page_size rows (HND pages where hnd), with seqused_k where seqused.
+  struct Pick {
+    int head_dim = 128, page_size = 16, num_splits = 0, seqlen_q = 300;
+    bool causal = true, seqused = true, hnd = false;
+    const DeviceInfo* device = nullptr;
+  };
+  auto pick = [&](const Pick& c) {
+    const auto q = TensorView::bshd(fake(0x100000), DType::bf16, 4, c.seqlen_q, 32, c.head_dim);
+    const TensorView pages =
+        c.hnd ? TensorView::bhsd(fake(0x200000), DType::bf16, 4096 / c.page_size * 4, c.page_size,
+                                 8, c.head_dim)
+              : TensorView::bshd(fake(0x200000), DType::bf16, 4096 / c.page_size * 4, c.page_size,
+                                 8, c.head_dim);
+    ForwardOptions options;
+    options.causal = c.causal;
+    options.num_splits = c.num_splits;
+    const KVCache kv =
+        KVCache::paged(pages, pages, kTable, 4096 / c.page_size, c.seqused ? kLengths : nullptr);
+    return detail::select_variant(detail::validate_forward(q, kv, q, nullptr, options),
+                                  c.device ? *c.device : gpu, nullptr)
+        .name();
+  };
+  CHECK(pick({}) == "wgmma.sm90a.bf16.d128.m128n128s2.causal.paged.varlen");
+  CHECK(pick({.seqused = false}) == "wgmma.sm90a.bf16.d128.m128n128s2.causal.paged");
+  CHECK(pick({.page_size = 256, .causal = false, .seqused = false, .hnd = true}) ==
+        "wgmma.sm90a.bf16.d128.m128n128s2.paged");  // 4096 keys: past 1k, two stages
+  CHECK(pick({.head_dim = 64, .page_size = 48}) ==
+        "wgmma.sm90a.bf16.d64.m128n128s3.causal.paged.varlen");
+  CHECK(pick({.head_dim = 256, .page_size = 64}) ==
+        "wgmma.sm90a.bf16.d256.m128n64s2.causal.paged.varlen");
+  // Pages of 8 rows: the cp.async decode kernel gathers them; forced splits: decode_tma splits.
+  CHECK(pick({.page_size = 8}).starts_with("decode.sm90a.bf16.d128."));
+  CHECK(pick({.num_splits = 2}).starts_with("decode_tma.sm90a.bf16.d128."));
+  // Decode-sized rows stay with decode_tma.
+  CHECK(pick({.seqlen_q = 16}).starts_with("decode_tma.sm90a.bf16.d128."));
+  // Forcing decode_tma on paged prefill names why it leaves it to wgmma.
+  const auto q = TensorView::bshd(fake(0x100000), DType::bf16, 4, 300, 32, 128);
+  const auto pages = TensorView::bshd(fake(0x200000), DType::bf16, 1024, 16, 8, 128);
+  const auto problem = detail::validate_forward(
+      q, KVCache::paged(pages, pages, kTable, 256, kLengths), q, nullptr, ForwardOptions{});
+  CHECK_THROWS_WITH_AS(detail::select_variant(problem, gpu, &family("decode_tma")),
+                       doctest::Contains("unless paged in pages wgmma does not read"), Error);
+  // Off Hopper the decode family keeps it.
+  DeviceInfo a100 = gpu;
+  a100.arch = "sm_80";
+  a100.max_shared_per_block_optin = 163 * 1024;
+  CHECK(pick({.device = &a100}).starts_with("decode.sm80.bf16.d128."));
 }
 
 TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many for one sequence") {

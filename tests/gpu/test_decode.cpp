@@ -34,10 +34,20 @@ namespace {
 
 Engine& engine() { return shared_engine(); }
 
-// Where the dispatcher must pick the decode family (every GPU from sm_80): every paged problem,
-// and every dense one with at most 64 query rows per KV head (seqlen_q x heads_q / heads_kv).
-bool decode_expected(const KvCase& c) {
-  return (c.paged() || c.rows_per_kv_head() <= 64) && decode_has_head_dim(c.head_dim);
+// Where the dispatcher must pick the wgmma family for a paged cache: prefill-sized problems (more
+// than 64 query rows per KV head) on Hopper, unsplit, whose pages come in runs of 16 rows or more.
+bool wgmma_pages_expected(const KvCase& c, const ForwardOptions& options) {
+  return engine().device().arch == "sm_90a" && c.paged() && c.rows_per_kv_head() > 64 &&
+         options.num_splits <= 1 && (c.page_size & -c.page_size) >= 16 &&
+         (c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256);
+}
+
+// Where the dispatcher must pick the decode family (every GPU from sm_80): every paged problem
+// but wgmma's above, and every dense one with at most 64 query rows per KV head (seqlen_q x
+// heads_q / heads_kv).
+bool decode_expected(const KvCase& c, const ForwardOptions& options = {}) {
+  return (c.paged() || c.rows_per_kv_head() <= 64) && decode_has_head_dim(c.head_dim) &&
+         !(!options.family && wgmma_pages_expected(c, options));
 }
 
 std::string describe(const KvCase& c, const ForwardOptions& options) {
@@ -79,7 +89,7 @@ std::optional<KvRun> run_kv(KvDeviceProblem& p, const KvCase& c, ForwardOptions 
     CHECK(engine().running_variant(p.q(), kv, p.out(), options) == run.variant);
   } catch (const Error& e) {
     const bool other_family = options.family && !options.family->starts_with("decode");
-    if (e.code() == ErrorCode::unsupported && (other_family || !decode_expected(c)))
+    if (e.code() == ErrorCode::unsupported && (other_family || !decode_expected(c, options)))
       MESSAGE(fmt::format("not run: {}: {}", describe(c, options), e.what()));
     else
       FAIL_CHECK(fmt::format("{}: {}", describe(c, options), e.what()));
@@ -103,9 +113,11 @@ void check_splits(const KvRun& r, int requested, const KvCase& c) {
   CHECK((r.num_splits > 1) == (r.workspace_bytes > 0));
 }
 
-void check_decode_variant(const KvRun& r, const KvCase& c) {
-  if (!decode_expected(c)) return;
-  CHECK(r.variant.family.starts_with("decode"));  // decode_tma on Hopper, decode elsewhere
+// The family the dispatcher (options.family unset) or the caller picked for the run.
+void check_decode_variant(const KvRun& r, const KvCase& c, const ForwardOptions& options) {
+  if (!options.family && wgmma_pages_expected(c, options)) CHECK(r.variant.family == "wgmma");
+  if (decode_expected(c, options))
+    CHECK(r.variant.family.starts_with("decode"));  // decode_tma on Hopper, decode elsewhere
   CHECK(r.variant.paged == c.paged());
 }
 
@@ -125,7 +137,7 @@ void for_each_decode_run(KvDeviceProblem& p, const KvCase& c, const std::vector<
       if (!r) continue;
       const std::string variant = r->variant.name();
       CAPTURE(variant);
-      check(*r, splits, what, variant);
+      check(*r, options, what, variant);
     }
 }
 
@@ -209,13 +221,14 @@ TEST_CASE("decode: dense caches, seqlen_q 1 to 16, GQA 1:1 to 8:1, forced and he
         decode ? std::vector<int>{1, 3, 17, 0} : std::vector<int>{0};
     for_each_decode_run(
         p, c, split_counts,
-        [&](const KvRun& run, int splits, const std::string& what, const std::string& variant) {
+        [&](const KvRun& run, const ForwardOptions& options, const std::string& what,
+            const std::string& variant) {
           check_against(run.out, run.lse, ref, c.dtype);
-          check_splits(run, splits, c);
-          check_decode_variant(run, c);
+          check_splits(run, options.num_splits, c);
+          check_decode_variant(run, c, options);
           // Unsplit, these would be a handful of CTAs on a GPU of 40 or more SMs.
-          if (decode && splits == 0 && c.batch * c.heads_kv <= 4 && c.capacity >= 1000 &&
-              engine().device().multiprocessors >= 40)
+          if (decode && options.num_splits == 0 && c.batch * c.heads_kv <= 4 &&
+              c.capacity >= 1000 && engine().device().multiprocessors >= 40)
             CHECK_MESSAGE(run.num_splits > 1, "the heuristic does not split a long, narrow decode");
           MESSAGE(fmt::format("{:<45} {:<70} splits {}", variant, what, run.num_splits));
         });
@@ -255,7 +268,8 @@ TEST_CASE("decode: seqused_k gives each sequence its own length; length 0 gives 
     KvDeviceProblem p(engine(), host);
     for_each_decode_run(
         p, c, std::vector<int>{0, 1, 17},
-        [&](const KvRun& run, int splits, const std::string& what, const std::string& variant) {
+        [&](const KvRun& run, const ForwardOptions& options, const std::string& what,
+            const std::string& variant) {
           const int empty = check_against(run.out, run.lse, ref, c.dtype);
           // The length-0 sequence's rows, plus (causal, bottom-right) the first seqlen_q - L rows
           // of each sequence of L < seqlen_q keys.
@@ -265,8 +279,8 @@ TEST_CASE("decode: seqused_k gives each sequence its own length; length 0 gives 
                                  : c.causal  ? std::max(c.seqlen_q - length, 0)
                                              : 0;
           CHECK(empty == c.heads_q * rows_without_keys);
-          check_splits(run, splits, c);
-          check_decode_variant(run, c);
+          check_splits(run, options.num_splits, c);
+          check_decode_variant(run, c, options);
           bool zero = true, minus_infinity = true;
           for (int h = 0; h < c.heads_q; ++h)
             for (int i = 0; i < c.seqlen_q; ++i) {
@@ -319,12 +333,66 @@ TEST_CASE("decode: paged KV caches (NHD and HND, shuffled page tables) match the
     KvDeviceProblem p(engine(), host);
     for_each_decode_run(
         p, c, std::vector<int>{0, 5},
-        [&](const KvRun& run, int splits, const std::string& what, const std::string& variant) {
+        [&](const KvRun& run, const ForwardOptions& options, const std::string& what,
+            const std::string& variant) {
           check_against(run.out, run.lse, ref, c.dtype);
-          check_splits(run, splits, c);
-          check_decode_variant(run, c);
+          check_splits(run, options.num_splits, c);
+          check_decode_variant(run, c, options);
           MESSAGE(fmt::format("{:<45} {:<90} splits {}", variant, what, run.num_splits));
         });
+  }
+}
+
+// A chunk of queries against a paged cache (chunked prefill, prefix caching): on Hopper the
+// wgmma family reads the pages in runs of rows (the dispatcher's pick, checked), forced splits
+// stay with decode_tma, and the cp.async decode kernel runs it too; elsewhere decode runs it.
+TEST_CASE("paged prefill: 333 queries over pages of 16 to 256 rows, NHD and HND, GQA 1:1 to 8:1") {
+  std::vector<KvCase> cases;
+  int index = 0;
+  for (int page_size : {16, 32, 48, 64, 128, 256})
+    for (bool hnd : {false, true}) {
+      const int group = std::vector<int>{1, 4, 8}[index % 3];
+      KvCase c;
+      c.batch = 2, c.heads_kv = 2, c.heads_q = 2 * group, c.seqlen_q = 333;
+      c.causal = index % 2 == 0;
+      c.page_size = page_size, c.head_major = hnd, c.spare_pages = 3;
+      c.capacity = (1100 + page_size - 1) / page_size * page_size;
+      c.head_dim = std::vector<int>{128, 64, 128, 256}[index % 4];
+      c.dtype = index % 5 == 4 ? DType::fp16 : DType::bf16;
+      // Every key; a few more keys than queries; fewer (causal: rows that see no key). Without
+      // seqused_k every third case: each sequence fills its pages.
+      if (index % 3 != 2) c.seqused = {c.capacity - 1 - index, 200 + 37 * index};
+      ++index;
+      cases.push_back(c);
+    }
+  unsigned seed = 7350;
+  for (const KvCase& c : cases) {
+    std::mt19937 rng(seed++);
+    const HostKv host = HostKv::random(c, rng);
+    const Reference ref = host.reference();
+    KvDeviceProblem p(engine(), host);
+    std::vector<std::optional<std::string>> kernels = decode_kernels();
+    if (engine().device().arch == "sm_90a") kernels.push_back("wgmma");
+    for (int splits : {0, 3})
+      for (const auto& kernel : kernels) {
+        ForwardOptions options;
+        options.num_splits = splits;
+        options.family = kernel;
+        if (kernel == "wgmma" && splits > 1) continue;  // wgmma does not split keys
+        const std::string what = describe(c, options);
+        CAPTURE(what);
+        const auto run = run_kv(p, c, options);
+        if (!run) {
+          if (kernel == "wgmma") FAIL_CHECK("wgmma refused " << what);
+          continue;
+        }
+        const std::string variant = run->variant.name();
+        CAPTURE(variant);
+        check_against(run->out, run->lse, ref, c.dtype);
+        check_decode_variant(*run, c, options);
+        if (kernel == "wgmma") CHECK(run->variant.family == "wgmma");
+        MESSAGE(fmt::format("{:<55} {:<90} splits {}", variant, what, run->num_splits));
+      }
   }
 }
 

@@ -1,9 +1,11 @@
 // Variable-length batches (VarlenBatch) on the GPU against the float64 reference: packed dense or
 // paged caches through the decode families (sequences of length 0, refused batches, families that
-// take none), and ragged prefill batches through the prefill kernel (wgmma on Hopper: its sorted
-// schedule up to 256 sequences and the unsorted one past that, every tile shape it builds,
-// seqused_k) and mma's varlen variants (forced, and the dispatcher's at head dims 32 and 96). Outputs and LSEs hold NaN before every run; so does every K/V slot that holds no
-// valid key (varlen_problem.hpp), so a kernel that reads one into P·V shows.
+// take none), prefill chunks over paged caches (wgmma on Hopper), and ragged prefill batches
+// through the prefill kernel (wgmma on Hopper: its sorted schedule up to 256 sequences and the
+// unsorted one past that, every tile shape it builds, seqused_k) and mma's varlen variants
+// (forced, and the dispatcher's at head dims 32 and 96). Outputs and LSEs hold NaN before every
+// run; so does every K/V slot that holds no valid key (varlen_problem.hpp), so a kernel that
+// reads one into P·V shows.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -36,16 +38,19 @@ Engine& engine() { return shared_engine(); }
 namespace {
 
 // The family the dispatcher picks: mma at the head dims the decode and wgmma families have no
-// kernels for (32, 96, 192); on Hopper the prefill kernel (wgmma) for a dense cache with more
-// than 64 query rows per KV head (the max_seqlen_q hint x heads_q / heads_kv) unless split,
-// decode_tma for the rest but pages under 64 rows; elsewhere decode.
+// kernels for (32, 96, 192); on Hopper the prefill kernel (wgmma) for more than 64 query rows per
+// KV head (the max_seqlen_q hint x heads_q / heads_kv) unless split or in pages that are not a
+// multiple of 16 rows, decode_tma for the rest but pages it gathers slower; elsewhere decode.
 std::string dispatcher_family(const VarlenCase& c, const VarlenBatch& varlen,
                               const ForwardOptions& options) {
   if (!decode_has_head_dim(c.head_dim)) return "mma";
   if (engine().device().arch != "sm_90a") return "decode";
   const int rows_per_kv_head = varlen.max_seqlen_q * (c.heads_q / c.heads_kv);
-  if (!c.paged() && rows_per_kv_head > 64) return options.num_splits > 1 ? "decode" : "wgmma";
-  return c.paged() && c.page_size < 64 ? "decode" : "decode_tma";
+  if (rows_per_kv_head > 64 && options.num_splits <= 1 && (!c.paged() || c.page_size % 16 == 0))
+    return "wgmma";
+  if (!c.paged() && rows_per_kv_head > 64) return "decode";  // split
+  // decode_tma's TMA boxes: runs of 16 rows or more at d128, 64 at other head dims.
+  return c.paged() && c.page_size % (c.head_dim == 128 ? 16 : 64) != 0 ? "decode" : "decode_tma";
 }
 
 std::string describe(const VarlenCase& c, const VarlenBatch& varlen,
@@ -256,6 +261,45 @@ TEST_CASE("varlen: decode steps of 1 to 4 queries over paged caches with seqused
     const std::vector<Reference> refs = host.reference();
     VarlenDeviceProblem p(engine(), host);
     run_varlen_matrix(p, host, refs);
+  }
+}
+
+TEST_CASE("varlen: prefill chunks of 0 to 300 queries over paged caches, pages of 16 to 256 rows") {
+  struct Layout {
+    int page_size;
+    bool hnd;
+    int head_dim;
+    DType dtype;
+    bool causal;
+  };
+  // Pages of 24 rows come in runs of 8: the decode kernels' (the dispatcher's pick, checked).
+  const Layout layouts[] = {{16, false, 128, DType::bf16, true},
+                            {24, true, 128, DType::bf16, true},
+                            {48, true, 64, DType::fp16, false},
+                            {64, false, 256, DType::bf16, true},
+                            {256, true, 128, DType::fp16, false}};
+  unsigned seed = 8250;
+  for (const Layout& layout : layouts) {
+    std::mt19937 rng(seed++);
+    VarlenCase c;
+    c.heads_q = 8, c.heads_kv = 2, c.head_dim = layout.head_dim, c.dtype = layout.dtype;
+    c.causal = layout.causal;
+    c.page_size = layout.page_size, c.head_major = layout.hnd, c.spare_pages = 2;
+    c.pages_per_seq = (1500 + c.page_size - 1) / c.page_size;
+    // Chunks around the 128-row query tile; a chunk longer than its keys (causal: rows without
+    // any); a sequence of no queries between two others; keys up to the cache's capacity.
+    c.seqlens_q = {1, 127, 0, 129, 300, 77};
+    c.seqused = {40, 1, 700, 129, 200, c.pages_per_seq * c.page_size};
+    const HostVarlen host = HostVarlen::random(c, rng);
+    const std::vector<Reference> refs = host.reference();
+    VarlenDeviceProblem p(engine(), host);
+    std::vector<ForwardOptions> runs(2);
+    runs[1].family = "decode";
+    if (engine().device().arch == "sm_90a" && c.page_size % 16 == 0) {
+      runs.emplace_back().family = "wgmma";
+      runs.emplace_back().num_splits = 3;  // split: decode_tma (or decode) instead
+    }
+    check_runs(p, host, refs, runs);
   }
 }
 

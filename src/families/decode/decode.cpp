@@ -3,10 +3,12 @@
 #include <fmt/format.h>
 
 #include "core/arch.hpp"
+#include "common/page_boxes.cuh"
 #include "decode/shape.cuh"
 #include "merge/shape.cuh"
 #include "families/decode/split_heuristic.hpp"
 #include "families/query_tile.hpp"
+#include "families/registry.hpp"
 #include "families/tma_map.hpp"
 
 namespace flashjit::detail {
@@ -130,7 +132,7 @@ void add_kv_maps(LaunchPlan& plan, const Variant& v, const ForwardProblem& probl
                    : problem.varlen ? problem.total_k
                                     : problem.seqlen_k;
   const int blocks = problem.paged ? problem.num_pages : problem.varlen ? 1 : problem.batch;
-  const int box_rows = problem.paged ? decode_shape(v).page_box_rows(problem.page_size) : v.tile_n;
+  const int box_rows = problem.paged ? page_box_rows(problem.page_size, v.tile_n) : v.tile_n;
   plan.maps.push_back(tensor_map(MapOperand::k, p.k, problem.dtype, problem.head_dim, rows,
                                  problem.heads_kv, blocks, p.k_stride_s, p.k_stride_h, p.k_stride_b,
                                  box_rows, kStreamingPromotion));
@@ -161,11 +163,15 @@ std::string decode_arguments(const Variant& v) {
 constexpr int kDecodeHeadDims[] = {64, 128, 256};
 
 // TMA boxes never cross a page, so a page size's lowest set bit bounds their rows
-// (DecodeShape::page_box_rows); below this many rows per box the cp.async kernel gathers faster.
+// (page_box_rows); below this many rows per box the cp.async kernel gathers faster.
 // d128 has short-key tiles for small pages (decode_tma_tiles: pages of 16 at 499.9 us against
 // 555); other head dims were measured only with their one tile (pages of 16 at 716 us against
 // 538 for the cp.async kernel); boxes of 8 rows were not measured.
 int min_tma_box_rows(int head_dim) { return head_dim == 128 ? 16 : 64; }
+
+// decode_tma's one arch, where the wgmma family runs too.
+constexpr std::string_view kHopperArch = "sm_90a";
+bool runs_on_hopper(std::string_view arch) { return arch == kHopperArch; }
 
 // TMA boxes need strides below 2^40 bytes and pages whose boxes have min_tma_box_rows or more;
 // else the cp.async family runs it.
@@ -180,11 +186,15 @@ std::string decode_tma_unsupported(const ForwardProblem& problem) {
        {p.k_stride_b, p.k_stride_s, p.k_stride_h, p.v_stride_b, p.v_stride_s, p.v_stride_h})
     if (stride * 2 >= kMaxTmaStride)
       return fmt::format("a K/V stride of {} elements is past TMA's 2^40-byte limit", stride);
-  // Prefill-shaped problems with seqused_k or a varlen batch are the wgmma family's on Hopper.
-  return rows_beyond_decode(problem, problem.paged, "paged");
+  // Prefill-shaped problems are the wgmma family's on Hopper: dense ones, with seqused_k or a
+  // varlen batch, and paged ones where it reads their pages (its tiles load each K/V row once per
+  // query tile of 128 rows, where these row blocks of 16 or 32 read them again).
+  const bool wgmma_pages_it =
+      problem.paged && problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead &&
+      why_family_cannot_run(family_named("wgmma", "family"), problem, kHopperArch).empty();
+  return rows_beyond_decode(problem, problem.paged && !wgmma_pages_it,
+                            "paged in pages wgmma does not read, or split (num_splits > 1)");
 }
-
-bool runs_on_hopper(std::string_view arch) { return arch == "sm_90a"; }
 
 // The two decode families: one kernel template, told apart by their names (decode_shape).
 constexpr KernelFamily decode_family(std::string_view name, std::string_view summary,

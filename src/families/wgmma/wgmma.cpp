@@ -1,7 +1,8 @@
 // Host side of kernels_src/wgmma/kernel.cu (Hopper, sm_90a only): one producer warpgroup plus
 // tile_m/64 consumer warpgroups (wgmma/shape.cuh), TMA tensor maps over q, k, v and o, and a
 // persistent grid of one CTA per SM walking a schedule of query tiles (wgmma/schedule.cuh).
-// Dense batches, and (Variant::varlen) varlen batches or seqused_k; not paged caches.
+// Dense batches, (Variant::varlen) varlen batches or seqused_k, and (Variant::paged) paged KV
+// caches, read in page-sized runs of rows.
 #include <cuda.h>
 #include <fmt/format.h>
 
@@ -10,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "common/page_boxes.cuh"
 #include "cuda/driver.hpp"
 #include "families/family.hpp"
 #include "families/tma_map.hpp"
@@ -34,6 +36,10 @@ std::string wgmma_check(const Variant& v) {
   if (v.tile_n % 16 != 0 || v.tile_n < 16 || v.tile_n > Geometry::kMaxBoxRows)
     return fmt::format("tile_n {} must be a multiple of 16 in [16, {}] (a wgmma N and a TMA box)",
                        v.tile_n, Geometry::kMaxBoxRows);
+  if (v.paged && (v.tile_n & (v.tile_n - 1)) != 0)
+    return fmt::format(
+        "tile_n {} must be a power of two in a paged variant (page-sized runs of rows fill it)",
+        v.tile_n);
   if (v.stages < 1 || v.stages > 8)
     return fmt::format("stages {} must be in [1, 8] (K/V ring depth)", v.stages);
   if (const int bytes = wgmma_shared_bytes(v); bytes > Geometry::kMaxSharedBytes)
@@ -49,7 +55,13 @@ std::string wgmma_check(const Variant& v) {
 // Short sequences take 128-key (and for causal d64 128-query) tiles: the last key tile of a
 // 512-key row is 20-30 % padding with 160-176 keys, and under the causal diagonal a 192-row tile
 // visits keys only its bottom rows need.
-TileTable wgmma_tiles(std::string_view, int head_dim, bool causal, bool) {
+// Paged caches take power-of-two key tiles (runs of rows of one page fill them): d128 128 keys,
+// d256 64 (d64's are already 128).
+TileTable wgmma_tiles(std::string_view, int head_dim, bool causal, bool paged) {
+  if (paged && head_dim > 128) return TileTable::single({128, 64, 2});
+  if (paged && head_dim > 64)
+    return causal ? TileTable::single({128, 128, 2})
+                  : TileTable{{{{1024, {128, 128, 3}}, {INT_MAX, {128, 128, 2}}}}, 2};
   if (head_dim <= 64)
     return causal ? TileTable{{{{4096, {128, 128, 3}}, {INT_MAX, {192, 128, 2}}}}, 2}
                   : TileTable::single({192, 128, 3});
@@ -61,8 +73,15 @@ TileTable wgmma_tiles(std::string_view, int head_dim, bool causal, bool) {
   return TileTable::single({128, 80, 2});
 }
 
+// Runs of fewer rows than this (pages whose size has a lower power of two) are the decode
+// families' to gather: a 128-key tile would take more than 8 runs.
+constexpr int kMinPageRunRows = 16;
+
 std::string wgmma_unsupported(const ForwardProblem& problem) {
   const FmhaParams& p = problem.params;
+  if (problem.paged && (problem.page_size & -problem.page_size) < kMinPageRunRows)
+    return fmt::format("takes pages whose size is a multiple of {} rows, not {}", kMinPageRunRows,
+                       problem.page_size);
   const std::int64_t most_tiles =
       (std::int64_t{problem.seqlen_q} + Geometry::kRowsPerConsumer - 1) /
       Geometry::kRowsPerConsumer * problem.batch * problem.heads_q;
@@ -110,17 +129,23 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
   // Maps are [head_dim, rows, heads, blocks]: a varlen batch is one block of all its packed rows
   // (loads past a sequence read the next one's rows, which the kernel masks or does not store).
   const int q_rows = problem.varlen ? problem.total_q : problem.seqlen_q;
-  const int kv_rows = problem.varlen ? problem.total_k : problem.seqlen_k;
   const int blocks = problem.varlen ? 1 : problem.batch;
+  // K and V: pages of a paged cache ([head_dim, page_size, heads, num_pages], boxes of a run of
+  // rows within a page), else as Q.
+  const int kv_rows = problem.paged    ? problem.page_size
+                      : problem.varlen ? problem.total_k
+                                       : problem.seqlen_k;
+  const int kv_blocks = problem.paged ? problem.num_pages : blocks;
+  const int kv_box_rows = problem.paged ? page_box_rows(problem.page_size, v.tile_n) : v.tile_n;
   plan.maps.push_back(tensor_map(MapOperand::q, p.q, problem.dtype, problem.head_dim, q_rows,
                                  problem.heads_q, blocks, p.q_stride_s, p.q_stride_h, p.q_stride_b,
                                  v.tile_m));
   plan.maps.push_back(tensor_map(MapOperand::k, p.k, problem.dtype, problem.head_dim, kv_rows,
-                                 problem.heads_kv, blocks, p.k_stride_s, p.k_stride_h, p.k_stride_b,
-                                 v.tile_n));
+                                 problem.heads_kv, kv_blocks, p.k_stride_s, p.k_stride_h,
+                                 p.k_stride_b, kv_box_rows));
   plan.maps.push_back(tensor_map(MapOperand::v, p.v, problem.dtype, problem.head_dim, kv_rows,
-                                 problem.heads_kv, blocks, p.v_stride_s, p.v_stride_h, p.v_stride_b,
-                                 v.tile_n));
+                                 problem.heads_kv, kv_blocks, p.v_stride_s, p.v_stride_h,
+                                 p.v_stride_b, kv_box_rows));
   // Each consumer warpgroup stores its own 64 rows. Variants that store O from registers never
   // read this parameter (the kernel signature is the same for all): zeros, never encoded.
   plan.maps.push_back(geometry.stages_output()
@@ -133,8 +158,8 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
 }
 
 std::string wgmma_arguments(const Variant& v) {
-  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
-                     v.stages, v.causal, v.varlen, v.softcap, v.window, v.sink, v.alibi);
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
+                     v.stages, v.causal, v.varlen, v.softcap, v.window, v.sink, v.alibi, v.paged);
 }
 
 // Multiples of 64: whole 128-byte swizzle rows.
@@ -143,8 +168,8 @@ constexpr int kWgmmaHeadDims[] = {64, 128, 256};
 }  // namespace
 
 constinit extern const KernelFamily kWgmmaFamily = {
-    .features = kFeatureUserFunctions | kFeatureBlockMask | kFeatureSeqUsedK | kFeatureVarlen | kFeatureSoftcap | kFeatureWindow |
-                kFeatureSink | kFeatureAlibi,
+    .features = kFeatureUserFunctions | kFeatureBlockMask | kFeaturePagedKv | kFeatureSeqUsedK |
+                kFeatureVarlen | kFeatureSoftcap | kFeatureWindow | kFeatureSink | kFeatureAlibi,
     .name = "wgmma",
     .summary = "TMA + wgmma, warp-specialized and persistent, FlashAttention-3 class",
     .source_file = "wgmma/kernel.cu",
