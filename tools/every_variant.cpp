@@ -62,16 +62,16 @@ ScoreParams score_params(const Engine& engine, const Variant& variant, bool sink
 namespace {
 
 // Decode kernels read a KV cache with seqused_k (so every row count is theirs), paged ones through
-// a shuffled page table of 64-row pages (decode_tma takes them at every head dim); the merge
-// kernel merges two random states.
+// a shuffled page table of 64-row pages (decode_tma takes them at every head dim, wgmma too); the
+// merge kernel merges two random states.
 constexpr int kPageSize = 64;
 
-// The cache a decode variant reads for problem p over k/v: random lengths up to seqlen_k, pages
-// for a paged variant (copies of the dense rows, the page table shuffled). `buffers` keeps the
-// device arrays alive.
-KVCache decode_cache(Engine& engine, const Variant& variant, const Problem& p,
-                     const test::DeviceProblem& problem, std::mt19937& rng,
-                     std::vector<DeviceBuffer>& buffers) {
+// The cache a variant reads for problem p over k/v: random lengths up to seqlen_k (seqused_k,
+// where `with_seqused`), pages for a paged variant (copies of the dense rows, the page table
+// shuffled). `buffers` keeps the device arrays alive.
+KVCache kv_cache(Engine& engine, const Variant& variant, const Problem& p,
+                 const test::DeviceProblem& problem, bool with_seqused, std::mt19937& rng,
+                 std::vector<DeviceBuffer>& buffers) {
   std::vector<std::int32_t> lengths(static_cast<std::size_t>(p.batch));
   for (auto& length : lengths)
     length = std::uniform_int_distribution<int>(p.seqlen_k / 2, p.seqlen_k)(rng);
@@ -81,6 +81,7 @@ KVCache decode_cache(Engine& engine, const Variant& variant, const Problem& p,
     return static_cast<const std::int32_t*>(buffers.back().data());
   };
   const std::int32_t* seqused = upload(lengths.data(), lengths.size() * 4);
+  if (!with_seqused) seqused = nullptr;
   if (!variant.paged) return KVCache::dense(problem.k(), problem.v(), seqused);
   const int pages_per_seq = (p.seqlen_k + kPageSize - 1) / kPageSize;
   const int num_pages = p.batch * pages_per_seq;
@@ -144,8 +145,9 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
       return "skip";
     // Varlen variants (per-sequence lengths) get them from seqused_k.
     const bool seqused = decode || variant.varlen;
-    const KVCache kv = seqused ? decode_cache(engine, variant, p, problem, rng, buffers)
-                               : KVCache::dense(problem.k(), problem.v());
+    const KVCache kv = seqused || variant.paged
+                           ? kv_cache(engine, variant, p, problem, seqused, rng, buffers)
+                           : KVCache::dense(problem.k(), problem.v());
     ForwardOptions options;
     options.causal = variant.causal;
     options.family = variant.family;

@@ -231,26 +231,37 @@ TEST_CASE("varlen: dense packed sequences of 0 to 200 queries and 0 to 777 keys,
     }
 }
 
+namespace {
+
+// The paged cache of a varlen case and what the case computes.
+struct PagedLayout {
+  int page_size;
+  bool hnd;
+  int head_dim;
+  DType dtype;
+  bool causal;
+
+  // heads_q query heads over 2 KV heads, pages for `keys` keys a sequence, `spare` pages more.
+  VarlenCase paged_case(int heads_q, int keys, int spare) const {
+    VarlenCase c;
+    c.heads_q = heads_q, c.heads_kv = 2, c.head_dim = head_dim, c.dtype = dtype, c.causal = causal;
+    c.page_size = page_size, c.head_major = hnd, c.spare_pages = spare;
+    c.pages_per_seq = (keys + page_size - 1) / page_size;
+    return c;
+  }
+};
+
+}  // namespace
+
 TEST_CASE("varlen: decode steps of 1 to 4 queries over paged caches with seqused_k, GQA 8:1") {
-  struct Layout {
-    int page_size;
-    bool hnd;
-    int head_dim;
-    DType dtype;
-    bool causal;
-  };
-  const Layout layouts[] = {{16, false, 64, DType::fp16, true},
+  const PagedLayout layouts[] = {{16, false, 64, DType::fp16, true},
                             {16, true, 256, DType::bf16, false},
                             {64, false, 256, DType::bf16, true},
                             {64, true, 64, DType::fp16, false}};
   unsigned seed = 8200;
-  for (const Layout& layout : layouts) {
+  for (const PagedLayout& layout : layouts) {
     std::mt19937 rng(seed++);
-    VarlenCase c;
-    c.heads_q = 16, c.heads_kv = 2, c.head_dim = layout.head_dim, c.dtype = layout.dtype;
-    c.causal = layout.causal;
-    c.page_size = layout.page_size, c.head_major = layout.hnd, c.spare_pages = 3;
-    c.pages_per_seq = (3000 + c.page_size - 1) / c.page_size;
+    VarlenCase c = layout.paged_case(16, 3000, 3);
     // Every query length 1 to 4, keys from 1000 to 3000 (both ends included).
     c.seqlens_q = {1, 2, 3, 4, 1 + static_cast<int>(rng() % 4)};
     c.seqused = {1000, 3000, 1000 + static_cast<int>(rng() % 2001),
@@ -265,27 +276,16 @@ TEST_CASE("varlen: decode steps of 1 to 4 queries over paged caches with seqused
 }
 
 TEST_CASE("varlen: prefill chunks of 0 to 300 queries over paged caches, pages of 16 to 256 rows") {
-  struct Layout {
-    int page_size;
-    bool hnd;
-    int head_dim;
-    DType dtype;
-    bool causal;
-  };
   // Pages of 24 rows come in runs of 8: the decode kernels' (the dispatcher's pick, checked).
-  const Layout layouts[] = {{16, false, 128, DType::bf16, true},
+  const PagedLayout layouts[] = {{16, false, 128, DType::bf16, true},
                             {24, true, 128, DType::bf16, true},
                             {48, true, 64, DType::fp16, false},
                             {64, false, 256, DType::bf16, true},
                             {256, true, 128, DType::fp16, false}};
   unsigned seed = 8250;
-  for (const Layout& layout : layouts) {
+  for (const PagedLayout& layout : layouts) {
     std::mt19937 rng(seed++);
-    VarlenCase c;
-    c.heads_q = 8, c.heads_kv = 2, c.head_dim = layout.head_dim, c.dtype = layout.dtype;
-    c.causal = layout.causal;
-    c.page_size = layout.page_size, c.head_major = layout.hnd, c.spare_pages = 2;
-    c.pages_per_seq = (1500 + c.page_size - 1) / c.page_size;
+    VarlenCase c = layout.paged_case(8, 1500, 2);
     // Chunks around the 128-row query tile; a chunk longer than its keys (causal: rows without
     // any); a sequence of no queries between two others; keys up to the cache's capacity.
     c.seqlens_q = {1, 127, 0, 129, 300, 77};
