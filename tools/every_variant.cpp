@@ -139,10 +139,11 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
   } else {
     std::vector<DeviceBuffer> buffers;
     const bool decode = variant.family.starts_with("decode");
-    // decode_tma leaves dense problems past 64 query rows per KV head to wgmma.
-    if (variant.family == "decode_tma" && !variant.paged &&
-        p.seqlen_q * (p.heads_q / p.heads_kv) > 64)
-      return "skip";
+    // decode_tma leaves dense problems past 64 query rows per KV head to wgmma, wgmma paged
+    // problems up to 64 to the decode kernels.
+    const bool decode_rows = p.seqlen_q * (p.heads_q / p.heads_kv) <= 64;
+    if (variant.family == "decode_tma" && !variant.paged && !decode_rows) return "skip";
+    if (variant.family == "wgmma" && variant.paged && decode_rows) return "skip";
     // Varlen variants (per-sequence lengths) get them from seqused_k.
     const bool seqused = decode || variant.varlen;
     const KVCache kv = seqused || variant.paged

@@ -216,8 +216,9 @@ TEST_CASE("paged prefill runs in wgmma on Hopper where its pages come in runs of
   // Pages of 8 rows: the cp.async decode kernel gathers them; forced splits: decode_tma splits.
   CHECK(pick({.page_size = 8}).starts_with("decode.sm90a.bf16.d128."));
   CHECK(pick({.num_splits = 2}).starts_with("decode_tma.sm90a.bf16.d128."));
-  // Decode-sized rows stay with decode_tma.
+  // Decode-sized rows stay with the decode kernels, pages decode_tma does not read too.
   CHECK(pick({.seqlen_q = 16}).starts_with("decode_tma.sm90a.bf16.d128."));
+  CHECK(pick({.head_dim = 256, .page_size = 16, .seqlen_q = 4}).starts_with("decode.sm90a."));
   // Forcing decode_tma on paged prefill names why it leaves it to wgmma.
   const auto q = TensorView::bshd(fake(0x100000), DType::bf16, 4, 300, 32, 128);
   const auto pages = TensorView::bshd(fake(0x200000), DType::bf16, 1024, 16, 8, 128);
@@ -225,6 +226,12 @@ TEST_CASE("paged prefill runs in wgmma on Hopper where its pages come in runs of
       q, KVCache::paged(pages, pages, kTable, 256, kLengths), q, nullptr, ForwardOptions{});
   CHECK_THROWS_WITH_AS(detail::select_variant(problem, gpu, &family("decode_tma")),
                        doctest::Contains("unless paged in pages wgmma does not read"), Error);
+  // Forcing wgmma on a decode step over pages names why it leaves those to decode.
+  const auto q_step = TensorView::bshd(fake(0x100000), DType::bf16, 4, 2, 32, 128);
+  const auto step = detail::validate_forward(
+      q_step, KVCache::paged(pages, pages, kTable, 256, kLengths), q_step, nullptr, {});
+  CHECK_THROWS_WITH_AS(detail::select_variant(step, gpu, &family("wgmma")),
+                       doctest::Contains("leaves paged problems of at most 64"), Error);
   // Off Hopper the decode family keeps it.
   DeviceInfo a100 = gpu;
   a100.arch = "sm_80";

@@ -116,7 +116,9 @@ void check_splits(const KvRun& r, int requested, const KvCase& c) {
 // The family the dispatcher (options.family unset) or the caller picked for the run.
 void check_decode_variant(const KvRun& r, const KvCase& c, const ForwardOptions& options) {
   if (!options.family && wgmma_pages_expected(c, options)) CHECK(r.variant.family == "wgmma");
-  if (decode_expected(c, options))
+  if (options.family && !options.family->starts_with("decode"))
+    CHECK(r.variant.family == *options.family);
+  else if (decode_expected(c, options))
     CHECK(r.variant.family.starts_with("decode"));  // decode_tma on Hopper, decode elsewhere
   CHECK(r.variant.paged == c.paged());
 }

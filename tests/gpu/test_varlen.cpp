@@ -43,7 +43,8 @@ namespace {
 // multiple of 16 rows, decode_tma for the rest but pages it gathers slower; elsewhere decode.
 std::string dispatcher_family(const VarlenCase& c, const VarlenBatch& varlen,
                               const ForwardOptions& options) {
-  if (!decode_has_head_dim(c.head_dim)) return "mma";
+  const bool decode_dims = c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
+  if (!decode_dims || !decode_has_head_dim(c.head_dim)) return "mma";
   if (engine().device().arch != "sm_90a") return "decode";
   const int rows_per_kv_head = varlen.max_seqlen_q * (c.heads_q / c.heads_kv);
   if (rows_per_kv_head > 64 && options.num_splits <= 1 && (!c.paged() || c.page_size % 16 == 0))

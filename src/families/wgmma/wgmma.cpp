@@ -13,6 +13,7 @@
 
 #include "common/page_boxes.cuh"
 #include "cuda/driver.hpp"
+#include "decode/shape.cuh"
 #include "families/family.hpp"
 #include "families/tma_map.hpp"
 #include "wgmma/shape.cuh"
@@ -79,6 +80,13 @@ constexpr int kMinPageRunRows = 16;
 
 std::string wgmma_unsupported(const ForwardProblem& problem) {
   const FmhaParams& p = problem.params;
+  // A decode step's few rows per KV head would fill a sliver of each 128-row tile, and where
+  // decode_tma refuses their pages (small ones at d64 / d256) the cp.async kernel gathers them.
+  if (problem.paged && problem.rows_per_kv_head() <= DecodeShape::kMaxRowsPerKvHead)
+    return fmt::format(
+        "leaves paged problems of at most {} query rows per KV head (seqlen_q x heads_q / "
+        "heads_kv; decode steps) to the decode kernels, this problem has {}",
+        DecodeShape::kMaxRowsPerKvHead, problem.rows_per_kv_head());
   if (problem.paged && (problem.page_size & -problem.page_size) < kMinPageRunRows)
     return fmt::format("takes pages whose size is a multiple of {} rows, not {}", kMinPageRunRows,
                        problem.page_size);
