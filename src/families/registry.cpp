@@ -114,8 +114,12 @@ std::string missing_feature(const KernelFamily& family, const ForwardProblem& pr
 
 std::string why_family_cannot_run(const KernelFamily& family, const ForwardProblem& problem,
                                   std::string_view arch) {
-  if (family.role != FamilyRole::attention) return "is not an attention kernel";
   if (!family.runs_on(arch)) return fmt::format("does not run on {}", arch);
+  return why_family_cannot_take(family, problem);
+}
+
+std::string why_family_cannot_take(const KernelFamily& family, const ForwardProblem& problem) {
+  if (family.role != FamilyRole::attention) return "is not an attention kernel";
   if (std::string missing = missing_feature(family, problem); !missing.empty()) return missing;
   if (std::find(family.head_dims.begin(), family.head_dims.end(), problem.head_dim) ==
       family.head_dims.end())

@@ -30,6 +30,8 @@ std::string missing_feature(const KernelFamily& family, const ForwardProblem& pr
 // chosen), else why not ("has no head_dim 96").
 std::string why_family_cannot_run(const KernelFamily& family, const ForwardProblem& problem,
                                   std::string_view arch);
+// The same on any arch the family runs on: its features, head dims and limits.
+std::string why_family_cannot_take(const KernelFamily& family, const ForwardProblem& problem);
 // What the JIT compiles for a checked variant.
 KernelSpec kernel_spec(const Variant& variant);
 

@@ -403,8 +403,7 @@ TEST_CASE("a varlen batch is validated against its packed views; prefill goes to
   CHECK(problem.params.total_q == 1000);
   CHECK(problem.params.cu_seqlens_k == cu_k);
   // Prefill-sized rows (300 x 4 per KV head): Hopper's prefill kernel, which decode_tma leaves to
-  // it; the decode family on sm_80 (mma runs it only when forced, or at head dims decode has no
-  // kernels for); forced splits: decode.
+  // it; mma's varlen variants on sm_80, which decode leaves to them; forced splits: decode.
   const Variant prefill = detail::select_variant(problem, h200(), nullptr);
   CHECK(prefill.family == "wgmma");
   CHECK(prefill.varlen);
@@ -414,7 +413,14 @@ TEST_CASE("a varlen batch is validated against its packed views; prefill goes to
   a100.arch = "sm_80";
   a100.multiprocessors = 108;
   a100.max_shared_per_block_optin = 163 * 1024;
-  CHECK(detail::select_variant(problem, a100, nullptr).family == "decode");
+  CHECK(detail::select_variant(problem, a100, nullptr).family == "mma");
+  CHECK_THROWS_WITH_AS(detail::select_variant(problem, a100, &family("decode")),
+                       doctest::Contains("unless paged, or split with seqused_k or varlen"), Error);
+  ForwardOptions split_on_a100;
+  split_on_a100.num_splits = 2;
+  CHECK(detail::select_variant(detail::validate_forward(q, dense, q, &good, split_on_a100), a100,
+                               nullptr)
+            .family == "decode");
   const Variant forced_mma = detail::select_variant(problem, a100, &family("mma"));
   CHECK(forced_mma.family == "mma");
   CHECK(forced_mma.varlen);

@@ -40,13 +40,15 @@ namespace {
 // The family the dispatcher picks: mma at the head dims the decode and wgmma families have no
 // kernels for (32, 96, 192); on Hopper the prefill kernel (wgmma) for more than 64 query rows per
 // KV head (the max_seqlen_q hint x heads_q / heads_kv) unless split or in pages that are not a
-// multiple of 16 rows, decode_tma for the rest but pages it gathers slower; elsewhere decode.
+// multiple of 16 rows, decode_tma for the rest but pages it gathers slower; elsewhere mma for
+// more than 64 rows over a dense cache unless split, decode for the rest.
 std::string dispatcher_family(const VarlenCase& c, const VarlenBatch& varlen,
                               const ForwardOptions& options) {
   const bool decode_dims = c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
   if (!decode_dims || !decode_has_head_dim(c.head_dim)) return "mma";
-  if (engine().device().arch != "sm_90a") return "decode";
   const int rows_per_kv_head = varlen.max_seqlen_q * (c.heads_q / c.heads_kv);
+  if (engine().device().arch != "sm_90a")
+    return rows_per_kv_head > 64 && options.num_splits <= 1 && !c.paged() ? "mma" : "decode";
   if (rows_per_kv_head > 64 && options.num_splits <= 1 && (!c.paged() || c.page_size % 16 == 0))
     return "wgmma";
   if (!c.paged() && rows_per_kv_head > 64) return "decode";  // split

@@ -108,11 +108,19 @@ std::string rows_beyond_decode(const ForwardProblem& problem, bool exempt, const
       DecodeShape::kMaxRowsPerKvHead, unless, problem.rows_per_kv_head());
 }
 
-// Paged, seqused_k and varlen problems at any row count: on sm_80..sm_89 no other family takes
-// the last two.
+// Prefill-sized varlen and seqused_k problems are the mma family's where it takes them (unsplit):
+// its 128-row query tiles read each K/V tile once where these row blocks of 16 or 32 read it
+// again (H100, 16 causal sequences of 131-8037 tokens, d128: 10.3 ms against 19.7; 32 of
+// 102-995, d64: 0.148 against 0.287; docs/perf-log.md, session 27). Paged problems at any row
+// count: on sm_80..sm_89 no other family reads pages.
 std::string decode_unsupported(const ForwardProblem& problem) {
-  return rows_beyond_decode(problem, problem.paged || problem.per_sequence_lengths(),
-                            "paged, with seqused_k or varlen");
+  const bool mma_runs_it =
+      problem.per_sequence_lengths() && !problem.paged &&
+      problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead &&
+      why_family_cannot_take(family_named("mma", "family"), problem).empty();
+  return rows_beyond_decode(problem,
+                            problem.paged || (problem.per_sequence_lengths() && !mma_runs_it),
+                            "paged, or split with seqused_k or varlen");
 }
 
 // K and V are read once: L2 fetches 128 bytes per miss, not 256 (512 -> 482 us on the batch-64
@@ -169,9 +177,7 @@ constexpr int kDecodeHeadDims[] = {64, 128, 256};
 // 538 for the cp.async kernel); boxes of 8 rows were not measured.
 int min_tma_box_rows(int head_dim) { return head_dim == 128 ? 16 : 64; }
 
-// decode_tma's one arch, where the wgmma family runs too.
-constexpr std::string_view kHopperArch = "sm_90a";
-bool runs_on_hopper(std::string_view arch) { return arch == kHopperArch; }
+bool runs_on_hopper(std::string_view arch) { return arch == "sm_90a"; }
 
 // TMA boxes need strides below 2^40 bytes and pages whose boxes have min_tma_box_rows or more;
 // else the cp.async family runs it.
@@ -191,7 +197,7 @@ std::string decode_tma_unsupported(const ForwardProblem& problem) {
   // query tile of 128 rows, where these row blocks of 16 or 32 read them again).
   const bool wgmma_pages_it =
       problem.paged && problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead &&
-      why_family_cannot_run(family_named("wgmma", "family"), problem, kHopperArch).empty();
+      why_family_cannot_take(family_named("wgmma", "family"), problem).empty();
   return rows_beyond_decode(problem, problem.paged && !wgmma_pages_it,
                             "paged in pages wgmma does not read, or split (num_splits > 1)");
 }
