@@ -7,7 +7,8 @@
 // LSE -inf, or the sink's logit), GQA; sink tokens within a tile, past one and past the keys;
 // sinks mild and dominating; ALiBi's slopes gentle and steep); decode steps over dense and paged
 // caches (NHD and HND, shuffled page tables, seqused_k) under forced and heuristic splits (a sink
-// must count once over all splits); variable-length batches.
+// must count once over all splits); prefill over paged caches (wgmma on Hopper, and decode);
+// variable-length batches.
 #include <doctest/doctest.h>
 #include <fmt/format.h>
 
@@ -350,6 +351,45 @@ TEST_CASE("windows, sink tokens, sinks and ALiBi in decode steps: dense and page
             [&] { check_against(p.output(), p.lse_values(), ref, w.kv.dtype); });
       }
   }
+}
+
+TEST_CASE("windows, sink tokens, sinks and ALiBi in paged prefill: wgmma on Hopper, and decode") {
+  unsigned seed = 9150;
+  for (int page_size : {16, 64})
+    for (const Window& window : {Window{100, 0}, Window{100, 0, false, 20}, Window{-1, -1, true},
+                                 Window{-1, -1, false, 0, true}, Window{64, 0, true, 4, true}}) {
+      // 200 queries x 4 query heads per KV head: prefill-sized, so wgmma's on Hopper.
+      KvCase c;
+      c.batch = 2, c.heads_q = 8, c.heads_kv = 2, c.seqlen_q = 200, c.head_dim = 128;
+      c.causal = true, c.page_size = page_size, c.head_major = page_size == 64;
+      c.spare_pages = 2, c.capacity = (1500 + page_size - 1) / page_size * page_size;
+      c.seqused = {c.capacity, 300};
+      std::mt19937 rng(seed++);
+      const HostKv host = HostKv::random(c, rng);
+      const Reference ref = host.reference({}, window_mods(window, c.heads_q));
+      KvDeviceProblem p(shared_engine(), host);
+      const HeadBuffers heads(c.heads_q);
+      for (const auto& kernel : decode_kernels()) {
+        ForwardOptions options = window_options(window, c.causal, p.lse(), heads);
+        options.family = kernel;
+        run_windowed(
+            fmt::format("{} | {} | family {}", c.describe(), window.describe(),
+                        kernel.value_or("(dispatcher)")),
+            window,
+            [&] {
+              p.poison();
+              const KVCache kv = p.kv();
+              const Variant v = shared_engine().select_variant(p.q(), kv, p.out(), options);
+              shared_engine().forward(p.q(), kv, p.out(), options);
+              synchronize(shared_engine());
+              const bool hopper = shared_engine().device().arch == "sm_90a";
+              CHECK(v.family == (hopper && !kernel ? "wgmma" : "decode"));
+              CHECK(v.paged);
+              return v;
+            },
+            [&] { check_against(p.output(), p.lse_values(), ref, c.dtype); });
+      }
+    }
 }
 
 TEST_CASE("windows, sink tokens, sinks and ALiBi in variable-length batches: prefill and decode "
