@@ -269,6 +269,16 @@ void run_windowed(const std::string& what, const Window& w, Forward&& forward, C
   }
 }
 
+// Poisons p's output and LSE, runs the forward over its KVCache and returns the variant that ran.
+Variant forward_over_cache(KvDeviceProblem& p, const ForwardOptions& options) {
+  p.poison();
+  const KVCache kv = p.kv();
+  const Variant v = shared_engine().select_variant(p.q(), kv, p.out(), options);
+  shared_engine().forward(p.q(), kv, p.out(), options);
+  synchronize(shared_engine());
+  return v;
+}
+
 }  // namespace
 
 TEST_CASE("windows, sink tokens, sinks and ALiBi in decode steps: dense and paged caches, "
@@ -340,11 +350,7 @@ TEST_CASE("windows, sink tokens, sinks and ALiBi in decode steps: dense and page
                         kernel.value_or("(dispatcher)"), splits),
             w.window,
             [&] {
-              p.poison();
-              const KVCache kv = p.kv();
-              const Variant v = shared_engine().select_variant(p.q(), kv, p.out(), options);
-              shared_engine().forward(p.q(), kv, p.out(), options);
-              synchronize(shared_engine());
+              const Variant v = forward_over_cache(p, options);
               CHECK(v.family.starts_with("decode"));
               return v;
             },
@@ -377,11 +383,7 @@ TEST_CASE("windows, sink tokens, sinks and ALiBi in paged prefill: wgmma on Hopp
                         kernel.value_or("(dispatcher)")),
             window,
             [&] {
-              p.poison();
-              const KVCache kv = p.kv();
-              const Variant v = shared_engine().select_variant(p.q(), kv, p.out(), options);
-              shared_engine().forward(p.q(), kv, p.out(), options);
-              synchronize(shared_engine());
+              const Variant v = forward_over_cache(p, options);
               const bool hopper = shared_engine().device().arch == "sm_90a";
               CHECK(v.family == (hopper && !kernel ? "wgmma" : "decode"));
               CHECK(v.paged);
