@@ -6,6 +6,12 @@ should give it (e.g. a sliding window, whose rows see far fewer keys than seqlen
         --seqlen 32768 --heads 32 --head-dim 128 --causal --window 4096 \
         --tiles auto 128x128x2 128x176x2 128x160x2
 
+A chunk of queries over a paged cache (--seqlen-q, --page-size: NHD pages behind a shuffled
+page table), with --dense-too the same shapes over the dense cache it copies, in the same run:
+
+    ... tools/bench_tiles.py --batch 8 --seqlen-q 512 --seqlen 8192 --heads 32 --heads-kv 8 \
+        --causal --page-size 16 --dense-too --tiles auto 128x128x2 128x128x3
+
 Each shape's output is checked against the dispatcher's choice ("auto") before timing (max |diff|
 relative to the largest output value, bf16: < 2e-2). Timing as in the grids (tools/compare):
 a few back-to-back calls between two CUDA events after a GPU spin covering their enqueue, the
@@ -34,21 +40,34 @@ def visible_pairs(seqlen_q, seqlen_k, causal, window_left):
     return total
 
 
-def variant_name(engine, views, out_view, options):
-    """The variant flashjit_forward runs for these structs (Engine.select_variant takes no
-    window)."""
-    import ctypes
-    buf = ctypes.create_string_buffer(256)
-    engine.owner.check("flashjit_select_variant", engine.lib.flashjit_select_variant(
-        engine.handle, *(ctypes.byref(t) for t in (*views, out_view)), ctypes.byref(options),
-        buf, len(buf)))
-    return buf.value.decode()
+def paged_copy(k, v, page_size, generator):
+    """k and v [batch, seqlen, heads_kv, d] copied into NHD pages [batch * seqlen / page_size,
+    page_size, heads_kv, d] in a shuffled order, and the int32 page table [batch, pages]."""
+    import torch
+    batch, seqlen = k.shape[0], k.shape[1]
+    if seqlen % page_size:
+        raise SystemExit(f"--seqlen {seqlen} is not a multiple of --page-size {page_size}")
+    per_seq = seqlen // page_size
+    order = torch.randperm(batch * per_seq, generator=generator).to(k.device)
+    table = order.view(batch, per_seq).to(torch.int32).contiguous()
+    pages = []
+    for t in (k, v):
+        pool = torch.empty((batch * per_seq, page_size) + tuple(t.shape[2:]), dtype=t.dtype,
+                           device=t.device)
+        pool[order] = t.reshape((batch * per_seq, page_size) + tuple(t.shape[2:]))
+        pages.append(pool)
+    return pages[0], pages[1], table
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--seqlen", type=int, default=32768)
+    parser.add_argument("--seqlen", type=int, default=32768, help="keys (and queries)")
+    parser.add_argument("--seqlen-q", type=int, default=0, help="queries (0: --seqlen)")
+    parser.add_argument("--page-size", type=int, default=0,
+                        help="rows per page of a paged KV cache (0: dense)")
+    parser.add_argument("--dense-too", action="store_true",
+                        help="with --page-size: each shape over the dense cache as well")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--heads-kv", type=int, default=0, help="0: --heads")
     parser.add_argument("--head-dim", type=int, default=128)
@@ -61,45 +80,57 @@ def main():
     args = parser.parse_args()
 
     import torch
-    from flashjit import _capi, ops
+    from flashjit import ops
 
-    torch.manual_seed(0)
+    generator = torch.manual_seed(0)
     heads_kv = args.heads_kv or args.heads
-    shape_q = (args.batch, args.seqlen, args.heads, args.head_dim)
+    seqlen_q = args.seqlen_q or args.seqlen
+    shape_q = (args.batch, seqlen_q, args.heads, args.head_dim)
     shape_kv = (args.batch, args.seqlen, heads_kv, args.head_dim)
     q = torch.randn(shape_q, device="cuda", dtype=torch.bfloat16)
     k, v = (torch.randn(shape_kv, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     engine, _ = ops._engine(q.device)
     stream = torch.cuda.current_stream().cuda_stream
-    views = [_capi.tensor_from_torch(t) for t in (q, k, v)]
     window = (args.window, 0 if args.causal else -1) if args.window >= 0 else (-1, -1)
+    # The caches each shape runs over: (label suffix, k, v, page table).
+    caches = [("", k, v, None)]
+    if args.page_size:
+        caches = [(f" p{args.page_size}", *paged_copy(k, v, args.page_size, generator))]
+        if args.dense_too:
+            caches.append((" dense", k, v, None))
 
     runs, outputs, names = {}, {}, {}
+    keep = []  # the structs and tensors the runs point into
     for spec in args.tiles:
         tiles = None if spec == "auto" else tuple(int(x) for x in spec.split("x"))
-        out = torch.full_like(q, float("nan"))
-        options = engine.options(args.causal, 0.0, None, None, tiles, window=window)
-        out_view = _capi.tensor_from_torch(out)
-        names[spec] = variant_name(engine, views, out_view, options)
-        runs[spec] = (lambda o=options, ov=out_view: engine.forward_raw(*views, ov, o, stream))
-        runs[spec]()
-        outputs[spec] = out
+        for suffix, k_cache, v_cache, table in caches:
+            label = spec + suffix
+            out = torch.full_like(q, float("nan"))
+            structs = engine.kv_args(q, k_cache, v_cache, out, table, None, args.causal,
+                                     tiles=tiles, window=window)
+            keep.append((structs, out, k_cache, v_cache, table))
+            names[label] = engine.select_variant_kv_raw(*structs)
+            runs[label] = (lambda s=structs: engine.forward_kv_raw(*s, stream))
+            runs[label]()
+            outputs[label] = out
     torch.cuda.synchronize()
-    if not print_agreement(outputs, lambda spec: f"{spec:>10} {names[spec]:<48}"):
+    if not print_agreement(outputs, lambda label: f"{label:>16} {names[label]:<52}"):
         return 1
 
     timer = CudaTimer()
-    pairs = visible_pairs(args.seqlen, args.seqlen, args.causal, args.window)
+    pairs = visible_pairs(seqlen_q, args.seqlen, args.causal, args.window)
     flops = 4.0 * pairs * args.head_dim * args.heads * args.batch
     samples = per_call_ms(runs, args.calls, args.reps, timer)
-    first = statistics.median(samples[args.tiles[0]])
-    print(f"b{args.batch} s{args.seqlen} h{args.heads}/{heads_kv} d{args.head_dim} "
-          f"{'causal ' if args.causal else ''}window {args.window}: median of {args.reps} "
+    baseline = next(iter(runs))
+    first = statistics.median(samples[baseline])
+    print(f"b{args.batch} q{seqlen_q} k{args.seqlen} h{args.heads}/{heads_kv} d{args.head_dim} "
+          f"{'causal ' if args.causal else ''}window {args.window}"
+          f"{f' pages of {args.page_size}' if args.page_size else ''}: median of {args.reps} "
           f"interleaved bursts of {args.calls}")
-    for spec in runs:
-        ms = statistics.median(samples[spec])
-        print(f"{spec:>10} {names[spec]:<48} {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOPS "
-              f"{first / ms:6.3f}x {args.tiles[0]}")
+    for label in runs:
+        ms = statistics.median(samples[label])
+        print(f"{label:>16} {names[label]:<52} {ms:8.3f} ms {flops / ms / 1e9:7.1f} TFLOPS "
+              f"{first / ms:6.3f}x {baseline}")
     return 0
 
 
