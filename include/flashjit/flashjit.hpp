@@ -131,6 +131,9 @@ struct FamilyInfo {
   bool alibi = false;              // builds ALiBi variants (ForwardOptions::alibi_slopes)
   bool user_functions = false;     // compiles user functions in (ForwardOptions::user_functions)
   bool block_mask = false;         // skips tiles by a BlockMask (ForwardOptions::block_mask)
+  bool paged_kv = false;           // reads paged KV caches (KVCache::paged)
+  bool varlen = false;             // takes VarlenBatch and KVCache::seqused_k
+  bool split_kv = false;           // splits keys across CTAs (ForwardOptions::num_splits)
 };
 FLASHJIT_API const std::vector<FamilyInfo>& families();
 

@@ -207,7 +207,10 @@ const std::vector<FamilyInfo>& families() {
                       (family->features & detail::kFeatureSink) != 0,
                       (family->features & detail::kFeatureAlibi) != 0,
                       (family->features & detail::kFeatureUserFunctions) != 0,
-                      (family->features & detail::kFeatureBlockMask) != 0};
+                      (family->features & detail::kFeatureBlockMask) != 0,
+                      (family->features & detail::kFeaturePagedKv) != 0,
+                      (family->features & detail::kFeatureVarlen) != 0,
+                      (family->features & detail::kFeatureSplitKv) != 0};
       for (const std::string& arch : detail::known_archs())
         if (family->runs_on(arch)) info.archs.push_back(arch);
       list.push_back(std::move(info));

@@ -207,6 +207,9 @@ TEST_CASE("the cache directory comes from FLASHJIT_CACHE_DIR when --cache-dir is
     CHECK(family.at("backward") == info.backward);
     CHECK(family.at("user_functions") == info.user_functions);
     CHECK(family.at("block_mask") == info.block_mask);
+    CHECK(family.at("paged_kv") == info.paged_kv);
+    CHECK(family.at("varlen") == info.varlen);
+    CHECK(family.at("split_kv") == info.split_kv);
     // Forward families (wgmma) and the backward's gradient kernels take block masks.
     if (info.block_mask) CHECK((info.user_functions && (info.attention || info.backward)));
   }
@@ -221,6 +224,16 @@ TEST_CASE("the cache directory comes from FLASHJIT_CACHE_DIR when --cache-dir is
     CHECK(contains(line, "; backward pass") == info.backward);
     CHECK(contains(line, "; user functions") == info.user_functions);
     CHECK(contains(line, "; block mask") == info.block_mask);
+    CHECK(contains(line, "; paged KV") == info.paged_kv);
+    CHECK(contains(line, "; varlen") == info.varlen);
+    CHECK(contains(line, "; split-KV") == info.split_kv);
+  }
+  // Paged caches: the decode kernels and Hopper's prefill kernel; split keys: decode only.
+  for (const flashjit::FamilyInfo& info : flashjit::families()) {
+    INFO(info.name);
+    CHECK(info.paged_kv == (info.name == "decode" || info.name == "decode_tma" ||
+                            info.name == "wgmma"));
+    CHECK(info.split_kv == info.name.starts_with("decode"));
   }
 }
 

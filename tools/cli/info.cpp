@@ -49,11 +49,13 @@ void print_text(const GpuSurvey& gpus, const KernelCache& cache,
   row("NVRTC archs", fmt::format("{}", fmt::join(nvrtc_archs(), " ")));
   for (const FamilyInfo& family : families())
     row(fmt::format("family {}", family.name),
-        fmt::format("{}{}; archs {}; head dims {}{}{}{}{}{}{}", family.summary,
+        fmt::format("{}{}; archs {}; head dims {}{}{}{}{}{}{}{}{}{}", family.summary,
                     family.backward ? "; backward pass" : "", fmt::join(family.archs, " "),
-                    fmt::join(family.head_dims, " "), family.softcap ? "; softcap" : "",
-                    family.window ? "; window" : "", family.sink ? "; sink" : "",
-                    family.alibi ? "; alibi" : "", family.user_functions ? "; user functions" : "",
+                    fmt::join(family.head_dims, " "), family.paged_kv ? "; paged KV" : "",
+                    family.varlen ? "; varlen" : "", family.split_kv ? "; split-KV" : "",
+                    family.softcap ? "; softcap" : "", family.window ? "; window" : "",
+                    family.sink ? "; sink" : "", family.alibi ? "; alibi" : "",
+                    family.user_functions ? "; user functions" : "",
                     family.block_mask ? "; block mask" : ""));
   row("CUDA driver", gpus.driver_version ? driver_text(*gpus.driver_version) : "none");
   if (gpus.devices.empty()) row("GPU", fmt::format("no GPU: {}", gpus.why_none));
@@ -91,7 +93,10 @@ nlohmann::ordered_json to_json(const GpuSurvey& gpus, const KernelCache& cache, 
                            {"sink", family.sink},
                            {"alibi", family.alibi},
                            {"user_functions", family.user_functions},
-                           {"block_mask", family.block_mask}});
+                           {"block_mask", family.block_mask},
+                           {"paged_kv", family.paged_kv},
+                           {"varlen", family.varlen},
+                           {"split_kv", family.split_kv}});
   const auto dir = cache.directory();
   return {{"flashjit_version", version()},
           {"nvrtc_version", nvrtc_version()},
