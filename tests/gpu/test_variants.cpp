@@ -269,6 +269,12 @@ void run_windowed(const std::string& what, const Window& w, Forward&& forward, C
   }
 }
 
+// "<problem> | <window> | family <kernel>", what a run_windowed call is captured as.
+std::string run_label(const std::string& problem, const Window& w,
+                      const std::optional<std::string>& kernel) {
+  return fmt::format("{} | {} | family {}", problem, w.describe(), kernel.value_or("(dispatcher)"));
+}
+
 // Poisons p's output and LSE, runs the forward over its KVCache and returns the variant that ran.
 Variant forward_over_cache(KvDeviceProblem& p, const ForwardOptions& options) {
   p.poison();
@@ -379,9 +385,7 @@ TEST_CASE("windows, sink tokens, sinks and ALiBi in paged prefill: wgmma on Hopp
         ForwardOptions options = window_options(window, c.causal, p.lse(), heads);
         options.family = kernel;
         run_windowed(
-            fmt::format("{} | {} | family {}", c.describe(), window.describe(),
-                        kernel.value_or("(dispatcher)")),
-            window,
+            run_label(c.describe(), window, kernel), window,
             [&] {
               const Variant v = forward_over_cache(p, options);
               const bool hopper = shared_engine().device().arch == "sm_90a";
@@ -416,9 +420,7 @@ TEST_CASE("windows, sink tokens, sinks and ALiBi in variable-length batches: pre
         ForwardOptions options = window_options(window, causal, p.lse(), heads);
         options.family = kernel;
         run_windowed(
-            fmt::format("{} | {} | family {}", c.describe(), window.describe(),
-                        kernel.value_or("(dispatcher)")),
-            window,
+            run_label(c.describe(), window, kernel), window,
             [&] {
               p.poison();
               const KVCache kv = p.kv();
