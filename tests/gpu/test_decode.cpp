@@ -37,9 +37,8 @@ Engine& engine() { return shared_engine(); }
 // Where the dispatcher must pick the wgmma family for a paged cache: prefill-sized problems (more
 // than 64 query rows per KV head) on Hopper, unsplit, whose pages come in runs of 16 rows or more.
 bool wgmma_pages_expected(const KvCase& c, const ForwardOptions& options) {
-  return engine().device().arch == "sm_90a" && c.paged() && c.rows_per_kv_head() > 64 &&
-         options.num_splits <= 1 && (c.page_size & -c.page_size) >= 16 &&
-         (c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256);
+  return engine().device().arch == "sm_90a" && c.paged() &&
+         wgmma_reads_pages(c.head_dim, c.page_size, c.rows_per_kv_head(), options.num_splits);
 }
 
 // Where the dispatcher must pick the decode family (every GPU from sm_80): every paged problem
@@ -123,13 +122,15 @@ void check_decode_variant(const KvRun& r, const KvCase& c, const ForwardOptions&
   CHECK(r.variant.paged == c.paged());
 }
 
-// Runs the case on each decode kernel with each split count and hands every run that launched to
-// `check` (the case and the variant are captured for its failures).
+// Runs the case on each of `kernels` (the decode kernels unless given) with each split count and
+// hands every run that launched to `check` (the case and the variant are captured for its
+// failures).
 template <typename Check>
 void for_each_decode_run(KvDeviceProblem& p, const KvCase& c, const std::vector<int>& split_counts,
-                         Check&& check) {
+                         Check&& check,
+                         const std::vector<std::optional<std::string>>& kernels = decode_kernels()) {
   for (int splits : split_counts)
-    for (const auto& kernel : decode_kernels()) {
+    for (const auto& kernel : kernels) {
       ForwardOptions options;
       options.num_splits = splits;
       options.family = kernel;
@@ -374,27 +375,21 @@ TEST_CASE("paged prefill: 333 queries over pages of 16 to 256 rows, NHD and HND,
     const Reference ref = host.reference();
     KvDeviceProblem p(engine(), host);
     std::vector<std::optional<std::string>> kernels = decode_kernels();
-    if (engine().device().arch == "sm_90a") kernels.push_back("wgmma");
-    for (int splits : {0, 3})
-      for (const auto& kernel : kernels) {
-        ForwardOptions options;
-        options.num_splits = splits;
-        options.family = kernel;
-        if (kernel == "wgmma" && splits > 1) continue;  // wgmma does not split keys
-        const std::string what = describe(c, options);
-        CAPTURE(what);
-        const auto run = run_kv(p, c, options);
-        if (!run) {
-          if (kernel == "wgmma") FAIL_CHECK("wgmma refused " << what);
-          continue;
-        }
-        const std::string variant = run->variant.name();
-        CAPTURE(variant);
-        check_against(run->out, run->lse, ref, c.dtype);
-        check_decode_variant(*run, c, options);
-        if (kernel == "wgmma") CHECK(run->variant.family == "wgmma");
-        MESSAGE(fmt::format("{:<55} {:<90} splits {}", variant, what, run->num_splits));
-      }
+    const bool hopper = engine().device().arch == "sm_90a";
+    if (hopper) kernels.push_back("wgmma");
+    int wgmma_runs = 0;
+    for_each_decode_run(
+        p, c, std::vector<int>{0, 3},
+        [&](const KvRun& run, const ForwardOptions& options, const std::string& what,
+            const std::string& variant) {
+          check_against(run.out, run.lse, ref, c.dtype);
+          check_decode_variant(run, c, options);
+          wgmma_runs += options.family == "wgmma";
+          MESSAGE(fmt::format("{:<55} {:<90} splits {}", variant, what, run.num_splits));
+        },
+        kernels);
+    // wgmma forced runs every case unsplit (and refuses split keys, which it does not have).
+    CHECK(wgmma_runs == (hopper ? 1 : 0));
   }
 }
 

@@ -49,7 +49,8 @@ std::string dispatcher_family(const VarlenCase& c, const VarlenBatch& varlen,
   const int rows_per_kv_head = varlen.max_seqlen_q * (c.heads_q / c.heads_kv);
   if (engine().device().arch != "sm_90a")
     return rows_per_kv_head > 64 && options.num_splits <= 1 && !c.paged() ? "mma" : "decode";
-  if (rows_per_kv_head > 64 && options.num_splits <= 1 && (!c.paged() || c.page_size % 16 == 0))
+  if (c.paged() ? wgmma_reads_pages(c.head_dim, c.page_size, rows_per_kv_head, options.num_splits)
+                : rows_per_kv_head > 64 && options.num_splits <= 1)
     return "wgmma";
   if (!c.paged() && rows_per_kv_head > 64) return "decode";  // split
   // decode_tma's TMA boxes: runs of 16 rows or more at d128, 64 at other head dims.

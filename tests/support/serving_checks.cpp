@@ -19,6 +19,11 @@ bool decode_has_head_dim(int head_dim) {
   return head_dim < 256 || shared_engine().device().max_shared_per_block_optin >= 160 * 1024;
 }
 
+bool wgmma_reads_pages(int head_dim, int page_size, long long rows_per_kv_head, int num_splits) {
+  return rows_per_kv_head > 64 && num_splits <= 1 && page_size % 16 == 0 &&
+         (head_dim == 64 || head_dim == 128 || head_dim == 256);
+}
+
 std::vector<std::optional<std::string>> decode_kernels() {
   std::vector<std::optional<std::string>> kernels = {std::nullopt};
   if (shared_engine().device().arch == "sm_90a") kernels.push_back("decode");

@@ -177,8 +177,6 @@ constexpr int kDecodeHeadDims[] = {64, 128, 256};
 // 538 for the cp.async kernel); boxes of 8 rows were not measured.
 int min_tma_box_rows(int head_dim) { return head_dim == 128 ? 16 : 64; }
 
-bool runs_on_hopper(std::string_view arch) { return arch == "sm_90a"; }
-
 // TMA boxes need strides below 2^40 bytes and pages whose boxes have min_tma_box_rows or more;
 // else the cp.async family runs it.
 std::string decode_tma_unsupported(const ForwardProblem& problem) {
@@ -201,6 +199,8 @@ std::string decode_tma_unsupported(const ForwardProblem& problem) {
   return rows_beyond_decode(problem, problem.paged && !wgmma_pages_it,
                             "paged in pages wgmma does not read, or split (num_splits > 1)");
 }
+
+bool runs_on_hopper(std::string_view arch) { return arch == "sm_90a"; }
 
 // The two decode families: one kernel template, told apart by their names (decode_shape).
 constexpr KernelFamily decode_family(std::string_view name, std::string_view summary,
