@@ -62,16 +62,18 @@ ScoreParams score_params(const Engine& engine, const Variant& variant, bool sink
 namespace {
 
 // Decode kernels read a KV cache with seqused_k (so every row count is theirs), paged ones through
-// a shuffled page table of 64-row pages (decode_tma takes them at every head dim, wgmma too); the
-// merge kernel merges two random states.
+// a shuffled page table of 64-row pages (decode_tma takes them at every head dim, wgmma in TMA
+// runs), wgmma every other problem of 24-row ones too (gathered rows); the merge kernel merges two
+// random states.
 constexpr int kPageSize = 64;
+constexpr int kGatheredPageSize = 24;
 
 // The cache a variant reads for problem p over k/v: random lengths up to seqlen_k (seqused_k,
 // where `with_seqused`), pages for a paged variant (copies of the dense rows, the page table
 // shuffled). `buffers` keeps the device arrays alive.
 KVCache kv_cache(Engine& engine, const Variant& variant, const Problem& p,
-                 const test::DeviceProblem& problem, bool with_seqused, std::mt19937& rng,
-                 std::vector<DeviceBuffer>& buffers) {
+                 const test::DeviceProblem& problem, bool with_seqused, int page_size,
+                 std::mt19937& rng, std::vector<DeviceBuffer>& buffers) {
   std::vector<std::int32_t> lengths(static_cast<std::size_t>(p.batch));
   for (auto& length : lengths)
     length = std::uniform_int_distribution<int>(p.seqlen_k / 2, p.seqlen_k)(rng);
@@ -83,24 +85,24 @@ KVCache kv_cache(Engine& engine, const Variant& variant, const Problem& p,
   const std::int32_t* seqused = upload(lengths.data(), lengths.size() * 4);
   if (!with_seqused) seqused = nullptr;
   if (!variant.paged) return KVCache::dense(problem.k(), problem.v(), seqused);
-  const int pages_per_seq = (p.seqlen_k + kPageSize - 1) / kPageSize;
+  const int pages_per_seq = (p.seqlen_k + page_size - 1) / page_size;
   const int num_pages = p.batch * pages_per_seq;
   std::vector<std::int32_t> table(static_cast<std::size_t>(num_pages));
   for (int i = 0; i < num_pages; ++i) table[static_cast<std::size_t>(i)] = i;
   std::shuffle(table.begin(), table.end(), rng);
-  const std::size_t page_bytes = std::size_t{kPageSize} * p.heads_kv * variant.head_dim * 2;
+  const std::size_t page_bytes = static_cast<std::size_t>(page_size) * p.heads_kv * variant.head_dim * 2;
   std::vector<std::uint16_t> pages(num_pages * page_bytes / 2);
   const test::HostTensor& k = problem.host_k();
   std::vector<std::uint16_t> v_pages = pages;
   const test::HostTensor& v = problem.host_v();
   for (int b = 0; b < p.batch; ++b)
-    for (int j = 0; j < pages_per_seq * kPageSize; ++j) {
+    for (int j = 0; j < pages_per_seq * page_size; ++j) {
       const auto page = static_cast<std::size_t>(
-          table[static_cast<std::size_t>(b * pages_per_seq + j / kPageSize)]);
+          table[static_cast<std::size_t>(b * pages_per_seq + j / page_size)]);
       for (int h = 0; h < p.heads_kv; ++h)
         for (int d = 0; d < variant.head_dim; ++d) {
           const std::size_t at =
-              ((page * kPageSize + j % kPageSize) * p.heads_kv + h) * variant.head_dim + d;
+              ((page * page_size + j % page_size) * p.heads_kv + h) * variant.head_dim + d;
           const bool in = j < p.seqlen_k;
           pages[at] = in ? k.bits[static_cast<std::size_t>(k.offset(b, j, h, d))] : 0;
           v_pages[at] = in ? v.bits[static_cast<std::size_t>(v.offset(b, j, h, d))] : 0;
@@ -110,13 +112,14 @@ KVCache kv_cache(Engine& engine, const Variant& variant, const Problem& p,
   auto* k_data = const_cast<std::int32_t*>(upload(pages.data(), pages.size() * 2));
   auto* v_data = const_cast<std::int32_t*>(upload(v_pages.data(), v_pages.size() * 2));
   return KVCache::paged(
-      TensorView::bshd(k_data, variant.dtype, num_pages, kPageSize, p.heads_kv, variant.head_dim),
-      TensorView::bshd(v_data, variant.dtype, num_pages, kPageSize, p.heads_kv, variant.head_dim),
+      TensorView::bshd(k_data, variant.dtype, num_pages, page_size, p.heads_kv, variant.head_dim),
+      TensorView::bshd(v_data, variant.dtype, num_pages, page_size, p.heads_kv, variant.head_dim),
       page_table, pages_per_seq, seqused);
 }
 
 // Runs one variant on one problem; returns an error message, empty on success.
-std::string launch(Engine& engine, const Variant& variant, const Problem& p, std::mt19937& rng) {
+std::string launch(Engine& engine, const Variant& variant, const Problem& p, int page_size,
+                   std::mt19937& rng) {
   using test::HostTensor;
   const int d = variant.head_dim;
   HostTensor q = HostTensor::make(variant.dtype, p.batch, p.seqlen_q, p.heads_q, d, p.bhsd);
@@ -147,7 +150,8 @@ std::string launch(Engine& engine, const Variant& variant, const Problem& p, std
     // Varlen variants (per-sequence lengths) get them from seqused_k.
     const bool seqused = decode || variant.varlen;
     const KVCache kv = seqused || variant.paged
-                           ? kv_cache(engine, variant, p, problem, seqused, rng, buffers)
+                           ? kv_cache(engine, variant, p, problem, seqused, page_size, rng,
+                                      buffers)
                            : KVCache::dense(problem.k(), problem.v());
     ForwardOptions options;
     options.causal = variant.causal;
@@ -274,10 +278,12 @@ int main(int argc, char** argv) {
         continue;
       }
       int reached = 0;
+      bool gathered = false;
       for (const Problem& problem : kProblems) {
         std::string error;
+        gathered = variant.family == "wgmma" && !gathered;
         try {
-          error = launch(engine, variant, problem, rng);
+          error = launch(engine, variant, problem, gathered ? kGatheredPageSize : kPageSize, rng);
         } catch (const Error& e) {
           error = e.what();
         }

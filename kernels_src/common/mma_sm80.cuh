@@ -1,7 +1,8 @@
-// Warp-level tensor-core and async-copy primitives of sm_80 and later: cp.async into shared
-// memory, ldmatrix fragment loads, and mma.sync m16n8k16 with fp32 accumulation.
+// Warp-level tensor-core primitives of sm_80 and later: ldmatrix fragment loads and mma.sync
+// m16n8k16 with fp32 accumulation (and, from common/cp_async.cuh, the copies that fill their tiles).
 #pragma once
 
+#include "common/cp_async.cuh"
 #include "common/types.cuh"
 
 namespace flashjit {
@@ -9,20 +10,6 @@ namespace flashjit {
 // The 32-bit shared-window address that ldmatrix and cp.async take.
 __device__ __forceinline__ unsigned smem_address(const void* pointer) {
   return static_cast<unsigned>(__cvta_generic_to_shared(pointer));
-}
-
-// 16 bytes global -> shared without a register round trip (L1 bypassed); zero-fills the 16
-// bytes instead when !valid, reading nothing.
-__device__ __forceinline__ void cp_async_16(unsigned dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-               "r"(valid ? 16 : 0));
-}
-// Closes the calling thread's current group of cp.async copies.
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-// Waits until at most `Pending` of the calling thread's newest groups are still in flight.
-template <int Pending>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(Pending) : "memory");
 }
 
 // Four 8x8 16-bit matrices; lanes 8i..8i+7 give the row addresses of matrix i, and register i

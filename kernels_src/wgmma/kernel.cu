@@ -11,6 +11,7 @@
 // P·V(j-1). With three consumers O leaves through a staging buffer and a TMA store that runs
 // while the warpgroup starts its next tile; otherwise with 16-byte stores from registers.
 #include "common/compile_flags.cuh"
+#include "common/cp_async.cuh"
 #include "common/alibi.cuh"
 #include "common/epilogue.cuh"
 #include "common/fast_math.cuh"
@@ -49,21 +50,83 @@ struct TileCoord {
 
 // ---- producer ---------------------------------------------------------------------------------
 
+// A row of a paged cache: its page (-1: past the sequence, not loaded) and its row in the page.
+struct PageRow {
+  int page, row;
+};
+
+// Rows of a K or V tile that the producer warpgroup gathers with cp.async (WgmmaSchedule::
+// gather_pages). Thread t copies 16-byte chunk t % 8 of each 128-byte column-block row of rows
+// 16·pass + t / 8: a row's 8 chunks are 8 adjacent threads (128 contiguous bytes a request), and
+// since 16·pass keeps the row's residue mod 8, a thread's swizzled chunk (c ^ (row % 8), the 128B
+// swizzle TMA would have applied) is the same in every pass. Each thread looks up the page of one
+// row (gather_row) before the slot's wait; pass `pass` reads it from lane (lane & ~7) | pass.
+template <int TileN>
+struct RowGather {
+  static constexpr int kChunksPerRow = 8;  // 16-byte chunks per 128-byte column-block row
+  static constexpr int kRowsPerPass = kWarpgroupThreads / kChunksPerRow;
+  static constexpr int kPasses = TileN / kRowsPerPass;
+
+  // The row whose page this thread looks up: the one lane (lane & ~7) | pass copies in `pass`.
+  __device__ __forceinline__ static int gather_row(int thread) {
+    static_assert(kPasses <= kChunksPerRow, "each row's page is looked up by one of its 8 lanes");
+    const int lane = thread % 32, warp = thread / 32;
+    return (lane % kChunksPerRow) * kRowsPerPass + (warp * 32 + lane - lane % kChunksPerRow) /
+                                                       kChunksPerRow;
+  }
+
+  // Copies this thread's chunks of a tile whose rows' pages (run.page, -1 past the sequence:
+  // zeros) and rows in them this thread's lanes hold, then arrives on `full` once they land.
+  template <typename T, int HeadDim>
+  __device__ __forceinline__ static void copy(unsigned char* tile, const void* base,
+                                              long long stride_page, long long stride_row,
+                                              long long head_offset, const PageRow& run,
+                                              unsigned long long* full) {
+    const int thread = threadIdx.x % kWarpgroupThreads, lane = thread % 32;
+    const int chunk = thread % kChunksPerRow, row_in_pass = thread / kChunksPerRow;
+    const unsigned dst = smem_u32(tile) + row_in_pass * WgmmaGeometry::kRowBytes +
+                         ((chunk ^ (row_in_pass % 8)) * 16);
+    // This lane's row, whose address the lanes copying it read by shuffle; null past the
+    // sequence (those copies zero-fill, reading nothing).
+    const T* mine = run.page < 0 ? nullptr
+                                 : static_cast<const T*>(base) + head_offset +
+                                       static_cast<unsigned>(run.page) * stride_page +
+                                       static_cast<unsigned>(run.row) * stride_row;
+#pragma unroll
+    for (int pass = 0; pass < kPasses; ++pass) {
+      const T* row = reinterpret_cast<const T*>(
+          __shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(mine),
+                      (lane & ~(kChunksPerRow - 1)) | pass));
+#pragma unroll
+      for (int b = 0; b < HeadDim / 64; ++b)
+        cp_async_16(dst + (b * TileN + pass * kRowsPerPass) * WgmmaGeometry::kRowBytes,
+                    row + chunk * (16 / sizeof(T)) + b * 64, row != nullptr);
+    }
+    cp_async_arrive_noinc(smem_u32(full));
+  }
+};
+
 // Dense caches: thread 0 runs this and issues every load, a key tile in HeadDim / 64 boxes. Paged
-// caches: warp 0 runs it, a key tile comes in page-sized runs of rows (page_box_rows), and lane b
-// looks up and issues run b (lane 0 also Q and the stage's byte count): the page-table reads of a
-// tile go out together, before the wait for its slot.
+// caches: the producer warpgroup runs it. In large pages warp 0 loads a key tile in page-sized
+// runs of rows (page_box_rows), lane b looking up and issuing run b (lane 0 also Q and the
+// stage's byte count); in small ones (gather_pages) all four warps gather its rows (RowGather).
+// Either way the page-table reads of a tile go out together, before the wait for its slot.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Window, bool BlockMask, bool Paged>
+          bool Window, bool BlockMask, bool Paged, bool Gather>
 __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars) {
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
-  const int lane = threadIdx.x % 32;
-  const bool leader = !Paged || lane == 0;
+  using Rows = RowGather<TileN>;
+  static_assert(Paged || !Gather, "gathers rows of pages");
+  const int thread = threadIdx.x % kWarpgroupThreads, lane = thread % 32;
+  const bool leader = thread == 0;
   const int page_shift = Paged ? page_shift_of(p) : -1;
   const int box_rows = Paged ? page_box_rows(p.page_size, TileN) : TileN;
+  // The first key of the tile's row this thread looks up: run `lane`'s, or gather_row's.
+  int my_row = lane * box_rows;
+  if constexpr (Gather) my_row = Rows::gather_row(thread);
   static_assert(!Paged || (TileN & (TileN - 1)) == 0, "page-sized runs of rows fill a tile");
   static_assert(TileN / 16 <= 32, "a run per lane (runs of at least 16 rows)");
   int pipe = 0, q_loads = 0;
@@ -89,20 +152,21 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
                       64 * b, seq.q_start + row0, u.head, seq.q_batch);
       }
       const int kv_head = u.head / p.heads_per_kv;
-      // Paged: this lane's run of key tile j (its page and first row there), or {-1, 0} where
-      // the run starts past the sequence: not loaded (its page-table entry may be anything),
-      // and the consumers zero those V rows.
-      auto locate = [&](int j) -> KvRow {
+      // Paged: the page of this thread's row of key tile j (or of its run's first row) and the
+      // row there, or {-1, 0} past the sequence: not loaded (its page-table entry may be
+      // anything), and the consumers zero those V rows.
+      auto locate = [&](int j) -> PageRow {
         if (!Paged) return {};
-        const int key = j * TileN + lane * box_rows;
-        if (lane * box_rows >= TileN || key >= seq.seqlen_k) return {-1, 0};
-        return locate_key<true>(p, u.batch, key, page_shift, 0, 0);
+        const int key = j * TileN + my_row;
+        if (my_row >= TileN || key >= seq.seqlen_k) return {-1, 0};
+        const KvRow at = locate_key<true>(p, u.batch, key, page_shift, 0, 0);
+        return {static_cast<int>(at.block), at.row};
       };
       // Key tile j into its ring's slot `at` (counted over the whole loop) once the consumers
       // have freed it. A fresh barrier counts as having completed the phase before phase 0:
       // parity ^ 1 passes.
       auto load = [&](unsigned long long* empty, unsigned long long* full, int offset,
-                      const TmaDescriptor* map, int j, int at, const KvRow& run) {
+                      const TmaDescriptor* map, bool keys, int j, int at, const PageRow& run) {
         const int stage = at % Stages;
         mbarrier_wait(&empty[stage], ((at / Stages) & 1) ^ 1);
         unsigned char* tile = smem + offset + stage * Shape::kKVBytes;
@@ -112,34 +176,40 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
           for (int b = 0; b < Shape::kDimBlocks; ++b)
             tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, &full[stage], 64 * b,
                         seq.k_start + j * TileN, kv_head, seq.k_batch);
+        } else if constexpr (Gather) {
+          Rows::template copy<T, HeadDim>(
+              tile, keys ? p.k : p.v, keys ? p.k_stride_b : p.v_stride_b,
+              keys ? p.k_stride_s : p.v_stride_s,
+              kv_head * (keys ? p.k_stride_h : p.v_stride_h), run, &full[stage]);
         } else {
           const int runs = min(TileN, seq.seqlen_k - j * TileN + box_rows - 1) / box_rows;
           if (lane == 0)
             mbarrier_arrive_expect_tx(&full[stage],
                                       runs * box_rows * Shape::kRowBytes * Shape::kDimBlocks);
           __syncwarp();  // the bytes are announced before any run can land
-          if (run.block >= 0)
+          if (run.page >= 0)
 #pragma unroll
             for (int b = 0; b < Shape::kDimBlocks; ++b)
               tma_load_4d(tile + (b * TileN + lane * box_rows) * Shape::kRowBytes, map,
-                          &full[stage], 64 * b, run.row, kv_head, static_cast<int>(run.block));
+                          &full[stage], 64 * b, run.row, kv_head, run.page);
         }
       };
       // Keys ahead (WgmmaGeometry::keys_ahead): K(j + 1) before V(j), since K's slot frees once
       // both consumers' S(j - 1) is done and V's only after their P·V(j - 2); else K(j), V(j).
       // Tiles go in the consumers' order (TileOrder), the i-th into slot pipe + i. `run` is the
       // i-th tile's (paged), `next` the one after it, looked up before the waits.
-      KvRow run = locate(order.tile(0));
+      PageRow run = locate(order.tile(0));
       if (Shape::kKeysAhead)
-        load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(0), pipe, run);
+        load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, order.tile(0), pipe, run);
       for (int i = 0; i < order.count(); ++i, ++pipe) {
-        const KvRow next = i + 1 < order.count() ? locate(order.tile(i + 1)) : run;
+        const PageRow next = i + 1 < order.count() ? locate(order.tile(i + 1)) : run;
         if (!Shape::kKeysAhead)
-          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(i), pipe, run);
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, order.tile(i), pipe,
+               run);
         else if (i + 1 < order.count())
-          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, order.tile(i + 1), pipe + 1,
-               next);
-        load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, order.tile(i), pipe, run);
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, order.tile(i + 1),
+               pipe + 1, next);
+        load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, false, order.tile(i), pipe, run);
         run = next;
       }
     }
@@ -667,11 +737,14 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
                                              reinterpret_cast<int*>(smem + Shape::kKOffset));
 
   if (threadIdx.x == 0) {
+    // A gathered stage is full once each producer thread's copies have landed (cp.async's
+    // arrivals), a TMA-loaded one once its bytes have (one arrival, with the byte count).
+    const unsigned kv_arrivals = Paged && sched.gather_pages ? kWarpgroupThreads : 1;
     mbarrier_init(&bars->q_full, 1);
     mbarrier_init(&bars->q_empty, kConsumerWarps);
     for (int s = 0; s < Stages; ++s) {
-      mbarrier_init(&bars->k_full[s], 1);
-      mbarrier_init(&bars->v_full[s], 1);
+      mbarrier_init(&bars->k_full[s], kv_arrivals);
+      mbarrier_init(&bars->v_full[s], kv_arrivals);
       mbarrier_init(&bars->k_empty[s], kConsumerWarps);
       mbarrier_init(&bars->v_empty[s], kConsumerWarps);
     }
@@ -687,12 +760,22 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   // then live in uniform registers.
   const int warpgroup = __shfl_sync(0xffffffffu, threadIdx.x / kWarpgroupThreads, 0);
   if (warpgroup == 0) {
-    warpgroup_lower_registers<Shape::kProducerRegs>();
-    if (threadIdx.x < (Paged ? 32 : 1))
-      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, Paged>(
+    warpgroup_lower_registers<Shape::template kProducerRegs<Paged>>();
+    // Separate instantiations for gathered and TMA-loaded pages: sharing one register
+    // allocation, the two made the 24-40-register producer spill.
+    bool gathered = false;
+    if constexpr (Paged) {
+      if (sched.gather_pages) {
+        produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, true, true>(
+            p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
+        gathered = true;
+      }
+    }
+    if (!gathered && threadIdx.x < (Paged ? 32 : 1))
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, Paged, false>(
           p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
   } else {
-    warpgroup_raise_registers<Shape::kConsumerRegs>();
+    warpgroup_raise_registers<Shape::template kConsumerRegs<Paged>>();
     consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi, Paged,
             BlockMask>(
         p, sched, table, &tma_o, smem, bars, warpgroup - 1);

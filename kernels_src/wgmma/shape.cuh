@@ -18,7 +18,21 @@ struct WgmmaSchedule {
   // 1 (varlen variants, at most kMaxSortedSequences sequences): the CTAs deal units in order of
   // decreasing cost from a table they build (wgmma/schedule.cuh); total_units is then a bound.
   int sorted_varlen;
+  // 1 (paged variants, small pages): the whole producer warpgroup gathers K and V rows with
+  // cp.async through the page table; 0: TMA boxes of page-sized runs of rows, issued by one warp.
+  int gather_pages;
 };
+
+// Pages whose runs of rows (page_box_rows: the largest power of two dividing the page size) are
+// shorter than kTmaRunRows are gathered row by row with cp.async by the whole producer warpgroup
+// (WgmmaSchedule::gather_pages); the others load in TMA boxes of such runs, which one warp
+// issues. H100, b8 x 512 causal queries over 8k keys, d128 (docs/perf-log.md, session 28): rows
+// gathered from pages of 16 / 32 take 901 / 895 us where runs of 16 / 32 rows took 1160 / 992;
+// at 64 both take 881-885; HND pages of 128: runs 870, gathered 889.
+inline constexpr int kTmaRunRows = 64;
+FLASHJIT_HOST_DEVICE constexpr bool wgmma_gathers_pages(int page_size) {
+  return (page_size & -page_size) < kTmaRunRows;
+}
 
 struct WgmmaGeometry {
   int head_dim, tile_m, tile_n, stages;
@@ -44,11 +58,13 @@ struct WgmmaGeometry {
     return (consumers() + 1) * kWarpgroupThreads;
   }
   // 65536 registers per SM: the producer keeps 24-32, consumers take the rest (as FA3 does).
-  FLASHJIT_HOST_DEVICE constexpr int producer_registers() const {
-    return consumers() == 3 ? 32 : 24;
+  // With two consumers, a paged cache's producer keeps 40 for its row gather's addresses (at 24
+  // it spilled) and the consumers 232; the sums match the launch's 168 a thread either way.
+  FLASHJIT_HOST_DEVICE constexpr int producer_registers(bool paged = false) const {
+    return consumers() == 3 ? 32 : paged ? 40 : 24;
   }
-  FLASHJIT_HOST_DEVICE constexpr int consumer_registers() const {
-    return consumers() == 3 ? 160 : 240;
+  FLASHJIT_HOST_DEVICE constexpr int consumer_registers(bool paged = false) const {
+    return consumers() == 3 ? 160 : paged ? 232 : 240;
   }
   FLASHJIT_HOST_DEVICE constexpr int dim_blocks() const { return head_dim / kBoxWidth; }
   FLASHJIT_HOST_DEVICE constexpr int q_bytes() const { return tile_m * head_dim * kElementBytes; }
@@ -104,8 +120,10 @@ struct WgmmaShape {
   static constexpr WgmmaGeometry kGeometry{HeadDim, TileM, TileN, Stages, Varlen};
   static constexpr int kConsumers = kGeometry.consumers();
   static constexpr int kThreads = kGeometry.threads();
-  static constexpr int kProducerRegs = kGeometry.producer_registers();
-  static constexpr int kConsumerRegs = kGeometry.consumer_registers();
+  template <bool Paged>
+  static constexpr int kProducerRegs = kGeometry.producer_registers(Paged);
+  template <bool Paged>
+  static constexpr int kConsumerRegs = kGeometry.consumer_registers(Paged);
   static constexpr int kDimBlocks = kGeometry.dim_blocks();
   static constexpr int kRowBytes = WgmmaGeometry::kRowBytes;
   static constexpr int kQBytes = kGeometry.q_bytes();

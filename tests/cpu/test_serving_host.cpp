@@ -12,6 +12,7 @@
 #include "families/merge/merge.hpp"
 #include "families/registry.hpp"
 #include "flashjit/flashjit.hpp"
+#include "wgmma/shape.cuh"
 
 using namespace flashjit;
 
@@ -79,7 +80,11 @@ TEST_CASE("decode and merge variant names parse back; feature suffixes keep thei
   // wgmma reads pages in runs that fill power-of-two key tiles; simt reads no pages.
   CHECK(Variant::parse("wgmma.sm90a.bf16.d128.m128n128s2.causal.paged.varlen").paged);
   CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d128.m128n176s2.paged"),
-                       doctest::Contains("tile_n 176 must be a power of two"), Error);
+                       doctest::Contains("tile_n 176 must be a power of two of at most 128"),
+                       Error);
+  CHECK_THROWS_WITH_AS(Variant::parse("wgmma.sm90a.bf16.d64.m128n256s2.paged"),
+                       doctest::Contains("tile_n 256 must be a power of two of at most 128"),
+                       Error);
   CHECK_THROWS_WITH_AS(Variant::parse("simt.sm90a.bf16.d128.m64n64s1.paged"),
                        doctest::Contains("does not read paged KV caches"), Error);
   // Varlen variants: the wgmma family's own specialization for per-sequence lengths, last.
@@ -180,7 +185,7 @@ TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to 
                        doctest::Contains("expected an attention family"), Error);
 }
 
-TEST_CASE("paged prefill runs in wgmma on Hopper where its pages come in runs of 16 rows or more") {
+TEST_CASE("paged prefill runs in wgmma on Hopper, in TMA runs from pages of 64, else gathered") {
   const DeviceInfo gpu = h200();
   // 300 queries x 4 query heads per KV head (more than decode's 64 rows) over pages of
   // page_size rows (HND pages where hnd), with seqused_k where seqused.
@@ -205,6 +210,10 @@ TEST_CASE("paged prefill runs in wgmma on Hopper where its pages come in runs of
                                   c.device ? *c.device : gpu, nullptr)
         .name();
   };
+  // Runs of 64 rows or more (the page size's power-of-two part) go by TMA, the rest are gathered
+  // row by row (WgmmaSchedule::gather_pages), which wgmma_plan sets from this rule.
+  for (int page_size : {8, 16, 24, 32, 48, 72, 96}) CHECK(wgmma_gathers_pages(page_size));
+  for (int page_size : {64, 128, 192, 256, 512}) CHECK_FALSE(wgmma_gathers_pages(page_size));
   CHECK(pick({}) == "wgmma.sm90a.bf16.d128.m128n128s2.causal.paged.varlen");
   CHECK(pick({.seqused = false}) == "wgmma.sm90a.bf16.d128.m128n128s2.causal.paged");
   CHECK(pick({.page_size = 256, .causal = false, .seqused = false, .hnd = true}) ==
@@ -213,8 +222,8 @@ TEST_CASE("paged prefill runs in wgmma on Hopper where its pages come in runs of
         "wgmma.sm90a.bf16.d64.m128n128s3.causal.paged.varlen");
   CHECK(pick({.head_dim = 256, .page_size = 64}) ==
         "wgmma.sm90a.bf16.d256.m128n64s2.causal.paged.varlen");
-  // Pages of 8 rows: the cp.async decode kernel gathers them; forced splits: decode_tma splits.
-  CHECK(pick({.page_size = 8}).starts_with("decode.sm90a.bf16.d128."));
+  // Pages of 8 rows too; forced splits: decode_tma splits.
+  CHECK(pick({.page_size = 8}) == "wgmma.sm90a.bf16.d128.m128n128s2.causal.paged.varlen");
   CHECK(pick({.num_splits = 2}).starts_with("decode_tma.sm90a.bf16.d128."));
   // Decode-sized rows stay with the decode kernels, pages decode_tma does not read too.
   CHECK(pick({.seqlen_q = 16}).starts_with("decode_tma.sm90a.bf16.d128."));

@@ -347,12 +347,13 @@ TEST_CASE("decode: paged KV caches (NHD and HND, shuffled page tables) match the
 }
 
 // A chunk of queries against a paged cache (chunked prefill, prefix caching): on Hopper the
-// wgmma family reads the pages in runs of rows (the dispatcher's pick, checked), forced splits
-// stay with decode_tma, and the cp.async decode kernel runs it too; elsewhere decode runs it.
-TEST_CASE("paged prefill: 333 queries over pages of 16 to 256 rows, NHD and HND, GQA 1:1 to 8:1") {
+// wgmma family reads the pages (the dispatcher's pick, checked): in TMA runs of rows from pages
+// of 64, gathered row by row below (8 to 48), forced splits stay with decode_tma, and the
+// cp.async decode kernel runs it too; elsewhere decode runs it.
+TEST_CASE("paged prefill: 333 queries over pages of 8 to 256 rows, NHD and HND, GQA 1:1 to 8:1") {
   std::vector<KvCase> cases;
   int index = 0;
-  for (int page_size : {16, 32, 48, 64, 128, 256})
+  for (int page_size : {8, 16, 24, 32, 48, 64, 128, 256})
     for (bool hnd : {false, true}) {
       const int group = std::vector<int>{1, 4, 8}[index % 3];
       KvCase c;

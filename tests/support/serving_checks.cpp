@@ -20,7 +20,7 @@ bool decode_has_head_dim(int head_dim) {
 }
 
 bool wgmma_reads_pages(int head_dim, int page_size, long long rows_per_kv_head, int num_splits) {
-  return rows_per_kv_head > 64 && num_splits <= 1 && page_size % 16 == 0 &&
+  return rows_per_kv_head > 64 && num_splits <= 1 && page_size % 8 == 0 &&
          (head_dim == 64 || head_dim == 128 || head_dim == 256);
 }
 

@@ -19,8 +19,8 @@ namespace flashjit::test {
 bool decode_has_head_dim(int head_dim);
 
 // Whether Hopper's dispatcher gives a problem over a paged cache to the wgmma family: more than
-// 64 query rows per KV head, unsplit, in pages that are a multiple of 16 rows, at a head dim it
-// has (64, 128, 256).
+// 64 query rows per KV head, unsplit (pages of any multiple of 8 rows: TMA runs or gathered
+// rows), at a head dim it has (64, 128, 256).
 bool wgmma_reads_pages(int head_dim, int page_size, long long rows_per_kv_head, int num_splits);
 
 // The decode kernels to run each case with: the dispatcher's (TMA loads on Hopper), and the

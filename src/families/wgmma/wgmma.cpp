@@ -2,7 +2,7 @@
 // tile_m/64 consumer warpgroups (wgmma/shape.cuh), TMA tensor maps over q, k, v and o, and a
 // persistent grid of one CTA per SM walking a schedule of query tiles (wgmma/schedule.cuh).
 // Dense batches, (Variant::varlen) varlen batches or seqused_k, and (Variant::paged) paged KV
-// caches, read in page-sized runs of rows.
+// caches, read in page-sized runs of rows or, in small pages, gathered row by row.
 #include <cuda.h>
 #include <fmt/format.h>
 
@@ -30,6 +30,9 @@ Geometry geometry_of(const Variant& v) {
 
 int wgmma_shared_bytes(const Variant& v) { return geometry_of(v).shared_bytes(); }
 
+// RowGather's limit: each row's page is looked up by one of the eight lanes that copy it.
+constexpr int kMaxPagedTileN = 128;
+
 std::string wgmma_check(const Variant& v) {
   if (v.tile_m % Geometry::kRowsPerConsumer != 0 || v.tile_m < 64 || v.tile_m > 192)
     return fmt::format("tile_m {} must be 64, 128 or 192 (one to three consumer warpgroups)",
@@ -37,10 +40,11 @@ std::string wgmma_check(const Variant& v) {
   if (v.tile_n % 16 != 0 || v.tile_n < 16 || v.tile_n > Geometry::kMaxBoxRows)
     return fmt::format("tile_n {} must be a multiple of 16 in [16, {}] (a wgmma N and a TMA box)",
                        v.tile_n, Geometry::kMaxBoxRows);
-  if (v.paged && (v.tile_n & (v.tile_n - 1)) != 0)
+  if (v.paged && ((v.tile_n & (v.tile_n - 1)) != 0 || v.tile_n > kMaxPagedTileN))
     return fmt::format(
-        "tile_n {} must be a power of two in a paged variant (page-sized runs of rows fill it)",
-        v.tile_n);
+        "tile_n {} must be a power of two of at most {} in a paged variant (page-sized runs of "
+        "rows fill it; a gathered tile's rows are 8 per producer lane group)",
+        v.tile_n, kMaxPagedTileN);
   if (v.stages < 1 || v.stages > 8)
     return fmt::format("stages {} must be in [1, 8] (K/V ring depth)", v.stages);
   if (const int bytes = wgmma_shared_bytes(v); bytes > Geometry::kMaxSharedBytes)
@@ -74,10 +78,6 @@ TileTable wgmma_tiles(std::string_view, int head_dim, bool causal, bool paged) {
   return TileTable::single({128, 80, 2});
 }
 
-// Runs of fewer rows than this (pages whose size has a lower power of two) are the decode
-// families' to gather: a 128-key tile would take more than 8 runs.
-constexpr int kMinPageRunRows = 16;
-
 std::string wgmma_unsupported(const ForwardProblem& problem) {
   const FmhaParams& p = problem.params;
   // A decode step's few rows per KV head would fill a sliver of each 128-row tile, and where
@@ -87,9 +87,6 @@ std::string wgmma_unsupported(const ForwardProblem& problem) {
         "leaves paged problems of at most {} query rows per KV head (seqlen_q x heads_q / "
         "heads_kv; decode steps) to the decode kernels, this problem has {}",
         DecodeShape::kMaxRowsPerKvHead, problem.rows_per_kv_head());
-  if (problem.paged && (problem.page_size & -problem.page_size) < kMinPageRunRows)
-    return fmt::format("takes pages whose size is a multiple of {} rows, not {}", kMinPageRunRows,
-                       problem.page_size);
   const std::int64_t most_tiles =
       (std::int64_t{problem.seqlen_q} + Geometry::kRowsPerConsumer - 1) /
       Geometry::kRowsPerConsumer * problem.batch * problem.heads_q;
@@ -126,6 +123,7 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
                                    std::max<std::int64_t>(kv_bytes_per_pair, 1),
                                1, pairs));
   schedule.sorted_varlen = v.varlen && problem.batch <= Geometry::kMaxSortedSequences;
+  schedule.gather_pages = problem.paged && wgmma_gathers_pages(problem.page_size);
 
   const Geometry geometry = geometry_of(v);
   LaunchPlan plan;
