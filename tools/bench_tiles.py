@@ -7,7 +7,8 @@ should give it (e.g. a sliding window, whose rows see far fewer keys than seqlen
         --tiles auto 128x128x2 128x176x2 128x160x2
 
 A chunk of queries over a paged cache (--seqlen-q, --page-size: NHD pages behind a shuffled
-page table), with --dense-too the same shapes over the dense cache it copies, in the same run:
+page table), with --dense-too the same shapes over the dense cache it copies and with
+--in-order-too over pages in sequence order, in the same run:
 
     ... tools/bench_tiles.py --batch 8 --seqlen-q 512 --seqlen 8192 --heads 32 --heads-kv 8 \
         --causal --page-size 16 --dense-too --tiles auto 128x128x2 128x128x3
@@ -40,15 +41,17 @@ def visible_pairs(seqlen_q, seqlen_k, causal, window_left):
     return total
 
 
-def paged_copy(k, v, page_size, generator):
+def paged_copy(k, v, page_size, generator, shuffled=True):
     """k and v [batch, seqlen, heads_kv, d] copied into NHD pages [batch * seqlen / page_size,
-    page_size, heads_kv, d] in a shuffled order, and the int32 page table [batch, pages]."""
+    page_size, heads_kv, d] in a shuffled order (else in sequence order: the dense layout behind a
+    page table), and the int32 page table [batch, pages]."""
     import torch
     batch, seqlen = k.shape[0], k.shape[1]
     if seqlen % page_size:
         raise SystemExit(f"--seqlen {seqlen} is not a multiple of --page-size {page_size}")
     per_seq = seqlen // page_size
-    order = torch.randperm(batch * per_seq, generator=generator).to(k.device)
+    order = (torch.randperm(batch * per_seq, generator=generator) if shuffled
+             else torch.arange(batch * per_seq)).to(k.device)
     table = order.view(batch, per_seq).to(torch.int32).contiguous()
     pages = []
     for t in (k, v):
@@ -68,6 +71,9 @@ def main():
                         help="rows per page of a paged KV cache (0: dense)")
     parser.add_argument("--dense-too", action="store_true",
                         help="with --page-size: each shape over the dense cache as well")
+    parser.add_argument("--in-order-too", action="store_true",
+                        help="with --page-size: each shape over pages in sequence order as well "
+                             "(what the shuffle costs)")
     parser.add_argument("--heads", type=int, default=32)
     parser.add_argument("--heads-kv", type=int, default=0, help="0: --heads")
     parser.add_argument("--head-dim", type=int, default=128)
@@ -96,6 +102,9 @@ def main():
     caches = [("", k, v, None)]
     if args.page_size:
         caches = [(f" p{args.page_size}", *paged_copy(k, v, args.page_size, generator))]
+        if args.in_order_too:
+            caches.append((f" p{args.page_size} in order",
+                           *paged_copy(k, v, args.page_size, generator, shuffled=False)))
         if args.dense_too:
             caches.append((" dense", k, v, None))
 

@@ -141,6 +141,23 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
           tile_visits<Causal, Window, BlockMask, TileM, TileN>(seq, p, u.batch, u.head,
                                                                u.m_block(which));
       if (order.count() <= 0) continue;  // the consumers write zeros, pipeline untouched
+      // Paged: the page of this thread's row of key tile j (or of its run's first row) and the
+      // row there, or {-1, 0} past the sequence: not loaded (its page-table entry may be
+      // anything), and the consumers zero those V rows.
+      auto locate = [&](int j) -> PageRow {
+        if (!Paged) return {};
+        const int key = j * TileN + my_row;
+        if (my_row >= TileN || key >= seq.seqlen_k) return {-1, 0};
+        const KvRow at = locate_key<true>(p, u.batch, key, page_shift, 0, 0);
+        return {static_cast<int>(at.block), at.row};
+      };
+      // The unit's first two tiles' pages, looked up before the wait for Q's buffer (the previous
+      // unit's last tile), so they are back when its first K load goes out.
+      PageRow run{}, next{};
+      if constexpr (Paged) {
+        run = locate(order.tile(0));
+        next = order.count() > 1 ? locate(order.tile(1)) : run;
+      }
       // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
       if (q_loads > 0) mbarrier_wait(&bars->q_empty, (q_loads - 1) & 1);
       ++q_loads;
@@ -152,16 +169,6 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
                       64 * b, seq.q_start + row0, u.head, seq.q_batch);
       }
       const int kv_head = u.head / p.heads_per_kv;
-      // Paged: the page of this thread's row of key tile j (or of its run's first row) and the
-      // row there, or {-1, 0} past the sequence: not loaded (its page-table entry may be
-      // anything), and the consumers zero those V rows.
-      auto locate = [&](int j) -> PageRow {
-        if (!Paged) return {};
-        const int key = j * TileN + my_row;
-        if (my_row >= TileN || key >= seq.seqlen_k) return {-1, 0};
-        const KvRow at = locate_key<true>(p, u.batch, key, page_shift, 0, 0);
-        return {static_cast<int>(at.block), at.row};
-      };
       // Key tile j into its ring's slot `at` (counted over the whole loop) once the consumers
       // have freed it. A fresh barrier counts as having completed the phase before phase 0:
       // parity ^ 1 passes.
@@ -196,13 +203,14 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       };
       // Keys ahead (WgmmaGeometry::keys_ahead): K(j + 1) before V(j), since K's slot frees once
       // both consumers' S(j - 1) is done and V's only after their P·V(j - 2); else K(j), V(j).
-      // Tiles go in the consumers' order (TileOrder), the i-th into slot pipe + i. `run` is the
-      // i-th tile's (paged), `next` the one after it, looked up before the waits.
-      PageRow run = locate(order.tile(0));
+      // Tiles go in the consumers' order (TileOrder), the i-th into slot pipe + i. Paged: `run`
+      // is the i-th tile's, `next` the one after it, `after` the next one's, looked up an
+      // iteration before its first load.
       if (Shape::kKeysAhead)
         load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, order.tile(0), pipe, run);
       for (int i = 0; i < order.count(); ++i, ++pipe) {
-        const PageRow next = i + 1 < order.count() ? locate(order.tile(i + 1)) : run;
+        PageRow after{};
+        if constexpr (Paged) after = i + 2 < order.count() ? locate(order.tile(i + 2)) : next;
         if (!Shape::kKeysAhead)
           load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, order.tile(i), pipe,
                run);
@@ -211,6 +219,7 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
                pipe + 1, next);
         load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, false, order.tile(i), pipe, run);
         run = next;
+        next = after;
       }
     }
   }
