@@ -63,10 +63,10 @@ namespace {
 
 // Decode kernels read a KV cache with seqused_k (so every row count is theirs), paged ones through
 // a shuffled page table of 64-row pages (decode_tma takes them at every head dim, wgmma in TMA
-// runs), wgmma every other problem of 24-row ones too (gathered rows); the merge kernel merges two
-// random states.
+// runs), wgmma and mma every other problem of 24-row ones too (rows gathered; a page size that is
+// not a power of two); the merge kernel merges two random states.
 constexpr int kPageSize = 64;
-constexpr int kGatheredPageSize = 24;
+constexpr int kSmallPageSize = 24;
 
 // The cache a variant reads for problem p over k/v: random lengths up to seqlen_k (seqused_k,
 // where `with_seqused`), pages for a paged variant (copies of the dense rows, the page table
@@ -278,12 +278,12 @@ int main(int argc, char** argv) {
         continue;
       }
       int reached = 0;
-      bool gathered = false;
+      bool small_pages = false;
       for (const Problem& problem : kProblems) {
         std::string error;
-        gathered = variant.family == "wgmma" && !gathered;
+        small_pages = (variant.family == "wgmma" || variant.family == "mma") && !small_pages;
         try {
-          error = launch(engine, variant, problem, gathered ? kGatheredPageSize : kPageSize, rng);
+          error = launch(engine, variant, problem, small_pages ? kSmallPageSize : kPageSize, rng);
         } catch (const Error& e) {
           error = e.what();
         }

@@ -3,7 +3,8 @@
 //
 // Layout of the work: one CTA per (TileM query rows, head, batch), 4 warps. Varlen (varlen batches,
 // seqused_k): each sequence's own rows and lengths (common/sequence.cuh); the grid covers the
-// longest sequence, and CTAs past a shorter one's queries return. Each warp owns TileM/4
+// longest sequence, and CTAs past a shorter one's queries return. Paged: K and V rows come
+// through the page table (PagedTileStream), a lookup per row copied. Each warp owns TileM/4
 // query rows (one or two m16 row tiles) across all keys and the whole head dim, so the softmax
 // statistics of a row never leave its quad of lanes and warps share nothing but the K/V tiles.
 // K and V stream through rings of `Stages` shared buffers filled by cp.async: V_j is in flight
@@ -53,10 +54,10 @@ __device__ __forceinline__ void mask_scores(float (&s)[MT][NT][4], const Lengths
     }
 }
 
-// BlockMask: the entry that reads a block mask (FmhaParams::block_*), compiled beside the other
-// for variants with a mask_mod.
+// Paged: K and V from a paged cache (FmhaParams::page_table). BlockMask: the entry that reads a
+// block mask (FmhaParams::block_*), compiled beside the other for variants with a mask_mod.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Softcap,
-          bool Window, bool Sink, bool Alibi, bool Varlen, bool BlockMask = false>
+          bool Window, bool Sink, bool Alibi, bool Varlen, bool Paged, bool BlockMask = false>
 __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const FmhaParams p) {
   begin_after_previous_grid();
   constexpr MmaShape kShape{HeadDim, TileM, TileN, Stages};
@@ -103,6 +104,23 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   using KvStream = TileStream<T, HeadDim, TileN, kPitch, kThreads>;
   const KvStream k_stream(k, p.k_stride_s);
   const KvStream v_stream(v, p.v_stride_s);
+  // Paged: the head's rows of page 0 (a sequence's rows are found through the table).
+  using PagedStream = PagedTileStream<T, HeadDim, TileN, kPitch, kThreads>;
+  const PagedStream k_pages(static_cast<const T*>(p.k) + kv_head * p.k_stride_h);
+  const PagedStream v_pages(static_cast<const T*>(p.v) + kv_head * p.v_stride_h);
+  // Key tile `tile` of K or V into the shared tile at `smem_tile` (issued, not waited on).
+  const auto copy_k = [&](unsigned smem_tile, int tile) {
+    if constexpr (Paged)
+      k_pages.copy(p, batch, smem_tile, tile * TileN, len.seqlen_k, p.k_stride_b, p.k_stride_s);
+    else
+      k_stream.copy(smem_tile, tile * TileN, len.seqlen_k, p.k_stride_s);
+  };
+  const auto copy_v = [&](unsigned smem_tile, int tile) {
+    if constexpr (Paged)
+      v_pages.copy(p, batch, smem_tile, tile * TileN, len.seqlen_k, p.v_stride_b, p.v_stride_s);
+    else
+      v_stream.copy(smem_tile, tile * TileN, len.seqlen_k, p.v_stride_s);
+  };
   const unsigned k_smem = smem_address(k_tiles);
   const unsigned v_smem = smem_address(v_tiles);
   constexpr unsigned kKvTileBytes = kKvTile * sizeof(T);
@@ -128,11 +146,11 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
 #pragma unroll
   for (int j = 0; j < Stages; ++j) {
     if (j < n_tiles)
-      k_stream.copy(k_smem + j * kKvTileBytes, visits.tile(j) * TileN, len.seqlen_k, p.k_stride_s);
+      copy_k(k_smem + j * kKvTileBytes, visits.tile(j));
     cp_async_commit();
     if (j == Stages - 1) break;
     if (j < n_tiles)
-      v_stream.copy(v_smem + j * kKvTileBytes, visits.tile(j) * TileN, len.seqlen_k, p.v_stride_s);
+      copy_v(v_smem + j * kKvTileBytes, visits.tile(j));
     cp_async_commit();
   }
 
@@ -158,8 +176,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
     cp_async_wait<2 * (Stages - 1)>();
     __syncthreads();  // K_tile has landed for all; every warp is done with P·V of tile - 1
     if (j + Stages - 1 < n_tiles)
-      v_stream.copy(v_smem + (j + Stages - 1) % Stages * kKvTileBytes,
-                    visits.tile(j + Stages - 1) * TileN, len.seqlen_k, p.v_stride_s);
+      copy_v(v_smem + (j + Stages - 1) % Stages * kKvTileBytes, visits.tile(j + Stages - 1));
     cp_async_commit();
 
     float s[MT][NT][4];
@@ -191,8 +208,7 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
     cp_async_wait<2 * (Stages - 1)>();
     __syncthreads();  // V_tile has landed for all; every warp is done reading K_tile
     if (j + Stages < n_tiles)
-      k_stream.copy(k_smem + j % Stages * kKvTileBytes, visits.tile(j + Stages) * TileN,
-                    len.seqlen_k, p.k_stride_s);
+      copy_k(k_smem + j % Stages * kKvTileBytes, visits.tile(j + Stages));
     cp_async_commit();
 
     unsigned probs[MT][NT / 2][4];

@@ -228,11 +228,12 @@ TEST_CASE("the cache directory comes from FLASHJIT_CACHE_DIR when --cache-dir is
     CHECK(contains(line, "; varlen") == info.varlen);
     CHECK(contains(line, "; split-KV") == info.split_kv);
   }
-  // Paged caches: the decode kernels and Hopper's prefill kernel; split keys: decode only.
+  // Paged caches: the decode kernels and the prefill kernels of Hopper and sm_80+; split keys:
+  // decode only.
   for (const flashjit::FamilyInfo& info : flashjit::families()) {
     INFO(info.name);
     CHECK(info.paged_kv == (info.name == "decode" || info.name == "decode_tma" ||
-                            info.name == "wgmma"));
+                            info.name == "wgmma" || info.name == "mma"));
     CHECK(info.split_kv == info.name.starts_with("decode"));
   }
 }
@@ -610,9 +611,12 @@ TEST_CASE("precompile --mask-mod / --score-mod: the default set of the families 
   const std::string both_hash =
       flashjit::UserFunctions::from_files(sources.score_mod, sources.mask_mod).hash();
   CHECK(both_hash != hash);
-  // The mma family's default set has a varlen twin of each variant.
+  // The mma family's default set has a varlen twin of each variant, and both over pages.
   CHECK(both.out == "mma.sm80.bf16.d64.m128n128s1.causal.user" + both_hash + "\n" +
-                        "mma.sm80.bf16.d64.m128n128s1.causal.varlen.user" + both_hash + "\n");
+                        "mma.sm80.bf16.d64.m128n128s1.causal.varlen.user" + both_hash + "\n" +
+                        "mma.sm80.bf16.d64.m128n128s1.causal.paged.user" + both_hash + "\n" +
+                        "mma.sm80.bf16.d64.m128n128s1.causal.paged.varlen.user" + both_hash +
+                        "\n");
 }
 
 TEST_CASE("precompile --score-mod: the backward families need --score-mod-grad, named in a note "

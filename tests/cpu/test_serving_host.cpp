@@ -118,20 +118,21 @@ TEST_CASE("precompile's defaults include paged decode, varlen prefill and merge 
     mma += v.family == "mma";
     // The forward's varlen variants (the backward's: tests/cpu/test_backward_host.cpp).
     varlen += v.varlen && !v.family.starts_with("bwd_");
-    if (v.paged) CHECK((v.family.starts_with("decode") || v.family == "wgmma"));
+    if (v.paged)
+      CHECK((v.family.starts_with("decode") || v.family == "wgmma" || v.family == "mma"));
     if (v.varlen) CHECK((v.family == "wgmma" || v.family == "mma" || v.family.starts_with("bwd_")));
     CHECK_NOTHROW(detail::check_variant(v));
   }
   // wgmma and mma: every dense shape once more with per-sequence lengths compiled in (mma: 2
-  // dtypes x 6 head dims x 2 masks, one shape each, twice); wgmma's paged shapes (2 dtypes x
-  // (3 at d64, 3 at d128, 2 at d256)) both ways too.
+  // dtypes x 6 head dims x 2 masks, one shape each, twice, and all of it again over pages);
+  // wgmma's paged shapes (2 dtypes x (3 at d64, 3 at d128, 2 at d256)) both ways too.
   CHECK(wgmma == 36 + 32);
-  CHECK(mma == 48);
-  CHECK(varlen == 18 + 24 + 16);
+  CHECK(mma == 96);
+  CHECK(varlen == 18 + 48 + 16);
   // Each of the two decode kernels: 2 dtypes x 2 masks x 2 caches x (2 + 2 + 1) tiles over
   // d64/d128/d256, and decode_tma's short-key tile for small pages at d128 (2 dtypes x 2 masks).
   CHECK(decode == 84);
-  CHECK(paged == 44 + 32);
+  CHECK(paged == 44 + 32 + 48);
   CHECK(merge == 12);  // 2 dtypes x 6 head dims
   // d256 decode does not fit the 99 KB of an sm_86 block, so it is not built there.
   for (const Variant& v : default_variants("sm_86")) {
@@ -179,7 +180,7 @@ TEST_CASE("decode-shaped and paged problems go to the decode family, prefill to 
   CHECK(detail::select_variant(paged, a100, nullptr).name() ==
         "decode.sm80.bf16.d128.m16n64s2.paged");
   // Forcing a family without the feature names what is missing.
-  CHECK_THROWS_WITH_AS(detail::select_variant(paged, gpu, &family("mma")),
+  CHECK_THROWS_WITH_AS(detail::select_variant(paged, gpu, &family("simt")),
                        doctest::Contains("reads no paged KV cache"), Error);
   CHECK_THROWS_WITH_AS(detail::forced_family(std::string("merge")),
                        doctest::Contains("expected an attention family"), Error);
@@ -246,6 +247,10 @@ TEST_CASE("paged prefill runs in wgmma on Hopper, in TMA runs from pages of 64, 
   a100.arch = "sm_80";
   a100.max_shared_per_block_optin = 163 * 1024;
   CHECK(pick({.device = &a100}).starts_with("decode.sm80.bf16.d128."));
+  // Head dims only mma has: it gathers the pages (on every arch; before, no family took them).
+  CHECK(pick({.head_dim = 96}) == "mma.sm90a.bf16.d96.m128n64s2.causal.paged.varlen");
+  CHECK(pick({.head_dim = 192, .page_size = 24, .seqlen_q = 2, .device = &a100}) ==
+        "mma.sm80.bf16.d192.m64n64s1.causal.paged.varlen");
 }
 
 TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many for one sequence") {
@@ -323,16 +328,17 @@ TEST_CASE("a paged KV cache is validated before any launch, naming the argument"
   workspace.options.workspace = fake(0x100010);
   CHECK(rejection(workspace).find("options.workspace") != std::string::npos);
 
-  // Query rows per KV head past the decode grid's limit: no family runs it, and dispatch says
-  // why before anything is planned (seqlen_q x heads_q / heads_kv was an int product, and
-  // overflowed: fuzz_serving_args found it).
+  // Query rows per KV head past the decode grid's limit: the decode kernels say why before
+  // anything is planned (seqlen_q x heads_q / heads_kv was an int product, and overflowed:
+  // fuzz_serving_args found it); mma, which gathers pages a row at a time, takes it.
   PagedArgs rows;
   rows.q = TensorView{fake(0x100000), DType::bf16, {1, 738197804, 32, 128}, {8, 8, 8, 1}};
   const auto out = TensorView::bshd(fake(0x300000), DType::bf16, 1, 738197804, 32, 128);
   const auto many = detail::validate_forward(rows.q, rows.kv, out, nullptr, rows.options);
   CHECK(many.rows_per_kv_head() == 738197804LL * 4);
+  CHECK(detail::select_variant(many, h200(), nullptr).family == "mma");
   try {
-    detail::select_variant(many, h200(), nullptr);
+    detail::select_variant(many, h200(), &family("decode"));
     FAIL("dispatched a problem past the decode grid's rows");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::unsupported);

@@ -349,7 +349,8 @@ TEST_CASE("decode: paged KV caches (NHD and HND, shuffled page tables) match the
 // A chunk of queries against a paged cache (chunked prefill, prefix caching): on Hopper the
 // wgmma family reads the pages (the dispatcher's pick, checked): in TMA runs of rows from pages
 // of 64, gathered row by row below (8 to 48), forced splits stay with decode_tma, and the
-// cp.async decode kernel runs it too; elsewhere decode runs it.
+// cp.async decode kernel runs it too; elsewhere decode runs it. The mma family (sm_80+), forced,
+// gathers the pages' rows a lookup per row.
 TEST_CASE("paged prefill: 333 queries over pages of 8 to 256 rows, NHD and HND, GQA 1:1 to 8:1") {
   std::vector<KvCase> cases;
   int index = 0;
@@ -378,7 +379,8 @@ TEST_CASE("paged prefill: 333 queries over pages of 8 to 256 rows, NHD and HND, 
     std::vector<std::optional<std::string>> kernels = decode_kernels();
     const bool hopper = engine().device().arch == "sm_90a";
     if (hopper) kernels.push_back("wgmma");
-    int wgmma_runs = 0;
+    kernels.push_back("mma");
+    int wgmma_runs = 0, mma_runs = 0;
     for_each_decode_run(
         p, c, std::vector<int>{0, 3},
         [&](const KvRun& run, const ForwardOptions& options, const std::string& what,
@@ -386,12 +388,49 @@ TEST_CASE("paged prefill: 333 queries over pages of 8 to 256 rows, NHD and HND, 
           check_against(run.out, run.lse, ref, c.dtype);
           check_decode_variant(run, c, options);
           wgmma_runs += options.family == "wgmma";
+          mma_runs += options.family == "mma";
           MESSAGE(fmt::format("{:<55} {:<90} splits {}", variant, what, run.num_splits));
         },
         kernels);
-    // wgmma forced runs every case unsplit (and refuses split keys, which it does not have).
+    // wgmma and mma forced run every case unsplit (and refuse split keys, which they do not
+    // have).
     CHECK(wgmma_runs == (hopper ? 1 : 0));
+    CHECK(mma_runs == 1);
   }
+}
+
+// Head dims the decode and wgmma families have no kernels for (32, 96, 192): a paged cache goes to
+// the mma family, which gathers the pages' rows through the page table, decode steps and prefill
+// chunks alike (before, no family took them).
+TEST_CASE("paged caches at head dims 32, 96 and 192 run in mma: decode steps and prefill chunks") {
+  int index = 0;
+  unsigned seed = 7450;
+  for (int head_dim : {32, 96, 192})
+    for (int seqlen_q : {3, 200}) {
+      KvCase c;
+      c.batch = 2, c.heads_kv = 2, c.heads_q = 8, c.seqlen_q = seqlen_q;
+      c.causal = index % 2 == 0;
+      c.page_size = std::vector<int>{24, 64, 16}[index % 3];
+      c.head_major = index % 2 == 1, c.spare_pages = 2;
+      c.capacity = (700 + c.page_size - 1) / c.page_size * c.page_size;
+      c.head_dim = head_dim;
+      c.dtype = index % 3 == 2 ? DType::fp16 : DType::bf16;
+      // A sequence shorter than its queries (causal: rows with no key) and one near capacity.
+      c.seqused = {c.capacity - 5, 150 + 31 * index};
+      ++index;
+      std::mt19937 rng(seed++);
+      const HostKv host = HostKv::random(c, rng);
+      const Reference ref = host.reference();
+      KvDeviceProblem p(engine(), host);
+      const std::string what = describe(c, {});
+      CAPTURE(what);
+      const auto run = run_kv(p, c, ForwardOptions{});
+      REQUIRE(run);
+      CHECK(run->variant.family == "mma");
+      CHECK(run->variant.paged);
+      check_against(run->out, run->lse, ref, c.dtype);
+      MESSAGE(fmt::format("{:<55} {}", run->variant.name(), what));
+    }
 }
 
 TEST_CASE(

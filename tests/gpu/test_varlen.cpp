@@ -39,9 +39,9 @@ namespace {
 
 // The family the dispatcher picks: mma at the head dims the decode and wgmma families have no
 // kernels for (32, 96, 192); on Hopper the prefill kernel (wgmma) for more than 64 query rows per
-// KV head (the max_seqlen_q hint x heads_q / heads_kv) unless split or in pages that are not a
-// multiple of 16 rows, decode_tma for the rest but pages it gathers slower; elsewhere mma for
-// more than 64 rows over a dense cache unless split, decode for the rest.
+// KV head (the max_seqlen_q hint x heads_q / heads_kv) unless split, decode_tma for the rest but
+// pages it gathers slower; elsewhere mma for more than 64 rows over a dense cache unless split,
+// decode for the rest.
 std::string dispatcher_family(const VarlenCase& c, const VarlenBatch& varlen,
                               const ForwardOptions& options) {
   const bool decode_dims = c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
@@ -285,7 +285,8 @@ TEST_CASE("varlen: decode steps of 1 to 4 queries over paged caches with seqused
 }
 
 TEST_CASE("varlen: prefill chunks of 0 to 300 queries over paged caches, pages of 16 to 256 rows") {
-  // Pages of 24 rows come in runs of 8: the decode kernels' (the dispatcher's pick, checked).
+  // On Hopper wgmma reads every page size (the dispatcher's pick, checked): pages of 16, 24 and
+  // 48 rows gathered, 64 and 256 in TMA runs. Forced: decode, mma (gathers rows on sm_80+).
   const PagedLayout layouts[] = {{16, false, 128, DType::bf16, true},
                             {24, true, 128, DType::bf16, true},
                             {48, true, 64, DType::fp16, false},
@@ -302,9 +303,10 @@ TEST_CASE("varlen: prefill chunks of 0 to 300 queries over paged caches, pages o
     const HostVarlen host = HostVarlen::random(c, rng);
     const std::vector<Reference> refs = host.reference();
     VarlenDeviceProblem p(engine(), host);
-    std::vector<ForwardOptions> runs(2);
+    std::vector<ForwardOptions> runs(3);
     runs[1].family = "decode";
-    if (engine().device().arch == "sm_90a" && c.page_size % 16 == 0) {
+    runs[2].family = "mma";
+    if (engine().device().arch == "sm_90a") {
       runs.emplace_back().family = "wgmma";
       runs.emplace_back().num_splits = 3;  // split: decode_tma (or decode) instead
     }

@@ -1,6 +1,7 @@
 // Host side of kernels_src/mma/kernel.cu: 4 warps, each owning tile_m/4 query rows; shared memory
 // holds the Q tile and `stages` K and V tiles, rows padded by 16 bytes (mma/shape.cuh). Dense
-// batches, and (Variant::varlen) varlen batches or seqused_k; not paged caches.
+// batches, (Variant::varlen) varlen batches or seqused_k, and (Variant::paged) paged caches, whose
+// rows the kernel gathers through the page table.
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -94,14 +95,19 @@ LaunchPlan mma_plan(const Variant& v, const ForwardProblem& problem, const Devic
   return query_tile_plan(v, problem, MmaShape::kThreads, mma_shared_bytes(v));
 }
 
+std::string mma_arguments(const Variant& v) {
+  return fmt::format("{}, {}, {}, {}, {}, {}, {}, {}, {}, {}, {}", v.head_dim, v.tile_m, v.tile_n,
+                     v.stages, v.causal, v.softcap, v.window, v.sink, v.alibi, v.varlen, v.paged);
+}
+
 // Multiples of 16: whole mma k-steps.
 constexpr int kMmaHeadDims[] = {32, 64, 96, 128, 192, 256};
 
 }  // namespace
 
 constinit extern const KernelFamily kMmaFamily = {
-    .features = kFeatureUserFunctions | kFeatureBlockMask | kFeatureSeqUsedK | kFeatureVarlen |
-                kFeatureSoftcap | kFeatureWindow | kFeatureSink | kFeatureAlibi,
+    .features = kFeatureUserFunctions | kFeatureBlockMask | kFeaturePagedKv | kFeatureSeqUsedK |
+                kFeatureVarlen | kFeatureSoftcap | kFeatureWindow | kFeatureSink | kFeatureAlibi,
     .name = "mma",
     .summary = "tensor cores through mma.sync, FlashAttention-2 class",
     .source_file = "mma/kernel.cu",
@@ -113,6 +119,7 @@ constinit extern const KernelFamily kMmaFamily = {
     .tile_table = mma_tiles,
     .unsupported_reason = runs_every_problem,
     .plan = mma_plan,
+    .template_arguments = mma_arguments,
     .varlen_variants = true,
 };
 
