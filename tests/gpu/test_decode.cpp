@@ -35,7 +35,8 @@ namespace {
 Engine& engine() { return shared_engine(); }
 
 // Where the dispatcher must pick the wgmma family for a paged cache: prefill-sized problems (more
-// than 64 query rows per KV head) on Hopper, unsplit, whose pages come in runs of 16 rows or more.
+// than 64 query rows per KV head) on Hopper, unsplit, in pages of any size (TMA runs or gathered
+// rows).
 bool wgmma_pages_expected(const KvCase& c, const ForwardOptions& options) {
   return engine().device().arch == "sm_90a" && c.paged() &&
          wgmma_reads_pages(c.head_dim, c.page_size, c.rows_per_kv_head(), options.num_splits);
