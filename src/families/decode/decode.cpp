@@ -112,7 +112,8 @@ std::string rows_beyond_decode(const ForwardProblem& problem, bool exempt, const
 // its 128-row query tiles read each K/V tile once where these row blocks of 16 or 32 read it
 // again (H100, 16 causal sequences of 131-8037 tokens, d128: 10.3 ms against 19.7; 32 of
 // 102-995, d64: 0.148 against 0.287; docs/perf-log.md, session 27). Paged problems at any row
-// count: on sm_80..sm_89 no other family reads pages.
+// count stay here until mma's paged variants (session 28, not yet run on a GPU) are measured
+// against these; then the same rule takes `!problem.paged` out of mma_runs_it.
 std::string decode_unsupported(const ForwardProblem& problem) {
   const bool mma_runs_it =
       problem.per_sequence_lengths() && !problem.paged &&
