@@ -3,7 +3,8 @@
 // One CTA per SM loops over work units (a persistent grid; wgmma/schedule.cuh says which, for dense
 // and varlen batches). Warpgroup 0 is the producer: one thread issues TMA loads of the Q tile and
 // of a Stages-deep ring of K and V tiles into 128-byte-swizzled shared memory, each completing on
-// an mbarrier (over a paged KV cache one warp, a key tile in page-sized runs of rows). Warpgroups
+// an mbarrier (over a paged KV cache one warp, a key tile in page-sized runs of rows; in small
+// pages the whole warpgroup, gathering rows with cp.async). Warpgroups
 // 1..TileM/64 are consumers: each owns 64 query rows and runs S = Q·Kᵀ (wgmma, both operands in
 // shared memory), the online softmax in registers, and O += P·V (wgmma, P straight from the S
 // registers). Registers move from the producer to the consumers with setmaxnreg; at d64/d128
