@@ -90,7 +90,8 @@ KVCache kv_cache(Engine& engine, const Variant& variant, const Problem& p,
   std::vector<std::int32_t> table(static_cast<std::size_t>(num_pages));
   for (int i = 0; i < num_pages; ++i) table[static_cast<std::size_t>(i)] = i;
   std::shuffle(table.begin(), table.end(), rng);
-  const std::size_t page_bytes = static_cast<std::size_t>(page_size) * p.heads_kv * variant.head_dim * 2;
+  const std::size_t page_bytes =
+      static_cast<std::size_t>(page_size) * p.heads_kv * variant.head_dim * 2;
   std::vector<std::uint16_t> pages(num_pages * page_bytes / 2);
   const test::HostTensor& k = problem.host_k();
   std::vector<std::uint16_t> v_pages = pages;

@@ -70,7 +70,8 @@ struct RowGather {
 
   // The row whose page this thread looks up: the one lane (lane & ~7) | pass copies in `pass`.
   __device__ __forceinline__ static int gather_row(int thread) {
-    static_assert(kPasses <= kChunksPerRow, "each row's page is looked up by one of its 8 lanes");
+    static_assert(TileN <= kMaxPagedTileN && kPasses <= kChunksPerRow,
+                  "each row's page is looked up by one of its 8 lanes");
     const int lane = thread % 32, warp = thread / 32;
     return (lane % kChunksPerRow) * kRowsPerPass + (warp * 32 + lane - lane % kChunksPerRow) /
                                                        kChunksPerRow;

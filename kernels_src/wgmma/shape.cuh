@@ -30,6 +30,9 @@ struct WgmmaSchedule {
 // gathered from pages of 16 / 32 take 901 / 895 us where runs of 16 / 32 rows took 1160 / 992;
 // at 64 both take 881-885; HND pages of 128: runs 870, gathered 889.
 inline constexpr int kTmaRunRows = 64;
+// The most keys a paged variant's tile may hold: a gathered tile's rows are 16 a pass, each
+// row's page looked up by one of the 8 lanes that copy it (RowGather in wgmma/kernel.cu).
+inline constexpr int kMaxPagedTileN = 128;
 FLASHJIT_HOST_DEVICE constexpr bool wgmma_gathers_pages(int page_size) {
   return (page_size & -page_size) < kTmaRunRows;
 }

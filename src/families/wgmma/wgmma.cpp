@@ -30,9 +30,6 @@ Geometry geometry_of(const Variant& v) {
 
 int wgmma_shared_bytes(const Variant& v) { return geometry_of(v).shared_bytes(); }
 
-// RowGather's limit: each row's page is looked up by one of the eight lanes that copy it.
-constexpr int kMaxPagedTileN = 128;
-
 std::string wgmma_check(const Variant& v) {
   if (v.tile_m % Geometry::kRowsPerConsumer != 0 || v.tile_m < 64 || v.tile_m > 192)
     return fmt::format("tile_m {} must be 64, 128 or 192 (one to three consumer warpgroups)",
