@@ -242,11 +242,14 @@ TEST_CASE("paged prefill runs in wgmma on Hopper, in TMA runs from pages of 64, 
       q_step, KVCache::paged(pages, pages, kTable, 256, kLengths), q_step, nullptr, {});
   CHECK_THROWS_WITH_AS(detail::select_variant(step, gpu, &family("wgmma")),
                        doctest::Contains("leaves paged problems of at most 64"), Error);
-  // Off Hopper the decode family keeps it.
+  // Off Hopper mma's 128-row tiles take it (the decode kernels only when split).
   DeviceInfo a100 = gpu;
   a100.arch = "sm_80";
   a100.max_shared_per_block_optin = 163 * 1024;
-  CHECK(pick({.device = &a100}).starts_with("decode.sm80.bf16.d128."));
+  CHECK(pick({.device = &a100}) == "mma.sm80.bf16.d128.m128n48s1.causal.paged.varlen");
+  CHECK(pick({.num_splits = 2, .device = &a100}).starts_with("decode.sm80.bf16.d128."));
+  CHECK_THROWS_WITH_AS(detail::select_variant(problem, a100, &family("decode")),
+                       doctest::Contains("unless paged, varlen or with seqused_k, and split"), Error);
   // Head dims only mma has: it gathers the pages (on every arch; before, no family took them).
   CHECK(pick({.head_dim = 96}) == "mma.sm90a.bf16.d96.m128n64s2.causal.paged.varlen");
   CHECK(pick({.head_dim = 192, .page_size = 24, .seqlen_q = 2, .device = &a100}) ==
@@ -430,7 +433,7 @@ TEST_CASE("a varlen batch is validated against its packed views; prefill goes to
   a100.max_shared_per_block_optin = 163 * 1024;
   CHECK(detail::select_variant(problem, a100, nullptr).family == "mma");
   CHECK_THROWS_WITH_AS(detail::select_variant(problem, a100, &family("decode")),
-                       doctest::Contains("unless paged, or split with seqused_k or varlen"), Error);
+                       doctest::Contains("unless paged, varlen or with seqused_k, and split"), Error);
   ForwardOptions split_on_a100;
   split_on_a100.num_splits = 2;
   CHECK(detail::select_variant(detail::validate_forward(q, dense, q, &good, split_on_a100), a100,

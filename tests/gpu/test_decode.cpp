@@ -34,20 +34,19 @@ namespace {
 
 Engine& engine() { return shared_engine(); }
 
-// Where the dispatcher must pick the wgmma family for a paged cache: prefill-sized problems (more
-// than 64 query rows per KV head) on Hopper, unsplit, in pages of any size (TMA runs or gathered
-// rows).
-bool wgmma_pages_expected(const KvCase& c, const ForwardOptions& options) {
-  return engine().device().arch == "sm_90a" && c.paged() &&
-         wgmma_reads_pages(c.head_dim, c.page_size, c.rows_per_kv_head(), options.num_splits);
+// The prefill family the dispatcher must pick for a paged cache (wgmma on Hopper, mma
+// elsewhere), or "" where it leaves the case to the decode kernels.
+std::string paged_prefill_expected(const KvCase& c, const ForwardOptions& options) {
+  if (!c.paged()) return "";
+  return paged_prefill_family(c.head_dim, c.page_size, c.rows_per_kv_head(), options.num_splits);
 }
 
 // Where the dispatcher must pick the decode family (every GPU from sm_80): every paged problem
-// but wgmma's above, and every dense one with at most 64 query rows per KV head (seqlen_q x
-// heads_q / heads_kv).
+// but the prefill families' above, and every dense one with at most 64 query rows per KV head
+// (seqlen_q x heads_q / heads_kv).
 bool decode_expected(const KvCase& c, const ForwardOptions& options = {}) {
   return (c.paged() || c.rows_per_kv_head() <= 64) && decode_has_head_dim(c.head_dim) &&
-         !(!options.family && wgmma_pages_expected(c, options));
+         !(!options.family && !paged_prefill_expected(c, options).empty());
 }
 
 std::string describe(const KvCase& c, const ForwardOptions& options) {
@@ -115,7 +114,9 @@ void check_splits(const KvRun& r, int requested, const KvCase& c) {
 
 // The family the dispatcher (options.family unset) or the caller picked for the run.
 void check_decode_variant(const KvRun& r, const KvCase& c, const ForwardOptions& options) {
-  if (!options.family && wgmma_pages_expected(c, options)) CHECK(r.variant.family == "wgmma");
+  if (const std::string prefill = paged_prefill_expected(c, options);
+      !options.family && !prefill.empty())
+    CHECK(r.variant.family == prefill);
   if (options.family && !options.family->starts_with("decode"))
     CHECK(r.variant.family == *options.family);
   else if (decode_expected(c, options))

@@ -38,23 +38,20 @@ Engine& engine() { return shared_engine(); }
 namespace {
 
 // The family the dispatcher picks: mma at the head dims the decode and wgmma families have no
-// kernels for (32, 96, 192); on Hopper the prefill kernel (wgmma) for more than 64 query rows per
-// KV head (the max_seqlen_q hint x heads_q / heads_kv) unless split, decode_tma for the rest but
-// pages it gathers slower; elsewhere mma for more than 64 rows over a dense cache unless split,
-// decode for the rest.
+// kernels for (32, 96, 192); for more than 64 query rows per KV head (the max_seqlen_q hint x
+// heads_q / heads_kv) unless split, the prefill kernel (wgmma on Hopper, mma elsewhere); decode_tma
+// on Hopper for the rest but pages it gathers slower, decode elsewhere.
 std::string dispatcher_family(const VarlenCase& c, const VarlenBatch& varlen,
                               const ForwardOptions& options) {
   const bool decode_dims = c.head_dim == 64 || c.head_dim == 128 || c.head_dim == 256;
   if (!decode_dims || !decode_has_head_dim(c.head_dim)) return "mma";
   const int rows_per_kv_head = varlen.max_seqlen_q * (c.heads_q / c.heads_kv);
-  if (engine().device().arch != "sm_90a")
-    return rows_per_kv_head > 64 && options.num_splits <= 1 && !c.paged() ? "mma" : "decode";
-  if (c.paged() ? wgmma_reads_pages(c.head_dim, c.page_size, rows_per_kv_head, options.num_splits)
-                : rows_per_kv_head > 64 && options.num_splits <= 1)
-    return "wgmma";
-  if (!c.paged() && rows_per_kv_head > 64) return "decode";  // split
+  const bool hopper = engine().device().arch == "sm_90a";
+  if (rows_per_kv_head > 64 && options.num_splits <= 1) return hopper ? "wgmma" : "mma";
+  if (!hopper) return "decode";
+  if (!c.paged()) return rows_per_kv_head > 64 ? "decode" : "decode_tma";  // split prefill: decode
   // decode_tma's TMA boxes: runs of 16 rows or more at d128, 64 at other head dims.
-  return c.paged() && c.page_size % (c.head_dim == 128 ? 16 : 64) != 0 ? "decode" : "decode_tma";
+  return c.page_size % (c.head_dim == 128 ? 16 : 64) != 0 ? "decode" : "decode_tma";
 }
 
 std::string describe(const VarlenCase& c, const VarlenBatch& varlen,

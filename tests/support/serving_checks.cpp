@@ -19,9 +19,12 @@ bool decode_has_head_dim(int head_dim) {
   return head_dim < 256 || shared_engine().device().max_shared_per_block_optin >= 160 * 1024;
 }
 
-bool wgmma_reads_pages(int head_dim, int page_size, long long rows_per_kv_head, int num_splits) {
-  return rows_per_kv_head > 64 && num_splits <= 1 && page_size % 8 == 0 &&
-         (head_dim == 64 || head_dim == 128 || head_dim == 256);
+std::string paged_prefill_family(int head_dim, int page_size, long long rows_per_kv_head,
+                                 int num_splits) {
+  if (rows_per_kv_head <= 64 || num_splits > 1 || page_size % 8 != 0 ||
+      !(head_dim == 64 || head_dim == 128 || head_dim == 256))
+    return "";
+  return shared_engine().device().arch == "sm_90a" ? "wgmma" : "mma";
 }
 
 std::vector<std::optional<std::string>> decode_kernels() {

@@ -18,10 +18,12 @@ namespace flashjit::test {
 // where a block may have 160 KB (A100, H100/H200, B200).
 bool decode_has_head_dim(int head_dim);
 
-// Whether Hopper's dispatcher gives a problem over a paged cache to the wgmma family: more than
-// 64 query rows per KV head, unsplit (pages of any multiple of 8 rows: TMA runs or gathered
-// rows), at a head dim it has (64, 128, 256).
-bool wgmma_reads_pages(int head_dim, int page_size, long long rows_per_kv_head, int num_splits);
+// The prefill family the dispatcher gives a problem over a paged cache at a decode head dim (64,
+// 128, 256) with more than 64 query rows per KV head, unsplit: wgmma on Hopper (pages of any
+// multiple of 8 rows: TMA runs or gathered rows), mma elsewhere (rows looked up one by one); ""
+// where the decode kernels keep it.
+std::string paged_prefill_family(int head_dim, int page_size, long long rows_per_kv_head,
+                                 int num_splits);
 
 // The decode kernels to run each case with: the dispatcher's (TMA loads on Hopper), and the
 // cp.async one forced, which Hopper would otherwise never run.

@@ -108,20 +108,19 @@ std::string rows_beyond_decode(const ForwardProblem& problem, bool exempt, const
       DecodeShape::kMaxRowsPerKvHead, unless, problem.rows_per_kv_head());
 }
 
-// Prefill-sized varlen and seqused_k problems are the mma family's where it takes them (unsplit):
-// its 128-row query tiles read each K/V tile once where these row blocks of 16 or 32 read it
-// again (H100, 16 causal sequences of 131-8037 tokens, d128: 10.3 ms against 19.7; 32 of
-// 102-995, d64: 0.148 against 0.287; docs/perf-log.md, session 27). Paged problems at any row
-// count stay here until mma's paged variants (session 28, not yet run on a GPU) are measured
-// against these; then the same rule takes `!problem.paged` out of mma_runs_it.
+// Prefill-sized varlen, seqused_k and paged problems are the mma family's where it takes them
+// (unsplit): its 128-row query tiles read each K/V tile once where these row blocks of 16 or 32
+// read it again (H100, 16 causal sequences of 131-8037 tokens, d128: 10.3 ms against 19.7; 32 of
+// 102-995, d64: 0.148 against 0.287; docs/perf-log.md, session 27; both kernels on an H200, 512
+// causal queries x 4 heads per KV head over 8k keys in pages of 16, batch 8: d128 2.30 ms against
+// 4.60, d64 1.23 against 2.36; d256 in pages of 64: 0.81 against 2.93, session 29).
 std::string decode_unsupported(const ForwardProblem& problem) {
+  const bool per_sequence = problem.per_sequence_lengths() || problem.paged;
   const bool mma_runs_it =
-      problem.per_sequence_lengths() && !problem.paged &&
-      problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead &&
+      per_sequence && problem.rows_per_kv_head() > DecodeShape::kMaxRowsPerKvHead &&
       why_family_cannot_take(family_named("mma", "family"), problem).empty();
-  return rows_beyond_decode(problem,
-                            problem.paged || (problem.per_sequence_lengths() && !mma_runs_it),
-                            "paged, or split with seqused_k or varlen");
+  return rows_beyond_decode(problem, per_sequence && !mma_runs_it,
+                            "paged, varlen or with seqused_k, and split (num_splits > 1)");
 }
 
 // K and V are read once: L2 fetches 128 bytes per miss, not 256 (512 -> 482 us on the batch-64
