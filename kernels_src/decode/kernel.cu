@@ -1,13 +1,14 @@
 // fmha_decode: attention for few query rows per KV head (decode, speculative decode), bound by
 // reading K and V, on tensor cores (mma.sync, sm_80 on), over dense or paged KV caches.
 //
-// Layout of the work: one CTA per (row block, split, KV head, sequence), 4 warps. GQA packing: the
-// rows of a CTA are the (query token, query head) pairs of one KV head, row = token * group +
-// head-in-group, so each K/V tile is read once for all of them. Split-KV: the keys of a sequence
-// are divided among num_splits CTAs, whose partial results the merge kernel combines through their
-// LSE. Inside a CTA the warps divide each K/V tile (tile_n / 4 keys each) and keep independent
-// online-softmax states over their keys, so no warp waits for another until the end, where the
-// four states are merged through shared memory. K and V stream through a ring of `Stages` stages
+// Layout of the work: one CTA per (row block, split, KV head, sequence), 4 warps per row group of
+// up to 32 rows (tiles of 64 rows have two). GQA packing: the rows of a CTA are the (query token,
+// query head) pairs of one KV head, row = token * group + head-in-group, so each K/V tile is read
+// once for all of them. Split-KV: the keys of a sequence are divided among num_splits CTAs, whose
+// partial results the merge kernel combines through their LSE. Inside a row group the warps
+// divide each K/V tile (tile_n / 4 keys each) and keep independent online-softmax states over
+// their keys, so no warp waits for another until the end, where the four states are merged
+// through shared memory. K and V stream through a ring of `Stages` stages
 // filled by cp.async, one commit group per tile, gathering a paged cache row by row through its
 // page table (16-byte copies, so any page size that is a multiple of 8 rows works). On Hopper
 // (Tma) warp 0 fills each stage with TMA boxes instead (whole tiles of a dense cache, or
@@ -34,21 +35,23 @@ namespace flashjit {
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Paged,
           bool Tma, bool Softcap, bool Window, bool Sink, bool Alibi>
-__global__ void __launch_bounds__(DecodeShape::kThreads)
+__global__ void __launch_bounds__(DecodeShape{HeadDim, TileM, TileN, Stages, Tma}.threads())
     fmha_decode_kernel(const FmhaParams p, const __grid_constant__ TmaDescriptor k_map,
                        const __grid_constant__ TmaDescriptor v_map) {
   begin_after_previous_grid();
   constexpr DecodeShape kShape{HeadDim, TileM, TileN, Stages, Tma};
-  constexpr int kThreads = DecodeShape::kThreads;
+  constexpr int kThreads = kShape.threads();
   constexpr int kPitch = kShape.pitch();
   constexpr int kWarpKeys = kShape.keys_per_warp();
-  constexpr int MT = TileM / 16;      // m16 row tiles (every warp holds all rows)
+  constexpr int kKeyWarps = DecodeShape::kKeyWarps;
+  constexpr int kGroupRows = kShape.group_rows();
+  constexpr int MT = kGroupRows / 16;  // m16 row tiles (every warp holds all its group's rows)
   constexpr int NT = kWarpKeys / 8;   // n8 key tiles of a warp's S
   constexpr int DT = HeadDim / 8;     // n8 dim tiles of O
   constexpr int kVecs = HeadDim / 8;  // 16-byte vectors per row
   constexpr int kPassRows = kThreads / kVecs;  // rows one copy pass covers
   static_assert(TileM % 16 == 0 && kWarpKeys % 16 == 0 && HeadDim % 16 == 0, "whole mma tiles");
-  static_assert(kThreads % kVecs == 0 && TileN % kPassRows == 0 && TileM * kVecs % kThreads == 0, "whole copy passes");
+  static_assert(kThreads % kVecs == 0 && TileN % kPassRows == 0 && kGroupRows * kVecs % kThreads == 0, "whole copy passes");
   static_assert(Stages >= 2, "one stage in flight while another is read");
 
   extern __shared__ __align__(16) unsigned char smem[];
@@ -72,6 +75,12 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
   const int row0 = row_block * TileM;
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
+  // Which quarter of every K/V tile this warp takes, and its row group's first row in the CTA
+  // (spelled out for one group, where the compiler cannot see that warp < 4).
+  constexpr bool kOneGroup = kShape.row_groups() == 1;
+  const int key_warp = kOneGroup ? warp : warp % kKeyWarps;
+  const int group_row0 = kOneGroup ? 0 : warp / kKeyWarps * kGroupRows;
+  const int warp_row0 = row0 + group_row0;
 
   // This CTA's sequence: its queries are rows seq.q_start.. of a packed (varlen) q and o, else
   // batch `batch`; its keys rows seq.k_start.. of a packed dense k and v, else the sequence's own
@@ -221,7 +230,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int h = 0; h < 2; ++h) lane_key_end[mt][h] = row_key_end(row0 + mt * 16 + h * 8 + lane / 4);
+    for (int h = 0; h < 2; ++h) lane_key_end[mt][h] = row_key_end(warp_row0 + mt * 16 + h * 8 + lane / 4);
   // ALiBi: each row's head's slope and its diagonal (rows past the CTA's last take row 0's).
   float alibi_slope[MT][2];
   int alibi_diagonal[MT][2];
@@ -230,28 +239,29 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        int row = row0 + mt * 16 + h * 8 + lane / 4;
+        int row = warp_row0 + mt * 16 + h * 8 + lane / 4;
         if (row >= rows) row = row0;
         alibi_slope[mt][h] = alibi_raw_slope(p, kv_head * group + row % group);
         alibi_diagonal[mt][h] = row / group + seqlen - seqlen_q;
       }
   }
 
-  const unsigned q_addr = smem_address(q_tile + (lane % 16) * kPitch + (lane / 16) * 8);
+  const unsigned q_addr =
+      smem_address(q_tile + (group_row0 + lane % 16) * kPitch + (lane / 16) * 8);
   constexpr unsigned kStageBytes = kShape.stage_elements() * sizeof(T);
   // Padded tiles: this lane's ldmatrix addresses for key 0, column 0 of stage 0.
-  const unsigned k_addr = smem_address(ring + (warp * kWarpKeys + lane % 8 + (lane / 16) * 8) *
+  const unsigned k_addr = smem_address(ring + (key_warp * kWarpKeys + lane % 8 + (lane / 16) * 8) *
                                                   kPitch + ((lane / 8) % 2) * 8);
   const unsigned v_addr = smem_address(ring + TileN * kPitch +
-                                       (warp * kWarpKeys + lane % 8 + ((lane / 8) % 2) * 8) *
+                                       (key_warp * kWarpKeys + lane % 8 + ((lane / 8) % 2) * 8) *
                                            kPitch + (lane / 16) * 8);
   // Swizzled tiles: 16-byte unit u of row r of a chunk sits at r * 128 + ((u ^ r % 8) * 16); the
   // 8 rows of one ldmatrix phase are 8 consecutive keys, so r % 8 is lane % 8 for every address.
   constexpr unsigned kChunkBytes = TileN * DecodeShape::kBoxWidth * 2;
   const unsigned ring_addr = smem_address(ring);
-  const unsigned k_row = ring_addr + (warp * kWarpKeys + lane % 8 + (lane / 16) * 8) * 128;
+  const unsigned k_row = ring_addr + (key_warp * kWarpKeys + lane % 8 + (lane / 16) * 8) * 128;
   const unsigned v_row = ring_addr + kShape.tile_elements() * 2 +
-                         (warp * kWarpKeys + lane % 8 + ((lane / 8) % 2) * 8) * 128;
+                         (key_warp * kWarpKeys + lane % 8 + ((lane / 8) % 2) * 8) * 128;
   const unsigned swizzle = lane % 8;
   auto unit_offset = [&](int unit) {  // unit: 16-byte column of a row, 0 .. HeadDim / 8
     return (unit / 8) * kChunkBytes + (((unit % 8) ^ swizzle) << 4);
@@ -301,7 +311,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
     soft_cap<Softcap>(s, p);
     scale_for_score_mod<Softcap>(s, p);
-    const int lane_key = tile * TileN + warp * kWarpKeys + (lane % 4) * 2;
+    const int lane_key = tile * TileN + key_warp * kWarpKeys + (lane % 4) * 2;
     if constexpr (Alibi)
       add_alibi<MT, NT>(
           s, [&](int mt, int h) { return alibi_slope[mt][h]; },
@@ -311,7 +321,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     user_scores_m16n8<true, MT, NT>(
         s, p, batch,
         [&](int mt, int h) {
-          int row = row0 + mt * 16 + h * 8 + lane / 4;
+          int row = warp_row0 + mt * 16 + h * 8 + lane / 4;
           if (row >= rows) row = row0;
           return UserRow{row / group, kv_head * group + row % group};
         },
@@ -323,7 +333,7 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
       for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
-          const int first = Window ? row_key_first(row0 + mt * 16 + h * 8 + lane / 4) : 0;
+          const int first = Window ? row_key_first(warp_row0 + mt * 16 + h * 8 + lane / 4) : 0;
 #pragma unroll
           for (int nt = 0; nt < NT; ++nt)
 #pragma unroll
@@ -346,86 +356,92 @@ __global__ void __launch_bounds__(DecodeShape::kThreads)
     }
   }
 
-  // Merge the four warps' states: each writes its unnormalized output and row statistics over
-  // the ring (all copies done and read), then every thread finishes 8 columns of some rows.
+  // Merge the key warps' states, one row group at a time (the ring holds one group's): its warps
+  // write their unnormalized outputs and row statistics over the ring (all copies done and read),
+  // then every thread finishes 8 columns of some of the group's rows.
   cp_async_wait<0>();
-  __syncthreads();
   constexpr int kMergePitch = kShape.merge_pitch();
-  float* merged = reinterpret_cast<float*>(ring);          // [warp][row][merge pitch]
-  float* stats = merged + DecodeShape::kWarps * TileM * kMergePitch;  // [warp][row]: max, sum
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int r = mt * 16 + h * 8 + lane / 4;
-      const float sum = quad_sum(row_sum[mt][h]);
-      float* row_out = merged + (warp * TileM + r) * kMergePitch + (lane % 4) * 2;
-#pragma unroll
-      for (int dt = 0; dt < DT; ++dt)
-        *reinterpret_cast<float2*>(row_out + dt * 8) =
-            make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
-      if (lane % 4 == 0) {
-        stats[(warp * TileM + r) * 2] = row_max[mt][h];
-        stats[(warp * TileM + r) * 2 + 1] = sum;
-      }
-    }
-  __syncthreads();
-
+  float* merged = reinterpret_cast<float*>(ring);  // [key warp][group row][merge pitch]
+  float* stats = merged + kKeyWarps * kGroupRows * kMergePitch;  // [key warp][group row]: max, sum
   const bool partial = p.num_splits > 1;
 #pragma unroll
-  for (int i = 0; i < TileM * kVecs / kThreads; ++i) {
-    const int index = i * kThreads + threadIdx.x;
-    const int r = index / kVecs, c = index % kVecs * 8;
-    const int row = row0 + r;
-    if (row >= rows) continue;
-    float2 state[DecodeShape::kWarps];  // each warp's (max, sum) of the row
-    float best = neg_inf();
+  for (int g = 0; g < kShape.row_groups(); ++g) {
+    __syncthreads();  // the ring is free: read by the key loop, or by the last group's merge
+    if (group_row0 == g * kGroupRows) {
 #pragma unroll
-    for (int w = 0; w < DecodeShape::kWarps; ++w) {
-      state[w] = *reinterpret_cast<const float2*>(stats + (w * TileM + r) * 2);
-      best = fmaxf(best, state[w].x);
-    }
-    float total = 0.f, acc[8] = {};
+      for (int mt = 0; mt < MT; ++mt)
 #pragma unroll
-    for (int w = 0; w < DecodeShape::kWarps; ++w) {
-      const float weight =
-          state[w].x == neg_inf() ? 0.f : exp2_ftz((state[w].x - best) * p.scale_log2);
-      total += state[w].y * weight;
-      // 16-byte reads, the second half first in every other group of four threads: the eight
-      // threads of one shared-memory phase (32 bytes apart) then hit eight distinct 16-byte bank
-      // groups. Scalar reads here were 8-way bank conflicts: ~5 us per CTA at 32 rows, 2.3 % of
-      // a batch-64 speculative decode (docs/perf-log.md, session 12).
-      const float* from = merged + (w * TileM + r) * kMergePitch + c;
-      const bool swap = (threadIdx.x / 4) % 2;
-      const float4 first = *reinterpret_cast<const float4*>(from + (swap ? 4 : 0));
-      const float4 second = *reinterpret_cast<const float4*>(from + (swap ? 0 : 4));
-      const float4 lo = swap ? second : first, hi = swap ? first : second;
-      acc[0] += lo.x * weight, acc[1] += lo.y * weight, acc[2] += lo.z * weight;
-      acc[3] += lo.w * weight, acc[4] += hi.x * weight, acc[5] += hi.y * weight;
-      acc[6] += hi.z * weight, acc[7] += hi.w * weight;
+        for (int h = 0; h < 2; ++h) {
+          const int r = mt * 16 + h * 8 + lane / 4;
+          const float sum = quad_sum(row_sum[mt][h]);
+          float* row_out = merged + (key_warp * kGroupRows + r) * kMergePitch + (lane % 4) * 2;
+#pragma unroll
+          for (int dt = 0; dt < DT; ++dt)
+            *reinterpret_cast<float2*>(row_out + dt * 8) =
+                make_float2(o[mt][dt][2 * h], o[mt][dt][2 * h + 1]);
+          if (lane % 4 == 0) {
+            stats[(key_warp * kGroupRows + r) * 2] = row_max[mt][h];
+            stats[(key_warp * kGroupRows + r) * 2 + 1] = sum;
+          }
+        }
     }
-    const int token = row / group;
-    const int head = kv_head * group + row % group;
-    // A split's partial must count the sink once: split 0 takes it (the merge adds the states).
-    const RowFinish finish = finish_row<Sink>(p, head, best, total, split == 0);
-    const float scale = finish.scale, lse = finish.lse();
-    if (partial) {
-      const long long out_row =
-          static_cast<long long>(split) * p.batch * p.seqlen_q * p.heads_q +
-          (static_cast<long long>(batch) * p.seqlen_q + token) * p.heads_q + head;
-      float4* to = reinterpret_cast<float4*>(p.o_partial + out_row * HeadDim + c);
-      to[0] = make_float4(acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
-      to[1] = make_float4(acc[4] * scale, acc[5] * scale, acc[6] * scale, acc[7] * scale);
-      if (c == 0) p.lse_partial[out_row] = lse;
-    } else {
-      uint4 packed;
-      packed.x = pack2<T>(acc[0] * scale, acc[1] * scale);
-      packed.y = pack2<T>(acc[2] * scale, acc[3] * scale);
-      packed.z = pack2<T>(acc[4] * scale, acc[5] * scale);
-      packed.w = pack2<T>(acc[6] * scale, acc[7] * scale);
-      T* to = static_cast<T*>(p.o) + o_offset + token * p.o_stride_s + head * p.o_stride_h + c;
-      *reinterpret_cast<uint4*>(to) = packed;
-      if (c == 0 && p.lse != nullptr) p.lse[lse_offset<true>(p, batch, seq.q_start, head, token)] = lse;
+    __syncthreads();
+
+#pragma unroll
+    for (int i = 0; i < kGroupRows * kVecs / kThreads; ++i) {
+      const int index = i * kThreads + threadIdx.x;
+      const int r = index / kVecs, c = index % kVecs * 8;
+      const int row = row0 + g * kGroupRows + r;
+      if (row >= rows) continue;
+      float2 state[kKeyWarps];  // each key warp's (max, sum) of the row
+      float best = neg_inf();
+#pragma unroll
+      for (int w = 0; w < kKeyWarps; ++w) {
+        state[w] = *reinterpret_cast<const float2*>(stats + (w * kGroupRows + r) * 2);
+        best = fmaxf(best, state[w].x);
+      }
+      float total = 0.f, acc[8] = {};
+#pragma unroll
+      for (int w = 0; w < kKeyWarps; ++w) {
+        const float weight =
+            state[w].x == neg_inf() ? 0.f : exp2_ftz((state[w].x - best) * p.scale_log2);
+        total += state[w].y * weight;
+        // 16-byte reads, the second half first in every other group of four threads: the eight
+        // threads of one shared-memory phase (32 bytes apart) then hit eight distinct 16-byte bank
+        // groups. Scalar reads here were 8-way bank conflicts: ~5 us per CTA at 32 rows, 2.3 % of
+        // a batch-64 speculative decode (docs/perf-log.md, session 12).
+        const float* from = merged + (w * kGroupRows + r) * kMergePitch + c;
+        const bool swap = (threadIdx.x / 4) % 2;
+        const float4 first = *reinterpret_cast<const float4*>(from + (swap ? 4 : 0));
+        const float4 second = *reinterpret_cast<const float4*>(from + (swap ? 0 : 4));
+        const float4 lo = swap ? second : first, hi = swap ? first : second;
+        acc[0] += lo.x * weight, acc[1] += lo.y * weight, acc[2] += lo.z * weight;
+        acc[3] += lo.w * weight, acc[4] += hi.x * weight, acc[5] += hi.y * weight;
+        acc[6] += hi.z * weight, acc[7] += hi.w * weight;
+      }
+      const int token = row / group;
+      const int head = kv_head * group + row % group;
+      // A split's partial must count the sink once: split 0 takes it (the merge adds the states).
+      const RowFinish finish = finish_row<Sink>(p, head, best, total, split == 0);
+      const float scale = finish.scale, lse = finish.lse();
+      if (partial) {
+        const long long out_row =
+            static_cast<long long>(split) * p.batch * p.seqlen_q * p.heads_q +
+            (static_cast<long long>(batch) * p.seqlen_q + token) * p.heads_q + head;
+        float4* to = reinterpret_cast<float4*>(p.o_partial + out_row * HeadDim + c);
+        to[0] = make_float4(acc[0] * scale, acc[1] * scale, acc[2] * scale, acc[3] * scale);
+        to[1] = make_float4(acc[4] * scale, acc[5] * scale, acc[6] * scale, acc[7] * scale);
+        if (c == 0) p.lse_partial[out_row] = lse;
+      } else {
+        uint4 packed;
+        packed.x = pack2<T>(acc[0] * scale, acc[1] * scale);
+        packed.y = pack2<T>(acc[2] * scale, acc[3] * scale);
+        packed.z = pack2<T>(acc[4] * scale, acc[5] * scale);
+        packed.w = pack2<T>(acc[6] * scale, acc[7] * scale);
+        T* to = static_cast<T*>(p.o) + o_offset + token * p.o_stride_s + head * p.o_stride_h + c;
+        *reinterpret_cast<uint4*>(to) = packed;
+        if (c == 0 && p.lse != nullptr) p.lse[lse_offset<true>(p, batch, seq.q_start, head, token)] = lse;
+      }
     }
   }
 }

@@ -13,8 +13,12 @@ struct DecodeShape {
   // else by cp.async into rows padded by 16 bytes.
   bool tma = false;
 
-  static constexpr int kWarps = 4;  // each owns tile_n / 4 keys of every K/V tile
-  static constexpr int kThreads = kWarps * 32;
+  // Each K/V tile is divided among kKeyWarps warps (tile_n / 4 keys each), which hold every row of
+  // their row group: at most kMaxGroupRows rows, whose output takes 128 registers a thread at
+  // d128. A tile of 64 rows is two row groups, 8 warps, reading each K/V tile once for both
+  // (where two CTAs of 32 rows read it twice).
+  static constexpr int kKeyWarps = 4;
+  static constexpr int kMaxGroupRows = 32;
   static constexpr int kElementBytes = 2;  // bf16 and fp16
   static constexpr int kMaxRowsPerKvHead = 64;  // larger problems are prefill's
   static constexpr int kBoxWidth = 64;          // TMA: elements per swizzled chunk row (128 B)
@@ -23,7 +27,12 @@ struct DecodeShape {
   // Elements per shared Q row (and cp.async K/V row): 16 bytes of padding put the 8 rows of one
   // ldmatrix phase in 8 distinct bank groups.
   FLASHJIT_HOST_DEVICE constexpr int pitch() const { return head_dim + 8; }
-  FLASHJIT_HOST_DEVICE constexpr int keys_per_warp() const { return tile_n / kWarps; }
+  FLASHJIT_HOST_DEVICE constexpr int row_groups() const {
+    return tile_m > kMaxGroupRows ? tile_m / kMaxGroupRows : 1;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int group_rows() const { return tile_m / row_groups(); }
+  FLASHJIT_HOST_DEVICE constexpr int threads() const { return row_groups() * kKeyWarps * 32; }
+  FLASHJIT_HOST_DEVICE constexpr int keys_per_warp() const { return tile_n / kKeyWarps; }
   FLASHJIT_HOST_DEVICE constexpr int q_bytes() const { return tile_m * pitch() * kElementBytes; }
   // One K (or V) tile, and one pipeline stage: a K tile then a V tile.
   FLASHJIT_HOST_DEVICE constexpr int tile_elements() const {
@@ -33,11 +42,11 @@ struct DecodeShape {
   FLASHJIT_HOST_DEVICE constexpr int ring_bytes() const {
     return stages * stage_elements() * kElementBytes;
   }
-  // After the key loop the ring holds the warps' partial results for their merge: fp32 outputs
-  // (rows padded by 8 floats) and each row's max and sum.
+  // After the key loop the ring holds one row group's partial results at a time for their merge:
+  // the key warps' fp32 outputs (rows padded by 8 floats) and each row's max and sum.
   FLASHJIT_HOST_DEVICE constexpr int merge_pitch() const { return head_dim + 8; }
   FLASHJIT_HOST_DEVICE constexpr int merge_bytes() const {
-    return kWarps * tile_m * (merge_pitch() + 2) * 4;
+    return kKeyWarps * group_rows() * (merge_pitch() + 2) * 4;
   }
   // TMA: one mbarrier per stage ahead of Q (rounded up to keep Q's cp.async rows 16-byte
   // aligned), and room to align the ring to the swizzle period.

@@ -256,6 +256,39 @@ TEST_CASE("paged prefill runs in wgmma on Hopper, in TMA runs from pages of 64, 
         "mma.sm80.bf16.d192.m64n64s1.causal.paged.varlen");
 }
 
+TEST_CASE("64-row decode tiles: two row groups of 4 warps share each K/V tile (forced only)") {
+  const DeviceInfo gpu = h200();
+  // Speculative decode with GQA: 16 queries x 4 query heads per KV head = 64 rows.
+  const auto problem = decode_problem(64, 16, 8192, true);
+  CHECK(detail::select_variant(problem, gpu, nullptr).tile_m == 32);  // the table's, still
+  const Variant v = detail::select_variant(problem, gpu, nullptr, TileConfig{64, 64, 4});
+  CHECK(v.name() == "decode_tma.sm90a.bf16.d128.m64n64s4.causal");
+  const DecodeShape shape = detail::decode_shape(v);
+  CHECK(shape.row_groups() == 2);
+  CHECK(shape.group_rows() == 32);
+  CHECK(shape.threads() == 256);
+  // The key warps' states are merged one row group at a time: no more room than 32 rows take.
+  CHECK(shape.merge_bytes() == DecodeShape{128, 32, 64, 4, true}.merge_bytes());
+  CHECK(detail::decode_ctas_per_sm(shape.shared_bytes(), gpu, shape.row_groups()) == 1);
+  // The launch (the cp.async kernel's: its plan encodes no tensor map): 256 threads, one row
+  // block per (split, KV head, sequence).
+  const Variant cp_async =
+      detail::select_variant(problem, gpu, &family("decode"), TileConfig{64, 64, 3});
+  const detail::LaunchPlan plan = family("decode").plan(cp_async, problem, gpu);
+  CHECK(plan.block[0] == 256);
+  CHECK(plan.grid[0] == static_cast<unsigned>(detail::decode_num_splits(cp_async, problem, gpu)));
+  CHECK(plan.grid[1] == 8);
+  CHECK(plan.grid[2] == 64);
+  // Up to 32 rows a tile is one row group of 128 threads, as before.
+  CHECK(DecodeShape{128, 32, 64, 2, true}.threads() == 128);
+  CHECK(DecodeShape{128, 16, 128, 2, true}.row_groups() == 1);
+  // d256 would need more than 255 registers a thread; other row counts are no tile.
+  CHECK_THROWS_WITH_AS(detail::check_variant(Variant::parse("decode.sm80.bf16.d256.m64n64s2")),
+                       doctest::Contains("tile_m 64 with head_dim 256"), Error);
+  CHECK_THROWS_WITH_AS(detail::select_variant(problem, gpu, nullptr, TileConfig{48, 64, 2}),
+                       doctest::Contains("tile_m 48 must be 16, 32 or 64"), Error);
+}
+
 TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many for one sequence") {
   const DeviceInfo gpu = h200();
   auto splits = [&](int batch, int seqlen_q, int seqlen_k) {

@@ -146,6 +146,19 @@ void for_each_decode_run(KvDeviceProblem& p, const KvCase& c, const std::vector<
     }
 }
 
+// Each case on fresh random inputs (seeds `seed`, `seed` + 1, ...): hands `body` the case, its
+// device problem and its float64 reference.
+template <typename Body>
+void for_each_random_case(const std::vector<KvCase>& cases, unsigned seed, Body&& body) {
+  for (const KvCase& c : cases) {
+    std::mt19937 rng(seed++);
+    const HostKv host = HostKv::random(c, rng);
+    const Reference ref = host.reference();
+    KvDeviceProblem p(engine(), host);
+    body(c, p, ref);
+  }
+}
+
 KvCase dense(int b, int hq, int hkv, int sq, int sk, int d, bool causal, DType dtype = DType::bf16,
              bool bhsd = false) {
   KvCase c;
@@ -214,13 +227,10 @@ TEST_CASE("decode: dense caches, seqlen_q 1 to 16, GQA 1:1 to 8:1, forced and he
       dense(1, 8, 2, 2, 1000, 128, false, DType::bf16, /*bhsd=*/true),
       dense(2, 2, 2, 16, 63, 256, true, DType::fp16),  // 16 queries against 63 keys, causal
       dense(1, 16, 2, 16, 1000, 128, true),  // 128 rows per KV head: not decode's, still right
+      dense(2, 8, 2, 12, 3000, 128, true),   // 48 rows: a 64-row tile's second group half full
+      dense(1, 8, 2, 16, 2000, 64, false),   // 64 rows at d64
   };
-  unsigned seed = 7100;
-  for (const KvCase& c : cases) {
-    std::mt19937 rng(seed++);
-    const HostKv host = HostKv::random(c, rng);
-    const Reference ref = host.reference();
-    KvDeviceProblem p(engine(), host);
+  for_each_random_case(cases, 7100, [&](const KvCase& c, KvDeviceProblem& p, const Reference& ref) {
     const bool decode = decode_expected(c);
     const std::vector<int> split_counts =
         decode ? std::vector<int>{1, 3, 17, 0} : std::vector<int>{0};
@@ -250,7 +260,7 @@ TEST_CASE("decode: dense caches, seqlen_q 1 to 16, GQA 1:1 to 8:1, forced and he
       CHECK(r->num_splits == 1);
       check_against(r->out, r->lse, ref, c.dtype);
     }
-  }
+  });
 }
 
 TEST_CASE("decode: seqused_k gives each sequence its own length; length 0 gives 0 and -inf") {
@@ -321,6 +331,13 @@ TEST_CASE("decode: paged KV caches (NHD and HND, shuffled page tables) match the
   KvCase many_rows = dense(2, 16, 2, 16, 512, 128, true);
   many_rows.page_size = 16, many_rows.seqused = {512, 300};
   cases.push_back(many_rows);
+  // Speculative decode with GQA (64 and 48 rows per KV head: 64-row tiles).
+  KvCase spec = dense(3, 8, 2, 16, 1504, 128, true);
+  spec.page_size = 16, spec.seqused = {1504, 17, 5};
+  cases.push_back(spec);
+  KvCase spec_hnd = dense(2, 16, 2, 6, 960, 64, true);
+  spec_hnd.page_size = 64, spec_hnd.head_major = true, spec_hnd.seqused = {900, 65};
+  cases.push_back(spec_hnd);
   // No seqused_k (every sequence fills its pages), MQA, one query.
   KvCase full = dense(3, 8, 1, 1, 2048, 128, false);
   full.page_size = 64, full.spare_pages = 1;
@@ -353,6 +370,40 @@ TEST_CASE("decode: paged KV caches (NHD and HND, shuffled page tables) match the
 // of 64, gathered row by row below (8 to 48), forced splits stay with decode_tma, and the
 // cp.async decode kernel runs it too; elsewhere decode runs it. The mma family (sm_80+), forced,
 // gathers the pages' rows a lookup per row.
+TEST_CASE("64-row decode tiles (forced): two row groups, dense and paged caches, split or not") {
+  std::vector<KvCase> cases = {
+      dense(2, 8, 2, 16, 3000, 128, true),   // 64 rows: both row groups full
+      dense(2, 8, 2, 12, 1000, 128, false),  // 48 rows: the second group half full
+      dense(1, 16, 2, 6, 2000, 64, true),    // 48 rows at d64 (128-key tiles)
+      dense(3, 4, 4, 40, 700, 128, true),    // MHA, 40 rows: the second group a quarter full
+      dense(2, 8, 8, 20, 500, 128, true),    // 20 rows: the second group has none
+  };
+  KvCase paged = dense(3, 8, 2, 16, 1504, 128, true);
+  paged.page_size = 16, paged.seqused = {1504, 17, 5};
+  cases.push_back(paged);
+  KvCase hnd = dense(2, 16, 2, 8, 960, 64, false);
+  hnd.page_size = 64, hnd.head_major = true, hnd.seqused = {900, 65};
+  cases.push_back(hnd);
+  for_each_random_case(cases, 7400, [&](const KvCase& c, KvDeviceProblem& p, const Reference& ref) {
+    for (int splits : {1, 3, 0})
+      for (const auto& kernel : decode_kernels()) {
+        ForwardOptions options;
+        options.num_splits = splits;
+        options.family = kernel;
+        options.tiles = TileConfig{64, c.head_dim == 64 ? 128 : 64, 3};
+        const std::string what = describe(c, options);
+        CAPTURE(what);
+        const auto r = run_kv(p, c, options);
+        REQUIRE(r);  // every case here is decode-sized (at most 64 rows) or paged
+        CHECK(r->variant.tile_m == 64);
+        CHECK(r->variant.family.starts_with("decode"));
+        check_against(r->out, r->lse, ref, c.dtype);
+        check_splits(*r, splits, c);
+        MESSAGE(fmt::format("{:<45} {:<70} splits {}", r->variant.name(), what, r->num_splits));
+      }
+  });
+}
+
 TEST_CASE("paged prefill: 333 queries over pages of 8 to 256 rows, NHD and HND, GQA 1:1 to 8:1") {
   std::vector<KvCase> cases;
   int index = 0;
@@ -372,12 +423,7 @@ TEST_CASE("paged prefill: 333 queries over pages of 8 to 256 rows, NHD and HND, 
       ++index;
       cases.push_back(c);
     }
-  unsigned seed = 7350;
-  for (const KvCase& c : cases) {
-    std::mt19937 rng(seed++);
-    const HostKv host = HostKv::random(c, rng);
-    const Reference ref = host.reference();
-    KvDeviceProblem p(engine(), host);
+  for_each_random_case(cases, 7350, [&](const KvCase& c, KvDeviceProblem& p, const Reference& ref) {
     std::vector<std::optional<std::string>> kernels = decode_kernels();
     const bool hopper = engine().device().arch == "sm_90a";
     if (hopper) kernels.push_back("wgmma");
@@ -398,7 +444,7 @@ TEST_CASE("paged prefill: 333 queries over pages of 8 to 256 rows, NHD and HND, 
     // have).
     CHECK(wgmma_runs == (hopper ? 1 : 0));
     CHECK(mma_runs == 1);
-  }
+  });
 }
 
 // Head dims the decode and wgmma families have no kernels for (32, 96, 192): a paged cache goes to

@@ -24,13 +24,14 @@ bool loads_with_tma(const Variant& v) { return decode_shape(v).tma; }
 int decode_shared_bytes(const Variant& v) { return decode_shape(v).shared_bytes(); }
 
 std::string decode_check(const Variant& v) {
-  if (v.tile_m != 16 && v.tile_m != 32)
-    return fmt::format("tile_m {} must be 16 or 32 (query rows per KV head in one CTA)", v.tile_m);
-  if (v.tile_m == 32 && v.head_dim > 128)
+  if (v.tile_m != 16 && v.tile_m != 32 && v.tile_m != 64)
+    return fmt::format("tile_m {} must be 16, 32 or 64 (query rows per KV head in one CTA)",
+                       v.tile_m);
+  if (v.tile_m >= 32 && v.head_dim > 128)
     return fmt::format(
-        "tile_m 32 with head_dim {} needs more than 255 registers per thread for the output "
+        "tile_m {} with head_dim {} needs more than 255 registers per thread for the output "
         "accumulator: use tile_m 16",
-        v.head_dim);
+        v.tile_m, v.head_dim);
   if (v.tile_n != 64 && v.tile_n != 128)
     return fmt::format("tile_n {} must be 64 or 128 (4 warps of 16 or 32 keys)", v.tile_n);
   if (v.stages < 2 || v.stages > 6) return fmt::format("stages {} must be in [2, 6]", v.stages);
@@ -40,6 +41,9 @@ std::string decode_check(const Variant& v) {
 // Two tiles per head dim and arch: 16 rows (decode, GQA up to 16:1) and 32 rows (speculative
 // decode). On Hopper-class parts three stages keep two CTAs per SM with two stages in flight
 // each; d256 on parts with 99 KB per block does not fit (dense problems fall back to mma).
+// Tiles of 64 rows (two row groups reading each K/V tile once, where two 32-row CTAs read it
+// twice) run where forced (ForwardOptions::tiles) until measured on a GPU (docs/perf-log.md,
+// session 29).
 TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
   const int number = arch_number(arch);
   const bool hopper_class = number >= 90 && number < 120;  // 227 KB of shared memory per block
@@ -155,7 +159,7 @@ LaunchPlan decode_plan(const Variant& v, const ForwardProblem& problem, const De
   LaunchPlan plan;
   plan.grid = {static_cast<unsigned>(row_blocks * splits), static_cast<unsigned>(problem.heads_kv),
                static_cast<unsigned>(problem.batch)};
-  plan.block = {DecodeShape::kThreads, 1, 1};
+  plan.block = {static_cast<unsigned>(decode_shape(v).threads()), 1, 1};
   plan.shared_bytes = static_cast<unsigned>(decode_shared_bytes(v));
   add_kv_maps(plan, v, problem);
   return plan;
