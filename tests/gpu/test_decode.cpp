@@ -167,6 +167,12 @@ KvCase dense(int b, int hq, int hkv, int sq, int sk, int d, bool causal, DType d
   return c;
 }
 
+// The case over a paged cache of `page_size`-row pages (HND where `hnd`), with these seqused_k.
+KvCase with_pages(KvCase c, int page_size, std::vector<int> seqused, bool hnd = false) {
+  c.page_size = page_size, c.head_major = hnd, c.seqused = std::move(seqused);
+  return c;
+}
+
 // Keys [first, first + count) of a dense [b, s, h, d] view: the same strides, moved along s.
 TensorView key_range(TensorView t, int first, int count) {
   t.data = static_cast<char*>(t.data) + first * t.stride[1] * 2;
@@ -328,16 +334,10 @@ TEST_CASE("decode: paged KV caches (NHD and HND, shuffled page tables) match the
         cases.push_back(c);
       }
   // 128 query rows per KV head: too many for a dense decode, but decode reads every paged cache.
-  KvCase many_rows = dense(2, 16, 2, 16, 512, 128, true);
-  many_rows.page_size = 16, many_rows.seqused = {512, 300};
-  cases.push_back(many_rows);
-  // Speculative decode with GQA (64 and 48 rows per KV head: 64-row tiles).
-  KvCase spec = dense(3, 8, 2, 16, 1504, 128, true);
-  spec.page_size = 16, spec.seqused = {1504, 17, 5};
-  cases.push_back(spec);
-  KvCase spec_hnd = dense(2, 16, 2, 6, 960, 64, true);
-  spec_hnd.page_size = 64, spec_hnd.head_major = true, spec_hnd.seqused = {900, 65};
-  cases.push_back(spec_hnd);
+  cases.push_back(with_pages(dense(2, 16, 2, 16, 512, 128, true), 16, {512, 300}));
+  // Speculative decode with GQA: 64 and 48 rows per KV head.
+  cases.push_back(with_pages(dense(3, 8, 2, 16, 1504, 128, true), 16, {1504, 17, 5}));
+  cases.push_back(with_pages(dense(2, 16, 2, 6, 960, 64, true), 64, {900, 65}, /*hnd=*/true));
   // No seqused_k (every sequence fills its pages), MQA, one query.
   KvCase full = dense(3, 8, 1, 1, 2048, 128, false);
   full.page_size = 64, full.spare_pages = 1;
@@ -378,12 +378,8 @@ TEST_CASE("64-row decode tiles (forced): two row groups, dense and paged caches,
       dense(3, 4, 4, 40, 700, 128, true),    // MHA, 40 rows: the second group a quarter full
       dense(2, 8, 8, 20, 500, 128, true),    // 20 rows: the second group has none
   };
-  KvCase paged = dense(3, 8, 2, 16, 1504, 128, true);
-  paged.page_size = 16, paged.seqused = {1504, 17, 5};
-  cases.push_back(paged);
-  KvCase hnd = dense(2, 16, 2, 8, 960, 64, false);
-  hnd.page_size = 64, hnd.head_major = true, hnd.seqused = {900, 65};
-  cases.push_back(hnd);
+  cases.push_back(with_pages(dense(3, 8, 2, 16, 1504, 128, true), 16, {1504, 17, 5}));
+  cases.push_back(with_pages(dense(2, 16, 2, 8, 960, 64, false), 64, {900, 65}, /*hnd=*/true));
   for_each_random_case(cases, 7400, [&](const KvCase& c, KvDeviceProblem& p, const Reference& ref) {
     for (int splits : {1, 3, 0})
       for (const auto& kernel : decode_kernels()) {
