@@ -269,7 +269,7 @@ TEST_CASE("64-row decode tiles: two row groups of 4 warps share each K/V tile (f
   CHECK(shape.threads() == 256);
   // The key warps' states are merged one row group at a time: no more room than 32 rows take.
   CHECK(shape.merge_bytes() == DecodeShape{128, 32, 64, 4, true}.merge_bytes());
-  CHECK(detail::decode_ctas_per_sm(shape.shared_bytes(), gpu, shape.row_groups()) == 1);
+  CHECK(detail::decode_ctas_per_sm(shape, gpu) == 1);
   // The launch (the cp.async kernel's: its plan encodes no tensor map): 256 threads, one row
   // block per (split, KV head, sequence).
   const Variant cp_async =
@@ -296,11 +296,13 @@ TEST_CASE("the split heuristic fills the GPU: few splits for big batches, many f
     const Variant v = detail::select_variant(problem, gpu, nullptr);
     // Up to 16k keys 32 rows of 64 keys in two stages (80 KB), two CTAs per SM; past that 16 rows
     // of 128 keys (133 KB), one CTA per SM.
-    CHECK(detail::decode_ctas_per_sm(family(v.family.c_str()).shared_bytes(v), gpu) ==
+    CHECK(detail::decode_ctas_per_sm(detail::decode_shape(v), gpu) ==
           (seqlen_k <= 16384 ? 2 : 1));
     return detail::decode_num_splits(v, problem, gpu);
   };
-  CHECK(detail::decode_ctas_per_sm(106 * 1024, gpu) == 2);  // 2 CTAs of ~106 KB fit an SM
+  // 2 CTAs of ~106 KB (32 rows, 64 keys, 3 stages) fit an SM.
+  CHECK(DecodeShape{128, 32, 64, 3, true}.shared_bytes() / 1024 == 105);
+  CHECK(detail::decode_ctas_per_sm(DecodeShape{128, 32, 64, 3, true}, gpu) == 2);
   CHECK(splits(64, 1, 8192) == 1);    // 512 CTAs on 2 x 132 slots: two nearly full waves
   CHECK(splits(8, 1, 32768) == 2);    // 64 x 2 = 128 CTAs: one wave
   CHECK(splits(1, 1, 131072) == 16);  // 8 x 16 = 128 CTAs

@@ -380,7 +380,7 @@ TEST_CASE("64-row decode tiles (forced): two row groups, dense and paged caches,
   };
   cases.push_back(with_pages(dense(3, 8, 2, 16, 1504, 128, true), 16, {1504, 17, 5}));
   cases.push_back(with_pages(dense(2, 16, 2, 8, 960, 64, false), 64, {900, 65}, /*hnd=*/true));
-  for_each_random_case(cases, 7400, [&](const KvCase& c, KvDeviceProblem& p, const Reference& ref) {
+  for_each_random_case(cases, 7900, [&](const KvCase& c, KvDeviceProblem& p, const Reference& ref) {
     for (int splits : {1, 3, 0})
       for (const auto& kernel : decode_kernels()) {
         ForwardOptions options;
@@ -447,8 +447,8 @@ TEST_CASE("paged prefill: 333 queries over pages of 8 to 256 rows, NHD and HND, 
 // the mma family, which gathers the pages' rows through the page table, decode steps and prefill
 // chunks alike (before, no family took them).
 TEST_CASE("paged caches at head dims 32, 96 and 192 run in mma: decode steps and prefill chunks") {
+  std::vector<KvCase> cases;
   int index = 0;
-  unsigned seed = 7450;
   for (int head_dim : {32, 96, 192})
     for (int seqlen_q : {3, 200}) {
       KvCase c;
@@ -462,19 +462,18 @@ TEST_CASE("paged caches at head dims 32, 96 and 192 run in mma: decode steps and
       // A sequence shorter than its queries (causal: rows with no key) and one near capacity.
       c.seqused = {c.capacity - 5, 150 + 31 * index};
       ++index;
-      std::mt19937 rng(seed++);
-      const HostKv host = HostKv::random(c, rng);
-      const Reference ref = host.reference();
-      KvDeviceProblem p(engine(), host);
-      const std::string what = describe(c, {});
-      CAPTURE(what);
-      const auto run = run_kv(p, c, ForwardOptions{});
-      REQUIRE(run);
-      CHECK(run->variant.family == "mma");
-      CHECK(run->variant.paged);
-      check_against(run->out, run->lse, ref, c.dtype);
-      MESSAGE(fmt::format("{:<55} {}", run->variant.name(), what));
+      cases.push_back(c);
     }
+  for_each_random_case(cases, 7450, [&](const KvCase& c, KvDeviceProblem& p, const Reference& ref) {
+    const std::string what = describe(c, {});
+    CAPTURE(what);
+    const auto run = run_kv(p, c, ForwardOptions{});
+    REQUIRE(run);
+    CHECK(run->variant.family == "mma");
+    CHECK(run->variant.paged);
+    check_against(run->out, run->lse, ref, c.dtype);
+    MESSAGE(fmt::format("{:<55} {}", run->variant.name(), what));
+  });
 }
 
 TEST_CASE(

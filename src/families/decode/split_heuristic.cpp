@@ -11,8 +11,8 @@ namespace {
 // A CTA's cost beyond its key tiles, in tiles: its Q load and pipeline fill, and its share of the
 // merge. Measured on the H200 (docs/perf-log.md, decode section).
 constexpr double kFixedTilesPerCta = 2.0;
-// Registers bound a 128-thread CTA (one row group) at 4 per SM (the kernel takes up to 128 per
-// thread).
+// A cap of 4 CTAs of one row group (128 threads) per SM. It is looser than the registers allow
+// (the default variants take 80-245 a thread), but shared memory binds first for them.
 constexpr int kMaxCtasPerSmByRegisters = 4;
 constexpr int kReservedSharedPerCta = 1024;  // the driver keeps 1 KB per CTA
 
@@ -20,10 +20,10 @@ int ceil_div(long long a, long long b) { return static_cast<int>((a + b - 1) / b
 
 }  // namespace
 
-int decode_ctas_per_sm(int shared_bytes, const DeviceInfo& device, int row_groups) {
+int decode_ctas_per_sm(const DecodeShape& shape, const DeviceInfo& device) {
   const int per_sm = device.max_shared_per_block_optin + kReservedSharedPerCta;
-  return std::clamp(per_sm / (shared_bytes + kReservedSharedPerCta), 1,
-                    std::max(kMaxCtasPerSmByRegisters / row_groups, 1));
+  return std::clamp(per_sm / (shape.shared_bytes() + kReservedSharedPerCta), 1,
+                    std::max(kMaxCtasPerSmByRegisters / shape.row_groups(), 1));
 }
 
 int decode_num_splits(const Variant& v, const ForwardProblem& problem, const DeviceInfo& device) {
@@ -33,7 +33,7 @@ int decode_num_splits(const Variant& v, const ForwardProblem& problem, const Dev
   const long long ctas = static_cast<long long>(problem.batch) * problem.heads_kv * row_blocks;
   const int tiles = std::max(1, problem.key_tiles_seen(v.tile_n));
   const long long slots = static_cast<long long>(std::max(device.multiprocessors, 1)) *
-                          decode_ctas_per_sm(shape.shared_bytes(), device, shape.row_groups());
+                          decode_ctas_per_sm(shape, device);
   int best = 1;
   double best_cost = 0;
   for (int splits = 1; splits <= std::min(MergeShape::kMaxStates, tiles); ++splits) {

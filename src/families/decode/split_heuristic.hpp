@@ -14,8 +14,8 @@ int decode_num_splits(const Variant& variant, const ForwardProblem& problem,
                       const DeviceInfo& device);
 // The decode kernel's geometry for a variant of either decode family (defined in decode.cpp).
 DecodeShape decode_shape(const Variant& variant);
-// CTAs of `shared_bytes` each, in `row_groups` groups of 4 warps, that fit on one SM of the
+// CTAs of this shape (its shared memory, its row groups of 4 warps) that fit on one SM of the
 // device at once.
-int decode_ctas_per_sm(int shared_bytes, const DeviceInfo& device, int row_groups = 1);
+int decode_ctas_per_sm(const DecodeShape& shape, const DeviceInfo& device);
 
 }  // namespace flashjit::detail
