@@ -79,6 +79,9 @@ def main():
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--window", type=int, default=-1, help="window_left (-1: none)")
+    parser.add_argument("--family", default=None,
+                        help="the kernel family every shape runs in (default: the dispatcher's), "
+                             "e.g. decode: the cp.async decode kernel sm_80..89 run")
     parser.add_argument("--tiles", nargs="+", default=["auto"],
                         help="auto (the dispatcher's) or MxNxS, e.g. 128x176x2")
     parser.add_argument("--reps", type=int, default=15)
@@ -116,7 +119,7 @@ def main():
             label = spec + suffix
             out = torch.full_like(q, float("nan"))
             structs = engine.kv_args(q, k_cache, v_cache, out, table, None, args.causal,
-                                     tiles=tiles, window=window)
+                                     family=args.family, tiles=tiles, window=window)
             keep.append((structs, out, k_cache, v_cache, table))
             names[label] = engine.select_variant_kv_raw(*structs)
             runs[label] = (lambda s=structs: engine.forward_kv_raw(*s, stream))

@@ -365,11 +365,6 @@ TEST_CASE("decode: paged KV caches (NHD and HND, shuffled page tables) match the
   }
 }
 
-// A chunk of queries against a paged cache (chunked prefill, prefix caching): on Hopper the
-// wgmma family reads the pages (the dispatcher's pick, checked): in TMA runs of rows from pages
-// of 64, gathered row by row below (8 to 48), forced splits stay with decode_tma, and the
-// cp.async decode kernel runs it too; elsewhere decode runs it. The mma family (sm_80+), forced,
-// gathers the pages' rows a lookup per row.
 TEST_CASE("64-row decode tiles (forced): two row groups, dense and paged caches, split or not") {
   std::vector<KvCase> cases = {
       dense(2, 8, 2, 16, 3000, 128, true),   // 64 rows: both row groups full
@@ -400,6 +395,11 @@ TEST_CASE("64-row decode tiles (forced): two row groups, dense and paged caches,
   });
 }
 
+// A chunk of queries against a paged cache (chunked prefill, prefix caching): on Hopper the
+// wgmma family reads the pages (the dispatcher's pick, checked): in TMA runs of rows from pages
+// of 64, gathered row by row below (8 to 48), forced splits stay with decode_tma, and the
+// cp.async decode kernel runs it too; elsewhere decode runs it. The mma family (sm_80+), forced,
+// gathers the pages' rows a lookup per row.
 TEST_CASE("paged prefill: 333 queries over pages of 8 to 256 rows, NHD and HND, GQA 1:1 to 8:1") {
   std::vector<KvCase> cases;
   int index = 0;
