@@ -129,10 +129,11 @@ TEST_CASE("precompile's defaults include paged decode, varlen prefill and merge 
   CHECK(wgmma == 36 + 32);
   CHECK(mma == 96);
   CHECK(varlen == 18 + 48 + 16);
-  // Each of the two decode kernels: 2 dtypes x 2 masks x 2 caches x (2 + 2 + 1) tiles over
-  // d64/d128/d256, and decode_tma's short-key tile for small pages at d128 (2 dtypes x 2 masks).
-  CHECK(decode == 84);
-  CHECK(paged == 44 + 32 + 48);
+  // Each of the two decode kernels: 2 dtypes x 2 masks x 2 caches x (3 + 3 + 1) tiles over
+  // d64/d128/d256 (16, 32 and 64 rows; d256 16 only), and decode_tma's short-key tile for
+  // small pages at d128 (2 dtypes x 2 masks).
+  CHECK(decode == 112 + 4);
+  CHECK(paged == 60 + 32 + 48);
   CHECK(merge == 12);  // 2 dtypes x 6 head dims
   // d256 decode does not fit the 99 KB of an sm_86 block, so it is not built there.
   for (const Variant& v : default_variants("sm_86")) {
@@ -256,11 +257,12 @@ TEST_CASE("paged prefill runs in wgmma on Hopper, in TMA runs from pages of 64, 
         "mma.sm80.bf16.d192.m64n64s1.causal.paged.varlen");
 }
 
-TEST_CASE("64-row decode tiles: two row groups of 4 warps share each K/V tile (forced only)") {
+TEST_CASE("64-row decode tiles: two row groups of 4 warps share each K/V tile") {
   const DeviceInfo gpu = h200();
   // Speculative decode with GQA: 16 queries x 4 query heads per KV head = 64 rows.
   const auto problem = decode_problem(64, 16, 8192, true);
-  CHECK(detail::select_variant(problem, gpu, nullptr).tile_m == 32);  // the table's, still
+  CHECK(detail::select_variant(problem, gpu, nullptr).name() ==
+        "decode_tma.sm90a.bf16.d128.m64n64s3.causal");  // the table's
   const Variant v = detail::select_variant(problem, gpu, nullptr, TileConfig{64, 64, 4});
   CHECK(v.name() == "decode_tma.sm90a.bf16.d128.m64n64s4.causal");
   const DecodeShape shape = detail::decode_shape(v);

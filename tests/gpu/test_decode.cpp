@@ -41,12 +41,13 @@ std::string paged_prefill_expected(const KvCase& c, const ForwardOptions& option
   return paged_prefill_family(c.head_dim, c.page_size, c.rows_per_kv_head(), options.num_splits);
 }
 
-// Where the dispatcher must pick the decode family (every GPU from sm_80): every paged problem
-// but the prefill families' above, and every dense one with at most 64 query rows per KV head
+// Where the decode family must run a case, picked by the dispatcher or forced (every GPU from
+// sm_80): every paged problem but the prefill families' above (which decode refuses even when
+// forced, unless split), and every dense one with at most 64 query rows per KV head
 // (seqlen_q x heads_q / heads_kv).
 bool decode_expected(const KvCase& c, const ForwardOptions& options = {}) {
   return (c.paged() || c.rows_per_kv_head() <= 64) && decode_has_head_dim(c.head_dim) &&
-         !(!options.family && !paged_prefill_expected(c, options).empty());
+         paged_prefill_expected(c, options).empty();
 }
 
 std::string describe(const KvCase& c, const ForwardOptions& options) {

@@ -42,8 +42,10 @@ std::string decode_check(const Variant& v) {
 // decode). On Hopper-class parts three stages keep two CTAs per SM with two stages in flight
 // each; d256 on parts with 99 KB per block does not fit (dense problems fall back to mma).
 // Tiles of 64 rows (two row groups reading each K/V tile once, where two 32-row CTAs read it
-// twice) run where forced (ForwardOptions::tiles) until measured on a GPU (docs/perf-log.md,
-// session 29).
+// twice) take 33-64 rows: H100, seqlen_q 16 x GQA 4:1 over 8k keys, batch 64, d128 0.706 ms
+// dense / 0.730 over pages of 64 against 0.774 / 0.776 for 32 x 64 x 3 (4 stages 0.725 / 0.732,
+// 5 0.726 / 0.732); d64 0.362 / 0.379 against 0.393 / 0.399; the cp.async kernel 0.951 against
+// 1.153 (docs/perf-log.md, session 30).
 TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
   const int number = arch_number(arch);
   const bool hopper_class = number >= 90 && number < 120;  // 227 KB of shared memory per block
@@ -52,8 +54,9 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
   if (head_dim > 128) return TileTable::single({16, tile_n, stages});  // registers: see check
   TileTable table;
   table.rules[0] = {INT_MAX, TileConfig{16, tile_n, stages}, 16};
-  table.rules[1] = {INT_MAX, TileConfig{32, tile_n, stages}, INT_MAX};
-  table.count = 2;
+  table.rules[1] = {INT_MAX, TileConfig{32, tile_n, stages}, 32};
+  table.rules[2] = {INT_MAX, TileConfig{64, tile_n, stages}};
+  table.count = 3;
   return table;
 }
 
@@ -71,7 +74,8 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
 //   16: 499.9 us, in 3 splits at batch 64, against 505.2 with three stages, 597 for 128 x 3 and
 //   555 for the cp.async kernel; 32: 492.8);
 // - 32 rows: 64-key tiles (128 would spill: 255 registers), two stages on a dense cache (478.8 us
-//   at seqlen_q 8 against 488.3 with three), three over pages.
+//   at seqlen_q 8 against 488.3 with three), three over pages;
+// - 33-64 rows: 64 x 64 x 3 (see decode_tiles).
 // Other head dims as decode.
 constexpr int kShortTilePageRows = 32;  // pages of at most this many rows take 64-key tiles
 
@@ -88,8 +92,9 @@ TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal, boo
     table.rules[0] = {kShortKeysDense, rows_32, 16};
     table.rules[1] = {INT_MAX, TileConfig{16, 128, 2}, 16};
   }
-  table.rules[2] = {INT_MAX, rows_32, INT_MAX};
-  table.count = 3;
+  table.rules[2] = {INT_MAX, rows_32, 32};
+  table.rules[3] = {INT_MAX, TileConfig{64, 64, 3}};
+  table.count = 4;
   return table;
 }
 
