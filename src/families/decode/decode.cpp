@@ -38,11 +38,12 @@ std::string decode_check(const Variant& v) {
   return {};
 }
 
-// Two tiles per head dim and arch: 16 rows (decode, GQA up to 16:1) and 32 rows (speculative
-// decode). On Hopper-class parts three stages keep two CTAs per SM with two stages in flight
-// each; d256 on parts with 99 KB per block does not fit (dense problems fall back to mma).
+// Three tiles per head dim and arch: 16 rows (decode, GQA up to 16:1), 32 rows (speculative
+// decode) and 64 (33-64 rows); d256 takes 16 only (registers: see decode_check). On Hopper-class
+// parts three stages keep two CTAs of 16 or 32 rows per SM with two stages in flight each;
+// d256 on parts with 99 KB per block does not fit (dense problems fall back to mma).
 // Tiles of 64 rows (two row groups reading each K/V tile once, where two 32-row CTAs read it
-// twice) take 33-64 rows: H100, seqlen_q 16 x GQA 4:1 over 8k keys, batch 64, d128 0.706 ms
+// twice; one CTA per SM): H100, seqlen_q 16 x GQA 4:1 over 8k keys, batch 64, d128 0.706 ms
 // dense / 0.730 over pages of 64 against 0.774 / 0.776 for 32 x 64 x 3 (4 stages 0.725 / 0.732,
 // 5 0.726 / 0.732); d64 0.362 / 0.379 against 0.393 / 0.399; the cp.async kernel 0.951 against
 // 1.153 (docs/perf-log.md, session 30).
