@@ -267,6 +267,10 @@ def main():
     parser.add_argument("--reps", type=int, default=10)
     parser.add_argument("--check-rows", type=int, default=64)
     parser.add_argument("--seed", type=int, default=14)
+    parser.add_argument("--only", nargs="+", metavar="WORD",
+                        help="run only the variants whose name starts with one of these words "
+                             "(causal, window, softcap, sinks, alibi, streaming, documents, "
+                             "prefix-LM, rel-bias)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
@@ -299,6 +303,8 @@ def main():
                 # the sinks run for every backend; a second plain measurement shows whether the
                 # plain number or the others are off.
                 Variant("causal again")]
+    if args.only:
+        variants = [v for v in variants if v.name.split()[0] in args.only]
     libs = {}
     for text in args.lib:
         name, _, path = text.rpartition("=")

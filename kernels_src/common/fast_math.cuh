@@ -1,4 +1,5 @@
-// Special-function unit math used by the softmax: exp2 and reciprocal, approximate, denormals flushed.
+// Special-function unit math used by the softmax and soft-capping: exp2, reciprocal, log2 and
+// tanh, approximate, denormals flushed.
 #pragma once
 
 namespace flashjit {
@@ -15,6 +16,12 @@ __device__ __forceinline__ float exp2_ftz(float x) {
 __device__ __forceinline__ float rcp_approx_ftz(float x) {
   float y;
   asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+  return y;
+}
+// tanh.approx.f32: one SFU op, relative error up to 2^-11 (PTX ISA).
+__device__ __forceinline__ float tanh_approx(float x) {
+  float y;
+  asm("tanh.approx.f32 %0, %1;" : "=f"(y) : "f"(x));
   return y;
 }
 __device__ __forceinline__ float log2_approx(float x) {

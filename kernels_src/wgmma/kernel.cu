@@ -177,6 +177,12 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       auto load = [&](unsigned long long* empty, unsigned long long* full, int offset,
                       const TmaDescriptor* map, bool keys, int j, int at, const PageRow& run) {
         const int stage = at % Stages;
+        // Runs of pages: the rows up to the last run holding a key (box_rows is a power of two),
+        // counted before the wait so nothing but the byte count stands between a freed slot
+        // and its loads.
+        const int run_rows =
+            Paged && !Gather ? min(TileN, (seq.seqlen_k - j * TileN + box_rows - 1) & -box_rows)
+                             : 0;
         mbarrier_wait(&empty[stage], ((at / Stages) & 1) ^ 1);
         unsigned char* tile = smem + offset + stage * Shape::kKVBytes;
         if constexpr (!Paged) {
@@ -191,10 +197,9 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
               keys ? p.k_stride_s : p.v_stride_s,
               kv_head * (keys ? p.k_stride_h : p.v_stride_h), run, &full[stage]);
         } else {
-          const int runs = min(TileN, seq.seqlen_k - j * TileN + box_rows - 1) / box_rows;
           if (lane == 0)
             mbarrier_arrive_expect_tx(&full[stage],
-                                      runs * box_rows * Shape::kRowBytes * Shape::kDimBlocks);
+                                      run_rows * Shape::kRowBytes * Shape::kDimBlocks);
           __syncwarp();  // the bytes are announced before any run can land
           if (run.page >= 0)
 #pragma unroll
@@ -552,17 +557,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
   const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
   const StagedOutput<T, HeadDim, Varlen, Sink> staged(base + Shape::kOOffset, consumer);
-  // Soft-capped scores stay SoftCap::unit(x) (soft_cap_units), their slope joining the softmax's
-  // scale; not with ALiBi or a score_mod, which add to or read the capped scores themselves, nor
-  // in 192-row tiles (three consumers), where it spilled 120-312 B (main's form: 0-28 B).
-  constexpr bool kCapUnits = Softcap && !Alibi && !user::kScoreMod && TileM <= 128;
-  // Which capped scores take their tanh's e from the SFU (SoftCap::unit_sfu) rather than from
-  // exp2_poly on the FMA pipe: every one (1). Measured on the H200 (32k causal d128, softcap 30,
-  // one process, docs/perf-log.md session 11): all on the SFU 20.2 ms, one in 2 21.6, main's
-  // tanh 23.5; the polynomial trades SFU ops for issue slots, and issue is the tighter limit.
-  constexpr int kSfuTanhEvery = 1;
-  const SoftCap capped(p);
-  const float scale_log2 = kCapUnits ? p.scale_log2 * capped.slope() : p.scale_log2;
+  // Soft-capped scores stay tanh(q·k · softcap_scale) (soft_cap_tanh_units), softcap joining the
+  // softmax's scale; not with ALiBi or a score_mod, which add to or read the capped scores.
+  constexpr bool kCapUnits = Softcap && !Alibi && !user::kScoreMod && (TileM <= 128 || !Paged);
+  const float scale_log2 = kCapUnits ? p.scale_log2 * p.softcap : p.scale_log2;
   static_assert(StagedOutput<T, HeadDim, Varlen, Sink>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
                 "named barriers of the O stores and of the turns overlap");
   // Slot n of the K/V ring: stage n % Stages, completing its phase (n / Stages) & 1.
@@ -615,9 +613,9 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       // S(j) -> P(j) in place, and O's correction.
       auto softmax_step = [&](int j, auto masked, const MaskBits<TileN / 2>& hidden) {
         if constexpr (kCapUnits)
-          soft_cap_units<kSfuTanhEvery>(s, capped);
+          soft_cap_tanh_units(s, p);
         else
-          soft_cap<Softcap>(s, p);
+          soft_cap<Softcap, /*Accurate=*/false>(s, p);
         scale_for_score_mod<Softcap>(s, p);
         float row_bias[2] = {0.f, 0.f};
         if constexpr (Alibi)
@@ -710,7 +708,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         pipe += n_tiles;
       }
       if constexpr (kCapUnits)  // the LSE and a sink take the row maxima as scores (-inf stays)
-        for (float& row_max : softmax.max) row_max = capped.score(row_max);
+        for (float& row_max : softmax.max) row_max *= p.softcap;
       const SequenceSpan rows = sequence_span<Varlen>(p, c.batch);
       if (Shape::kStageO && (!Varlen || p.cu_seqlens_q == nullptr || row0 + 64 <= rows.seqlen_q))
         staged.store(p, rows, tma_o, c, row0, at, o, softmax);
