@@ -275,6 +275,10 @@ std::string run_label(const std::string& problem, const Window& w,
   return fmt::format("{} | {} | family {}", problem, w.describe(), kernel.value_or("(dispatcher)"));
 }
 
+// The decode family takes prefill-sized paged and varlen problems only split (unsplit they are
+// mma's, which reads each K/V tile once: decode_unsupported), so the tests that force it split.
+constexpr int kSplitPrefill = 2;
+
 // Poisons p's output and LSE, runs the forward over its KVCache and returns the variant that ran.
 Variant forward_over_cache(KvDeviceProblem& p, const ForwardOptions& options) {
   p.poison();
@@ -384,6 +388,7 @@ TEST_CASE("windows, sink tokens, sinks and ALiBi in paged prefill: wgmma on Hopp
       for (const auto& kernel : decode_kernels()) {
         ForwardOptions options = window_options(window, c.causal, p.lse(), heads);
         options.family = kernel;
+        options.num_splits = kernel ? kSplitPrefill : 0;
         run_windowed(
             run_label(c.describe(), window, kernel), window,
             [&] {
@@ -419,6 +424,7 @@ TEST_CASE("windows, sink tokens, sinks and ALiBi in variable-length batches: pre
       for (const auto& kernel : decode_kernels()) {
         ForwardOptions options = window_options(window, causal, p.lse(), heads);
         options.family = kernel;
+        options.num_splits = kernel ? kSplitPrefill : 0;
         run_windowed(
             run_label(c.describe(), window, kernel), window,
             [&] {
