@@ -18,8 +18,9 @@ which replaces the --lib given after --.
 Rounds alternate the builds' order (round 2 runs them backwards); the first round checks
 correctness (a timing-only build that computes wrong results: --timing-only NAME), later rounds
 only time. Every build gets its own kernel cache under --out. Prints and writes summary.txt:
-per build, x cuDNN per cell (median over rounds) and the geomean per round. Exit status 1 when a
-check failed or a process did not finish.
+per build, x cuDNN per cell (median over rounds; paged cells, which cuDNN cannot run: x the same
+process's dense-cache row) and the geomean per round. Exit status 1 when a check failed or a
+process did not finish.
 """
 
 import argparse
@@ -60,7 +61,9 @@ def parse_builds(texts):
 
 
 def flashjit_ratios(results_path):
-    """{case label: x cuDNN} of the flashjit rows of one results.json; {} when absent."""
+    """{cell: ratio} of the flashjit rows of one results.json ({} when absent): x cuDNN, or for
+    paged cases (cuDNN has no paged cache) x our own dense-cache row of the same process, which
+    the builds being compared may share or not ("(x dense)" in the cell's name)."""
     try:
         results = json.loads(results_path.read_text())
     except (OSError, ValueError):
@@ -74,8 +77,14 @@ def flashjit_ratios(results_path):
                 check = cell.get("check")
                 if isinstance(check, dict) and not check.get("pass", True):
                     failed = True
-                if "ratio_cudnn" in cell:
-                    ratios[f"{case['label']} [{impl}]"] = cell["ratio_cudnn"]
+                # Dense and backward cases: ratio_cudnn; KV cases: ratio_peers' sdpa_cudnn.
+                cudnn = cell.get("ratio_cudnn", cell.get("ratio_peers", {}).get("sdpa_cudnn"))
+                if cudnn is not None:
+                    ratios[f"{case['label']} [{impl}]"] = cudnn
+                elif impl != "flashjit_dense" and cell.get("median_us"):
+                    dense = case["impls"].get("flashjit_dense", {}).get("median_us")
+                    if dense:
+                        ratios[f"{case['label']} [{impl}] (x dense)"] = dense / cell["median_us"]
     return ratios, failed
 
 
@@ -136,12 +145,13 @@ def main():
             per_round[name].append(ratios)
             status = "FAILED CHECK" if failed else f"rc {rc}"
             ok &= not failed and rc in (0, 1) and bool(ratios)
-            print(f"round {r} {name}: x cuDNN {geomean_text(ratios.values())} over "
+            print(f"round {r} {name}: x yardstick {geomean_text(ratios.values())} over "
                   f"{len(ratios)} cells ({status}; {log.name})", flush=True)
 
     cells = sorted({c for rounds in per_round.values() for ratios in rounds for c in ratios})
     width = max([len(c) for c in cells] + [10])
-    lines = ["x cuDNN per cell (median over rounds), then the geomean of each round:",
+    lines = ["x cuDNN (paged cells: x our dense cache) per cell (median over rounds), then the "
+             "geomean of each round:",
              f"{'cell':<{width}}  " + "  ".join(f"{n:>10}" for n in builds)]
     for cell in cells:
         medians = []
