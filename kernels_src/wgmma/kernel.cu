@@ -558,7 +558,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
   const StagedOutput<T, HeadDim, Varlen, Sink> staged(base + Shape::kOOffset, consumer);
   // Soft-capped scores stay tanh(q·k · softcap_scale) (soft_cap_tanh_units), softcap joining the
-  // softmax's scale; not with ALiBi or a score_mod, which add to or read the capped scores.
+  // softmax's scale; not with ALiBi or a score_mod, which add to or read the capped scores, nor
+  // in 192-row paged tiles, where this form spilled 192-224 B (whole scores: 12-40 B).
   constexpr bool kCapUnits = Softcap && !Alibi && !user::kScoreMod && (TileM <= 128 || !Paged);
   const float scale_log2 = kCapUnits ? p.scale_log2 * p.softcap : p.scale_log2;
   static_assert(StagedOutput<T, HeadDim, Varlen, Sink>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
