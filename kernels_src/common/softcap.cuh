@@ -34,8 +34,8 @@ __device__ __forceinline__ void soft_cap(Scores& scores, const FmhaParams& p) {
 // them by softcap more and takes its row max back (times softcap) computes the same. One SFU op
 // a score, tanh.approx.f32 (relative error 2^-11: a capped logit s off by at most 4.9e-4 |s|,
 // FlashAttention 2-4's choice too): with tanh from ex2 and rcp, three SFU ops a score with the
-// softmax's own at 16 a clock per SM made softcap 1.88x plain attention; this, 1.33x (H100,
-// 32k causal d128, softcap 30, docs/perf-log.md session 31).
+// softmax's own at 16 a clock per SM made softcap 1.81-1.88x plain attention; this, 1.33-1.44x
+// (H100, two calls, 32k causal d128, softcap 30, docs/perf-log.md session 31).
 template <int N>
 __device__ __forceinline__ void soft_cap_tanh_units(float (&s)[N], const FmhaParams& p) {
 #pragma unroll
