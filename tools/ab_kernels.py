@@ -71,7 +71,12 @@ def flashjit_ratios(results_path):
     ratios, failed = {}, False
     for key in CASE_LISTS:
         for case in results.get(key, []):
-            for impl, cell in case.get("impls", {}).items():
+            # Dense cases keep flashjit's rows as {family: cell} under "flashjit", the others
+            # every implementation's under "impls".
+            impls = case.get("impls") or {
+                "flashjit" if family == "auto" else f"flashjit {family}": cell
+                for family, cell in (case.get("flashjit") or {}).items()}
+            for impl, cell in impls.items():
                 if not impl.startswith("flashjit"):
                     continue
                 check = cell.get("check")

@@ -30,7 +30,7 @@ struct TileTable {
     // want short key tiles.
     int max_page_size = INT_MAX;
   };
-  static constexpr int kMaxRules = 4;
+  static constexpr int kMaxRules = 5;
   std::array<Rule, kMaxRules> rules{};
   int count = 0;
 

@@ -1,6 +1,6 @@
 // Logit soft-capping (ForwardOptions::softcap) in every family on this GPU against the float64
-// reference: mild capping, heavy capping of large logits, causal rows, GQA, and decode shapes
-// (the decode families, split-KV included).
+// reference: mild capping, heavy capping of large logits, causal rows, rows that see no key, GQA,
+// and decode shapes (the decode families, split-KV included).
 #include <doctest/doctest.h>
 
 #include <optional>
@@ -25,6 +25,14 @@ std::vector<ForwardCase> softcap_cases() {
       heavy.softcap = 5.f, heavy.input_scale = 3.0;  // scores ~ 9 sd: most are capped
       cases.push_back(heavy);
     }
+  for (int d : {64, 128, 256}) {
+    // More queries than keys, causal (bottom-right): rows 0..179 see no key and must come out 0
+    // with LSE -inf, beside rows that see some in the same tiles (Hopper's FMA-pipe exp2 turns a
+    // masked score into 2^-125, not 0).
+    ForwardCase empty_rows{1, 4, 2, 300, 120, d, true};
+    empty_rows.softcap = 30.f;
+    cases.push_back(empty_rows);
+  }
   ForwardCase decode{4, 32, 8, 1, 2000, 128, false};  // split-KV decode
   decode.softcap = 20.f, decode.input_scale = 2.0;
   cases.push_back(decode);

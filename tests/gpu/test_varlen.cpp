@@ -77,8 +77,8 @@ struct VarlenRun {
 
 // Poisons the output and LSE, runs the varlen forward (options.causal and options.lse from the
 // case) and downloads the result. nullopt when forward threw: Error(unsupported) for a head dim
-// the decode family has no kernel for on this GPU, or for the decode family forced on a batch it
-// leaves to mma, is reported (MESSAGE), anything else fails.
+// the decode family has no kernel for on this GPU, or for the decode family forced unsplit on a
+// batch it leaves to the prefill families, is reported (MESSAGE), anything else fails.
 std::optional<VarlenRun> run_varlen(VarlenDeviceProblem& p, const VarlenCase& c,
                                     const VarlenBatch& varlen, ForwardOptions options) {
   options.causal = c.causal;
@@ -92,9 +92,10 @@ std::optional<VarlenRun> run_varlen(VarlenDeviceProblem& p, const VarlenCase& c,
     engine().forward(p.q(), kv, p.out(), varlen, options);
     synchronize(engine());
   } catch (const Error& e) {
-    // The decode kernels leave prefill-sized batches over a dense cache to mma unless split.
+    // The decode kernels leave prefill-sized batches, paged or not, to the prefill families
+    // unless split (as dispatcher_family says).
     const int rows_per_kv_head = varlen.max_seqlen_q * (c.heads_q / c.heads_kv);
-    const bool left_to_mma = options.family == "decode" && !c.paged() && rows_per_kv_head > 64 &&
+    const bool left_to_mma = options.family == "decode" && rows_per_kv_head > 64 &&
                              options.num_splits <= 1;
     if (e.code() == ErrorCode::unsupported && (!decode_has_head_dim(c.head_dim) || left_to_mma))
       MESSAGE(fmt::format("not run: {}: {}", describe(c, varlen, options), e.what()));

@@ -76,7 +76,10 @@ TileTable decode_tiles(std::string_view arch, int head_dim, bool, bool) {
 //   555 for the cp.async kernel; 32: 492.8);
 // - 32 rows: 64-key tiles (128 would spill: 255 registers), two stages on a dense cache (478.8 us
 //   at seqlen_q 8 against 488.3 with three), three over pages;
-// - 33-64 rows: 64 x 64 x 3 (see decode_tiles).
+// - 33-64 rows: 64 x 64 x 3 (see decode_tiles); over pages of 16 or 32 rows 64 x 128 x 3 (H100,
+//   seqlen_q 12 x GQA 4:1, batch 64 x 8k, pages of 16: causal 0.770 ms against 0.813, not causal
+//   0.777 against 0.829, though it spills 8 / 84 B; pages of 32, causal: 0.737 against 0.739;
+//   docs/perf-log.md, session 32): 16-row boxes cost each 64-key tile a round of issue.
 // Other head dims as decode.
 constexpr int kShortTilePageRows = 32;  // pages of at most this many rows take 64-key tiles
 
@@ -94,8 +97,9 @@ TileTable decode_tma_tiles(std::string_view arch, int head_dim, bool causal, boo
     table.rules[1] = {INT_MAX, TileConfig{16, 128, 2}, 16};
   }
   table.rules[2] = {INT_MAX, rows_32, 32};
-  table.rules[3] = {INT_MAX, TileConfig{64, 64, 3}};
-  table.count = 4;
+  table.count = 3;
+  if (paged) table.rules[table.count++] = {INT_MAX, TileConfig{64, 128, 3}, 64, kShortTilePageRows};
+  table.rules[table.count++] = {INT_MAX, TileConfig{64, 64, 3}};
   return table;
 }
 
