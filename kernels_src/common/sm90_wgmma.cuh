@@ -19,6 +19,13 @@ __device__ __forceinline__ unsigned long long smem_desc_sw128(unsigned smem_addr
          static_cast<unsigned long long>(stride >> 4) << 32 | 1ull << 62;
 }
 
+// The same for an operand in 32-byte-swizzled rows (a k16 slice of 16-bit elements a row): 8-row
+// atoms of 256 bytes.
+__device__ __forceinline__ unsigned long long smem_desc_sw32(unsigned smem_addr) {
+  return static_cast<unsigned long long>((smem_addr & 0x3ffffu) >> 4) | 1ull << 16 |
+         static_cast<unsigned long long>(256 >> 4) << 32 | 3ull << 62;
+}
+
 // The descriptor of the same operand `bytes` further on (a multiple of 16): the start address is
 // the low 14 bits in 16-byte units and shared memory ends below 2^18 bytes, so the add never
 // carries into the other fields. Descriptors built once per tile and advanced by constants cost

@@ -246,9 +246,11 @@ __device__ __forceinline__ FragmentPosition fragment_position() {
   return {16 * warp + lane / 4, 2 * (lane % 4)};
 }
 
-// S = Q·Kᵀ for this warpgroup's 64 rows and one K stage (issued and committed, not waited on).
-template <typename T, int HeadDim, int TileM, int TileN>
-__device__ __forceinline__ void issue_qk(float (&s)[TileN / 2], unsigned q_rows, unsigned k_tile) {
+// S = Q·Kᵀ for this warpgroup's 64 rows and one K stage (issued and committed, not waited on);
+// with AlibiSlice one more k16 slice, alibi_q's rows times alibi_k's (AlibiSlices).
+template <typename T, int HeadDim, int TileM, int TileN, bool AlibiSlice = false>
+__device__ __forceinline__ void issue_qk(float (&s)[TileN / 2], unsigned q_rows, unsigned k_tile,
+                                         unsigned alibi_q = 0, unsigned alibi_k = 0) {
   wgmma_fence();
   const unsigned long long q_desc = smem_desc_sw128(q_rows, 16, 1024);
   const unsigned long long k_desc = smem_desc_sw128(k_tile, 16, 1024);
@@ -264,8 +266,49 @@ __device__ __forceinline__ void issue_qk(float (&s)[TileN / 2], unsigned q_rows,
     else
       wgmma_ss<T, TileN, true>(s, desc_q, desc_k);
   }
+  if constexpr (AlibiSlice)
+    wgmma_ss<T, TileN, true>(s, smem_desc_sw32(alibi_q), smem_desc_sw32(alibi_k));
   wgmma_commit();
 }
+
+// WgmmaGeometry::causal_alibi of a variant (the host's: alibi, causal, no softcap, which caps
+// the score before the bias is added, and no user functions).
+template <bool Alibi, bool Causal, bool Softcap>
+inline constexpr bool kCausalAlibi =
+    Alibi && Causal && !Softcap && !user::kScoreMod && !user::kMaskMod;
+
+// Causal ALiBi's column part from the tensor cores: -slope · (diagonal - key) = slope · c -
+// slope · (diagonal - tile start) for the key c columns into the tile. Q·Kᵀ gains a k16 slice:
+// each of Q's rows holds the head's slope (raw score units) as three 16-bit parts, each key row
+// of the tile its column c (exact up to 256), so the product adds slope · c to the score (to
+// ~2^-24 of it); the rest is the rows' bias (RowSoftmax::update's row_bias). Every part and c
+// stand in both 16-byte halves of the 32-byte rows, at half the slope: the sum is the same in
+// either order of the halves, which is all the 32-byte swizzle changes. The key rows never
+// change (written at the kernel's start); each consumer writes its 64 Q rows per query tile.
+struct AlibiSlices {
+  template <typename T>
+  static __device__ __forceinline__ uint4 row(float a, float b, float c) {
+    return make_uint4(pack2<T>(a, b), pack2<T>(c, 0.f), 0u, 0u);
+  }
+  // Half-rows i of the key slice (row i / 2), by the CTA's threads.
+  template <typename T, int TileN, int Threads>
+  static __device__ __forceinline__ void write_keys(unsigned char* keys) {
+    for (int i = threadIdx.x; i < 2 * TileN; i += Threads) {
+      const float c = static_cast<float>(i / 2);
+      *reinterpret_cast<uint4*>(keys + 16 * i) = row<T>(c, c, c);
+    }
+  }
+  // This warpgroup's 64 Q rows, from the head's raw slope: thread t writes half-row t % 2 of row
+  // t / 2.
+  template <typename T>
+  static __device__ __forceinline__ void write_rows(unsigned char* rows, float slope) {
+    const float high = to_float(from_float<T>(slope));
+    const float middle = to_float(from_float<T>(slope - high));
+    const float low = slope - high - middle;
+    *reinterpret_cast<uint4*>(rows + 16 * (threadIdx.x % kWarpgroupThreads)) =
+        row<T>(0.5f * high, 0.5f * middle, 0.5f * low);
+  }
+};
 
 // O += P·V for one V stage, P as wgmma A fragments (issued and committed, not waited on).
 template <typename T, int HeadDim, int TileN>
@@ -307,7 +350,8 @@ __device__ __forceinline__ void mask_scores(float (&s)[TileN / 2], const Sequenc
 // key (row 1's is 8 more). Causal (every visible key at or left of the diagonal): -slope·(d - c)
 // = slope·c - slope·d, so each score takes one FMA with its column's immediate and the rows'
 // -slope·d goes to row_bias (RowSoftmax::update); keys right of the diagonal are masked anyway.
-// Otherwise the distance's sign varies within the tile: -slope·|d - c| per score.
+// (Where AlibiSlices fit, Q·Kᵀ adds slope·c instead.) Otherwise the distance's sign varies within
+// the tile: -slope·|d - c| per score.
 template <bool Causal, int TileN>
 __device__ __forceinline__ void alibi_scores(float (&s)[TileN / 2], float slope, int distance,
                                              float (&row_bias)[2]) {
@@ -551,10 +595,15 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
                                         int consumer) {
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
+  using Slices = WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen, kCausalAlibi<Alibi, Causal, Softcap>>;
+  constexpr bool kAlibiSlice = Slices::kAlibiSlice;
   const FragmentPosition at = fragment_position();
   // Shared-memory addresses are recomputed from one base where used: fewer live registers.
   const unsigned base = smem_u32(smem);
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
+  const unsigned alibi_q =
+      base + Slices::kAlibiQOffset + consumer * 64 * WgmmaGeometry::kSliceRowBytes;
+  const unsigned alibi_k = base + Slices::kAlibiKOffset;
   const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
   const StagedOutput<T, HeadDim, Varlen, Sink> staged(base + Shape::kOOffset, consumer);
   // Soft-capped scores stay tanh(q·k · softcap_scale) (soft_cap_tanh_units), softcap joining the
@@ -601,6 +650,16 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       float s[TileN / 2], correction[2];
       unsigned pf[TileN / 16][4];
       const float alibi_slope = Alibi ? alibi_raw_slope(p, c.head) : 0.f;
+      if constexpr (kAlibiSlice) {
+        // The previous tile's Q·Kᵀ read the rows (every warp has waited on it) before they change,
+        // and the generic proxy's writes reach wgmma's async proxy before anyone issues.
+        named_barrier_sync(staged.barrier, kWarpgroupThreads);
+        AlibiSlices::write_rows<T>(smem + Slices::kAlibiQOffset + consumer * 64 *
+                                              WgmmaGeometry::kSliceRowBytes,
+                                   alibi_slope);
+        fence_proxy_async_shared();
+        named_barrier_sync(staged.barrier, kWarpgroupThreads);
+      }
       // A score_mod needs each score whole: ALiBi's row part cannot wait for the softmax then.
       constexpr bool kRowBias = Alibi && Causal && !user::kScoreMod;
       // mask_mod's verdicts on the tile a masked step visits, taken before its S exists.
@@ -619,10 +678,16 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           soft_cap<Softcap, /*Accurate=*/false>(s, p);
         scale_for_score_mod<Softcap>(s, p);
         float row_bias[2] = {0.f, 0.f};
-        if constexpr (Alibi)
+        if constexpr (kAlibiSlice) {  // slope · (key - tile start) is in s already
+#pragma unroll
+          for (int i = 0; i < 2; ++i)
+            row_bias[i] = -alibi_slope * static_cast<float>(row0 + at.row + 8 * i + seq.seqlen_k -
+                                                            seq.seqlen_q - j * TileN);
+        } else if constexpr (Alibi) {
           alibi_scores<kRowBias, TileN>(
               s, alibi_slope, row0 + at.row + seq.seqlen_k - seq.seqlen_q - (j * TileN + at.col),
               row_bias);
+        }
         score_mod_wgmma(s, p, c.batch, c.head, seq.seqlen_q, seq.seqlen_k, row0 + at.row,
                         j * TileN + at.col);
         if constexpr (decltype(masked)::value) {
@@ -636,7 +701,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         const MaskBits<TileN / 2> hidden = user_mask(i, masked);
         wait_full(bars->k_full, pipe + i);
         turns.begin();
-        issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(pipe + i));
+        issue_qk<T, HeadDim, TileM, TileN, kAlibiSlice>(s, q_rows, k_tile(pipe + i), alibi_q, alibi_k);
         turns.end();
         wgmma_wait<0>();
         wgmma_fence_operands(s);
@@ -674,7 +739,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         wait_full(bars->k_full, k_slot);
         if (!Shape::kKeysAhead) wait_full(bars->v_full, v_slot);
         turns.begin();
-        issue_qk<T, HeadDim, TileM, TileN>(s, q_rows, k_tile(k_slot));
+        issue_qk<T, HeadDim, TileM, TileN, kAlibiSlice>(s, q_rows, k_tile(k_slot), alibi_q, alibi_k);
         // Under Q·K(i): O (final through P·V(i - 2)) takes softmax(i - 1)'s correction.
         if (Shape::kRescaleUnderQk) rescale_rows(o, correction);
         if (Shape::kKeysAhead) wait_full(bars->v_full, v_slot);  // V(i - 1) lands behind K(i)
@@ -763,6 +828,11 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
     tma_prefetch_descriptor(&tma_k);
     tma_prefetch_descriptor(&tma_v);
     if constexpr (Shape::kStageO) tma_prefetch_descriptor(&tma_o);
+  }
+  using Slices = WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen, kCausalAlibi<Alibi, Causal, Softcap>>;
+  if constexpr (Slices::kAlibiSlice) {
+    AlibiSlices::write_keys<T, TileN, Shape::kThreads>(smem + Slices::kAlibiKOffset);
+    fence_proxy_async_shared();  // before the barrier: wgmma reads them through the async proxy
   }
   __syncthreads();
 

@@ -40,6 +40,10 @@ FLASHJIT_HOST_DEVICE constexpr bool wgmma_gathers_pages(int page_size) {
 struct WgmmaGeometry {
   int head_dim, tile_m, tile_n, stages;
   bool varlen;  // per-sequence lengths (Variant::varlen): the sorted schedule's table is reserved
+  // Causal ALiBi without softcap or user functions (Variant::alibi): where it fits
+  // (alibi_slice), the bias's column part slope · (key - tile start) comes out of Q·Kᵀ as one
+  // more k16 slice rather than an FFMA a score in the softmax (wgmma/kernel.cu, AlibiSlices).
+  bool causal_alibi = false;
 
   static constexpr int kRowsPerConsumer = 64;  // one consumer warpgroup per 64 rows (wgmma M)
   // A 128-byte swizzle row holds 64 16-bit elements: tiles are stored as head_dim / 64 column
@@ -112,15 +116,32 @@ struct WgmmaGeometry {
   FLASHJIT_HOST_DEVICE constexpr int table_offset() const {
     return barrier_offset() + barrier_bytes();
   }
+  // ALiBi's slices (causal_alibi): a k16 slice of Q's rows then one of the key tile's, rows of
+  // 32 bytes in wgmma's 32-byte swizzle, whose 8-row atoms want 256-byte alignment.
+  static constexpr int kSliceRowBytes = 32;
+  static constexpr int kSliceAlign = 256;
+  FLASHJIT_HOST_DEVICE constexpr int alibi_slice_offset() const {
+    return (table_offset() + table_bytes() + kSliceAlign - 1) / kSliceAlign * kSliceAlign;
+  }
+  FLASHJIT_HOST_DEVICE constexpr int alibi_slice_bytes() const {
+    return (tile_m + tile_n) * kSliceRowBytes;
+  }
+  FLASHJIT_HOST_DEVICE constexpr bool alibi_slice() const {
+    return causal_alibi &&
+           alibi_slice_offset() + alibi_slice_bytes() + kAlignSlack <= kMaxSharedBytes;
+  }
   FLASHJIT_HOST_DEVICE constexpr int shared_bytes() const {
-    return table_offset() + table_bytes() + kAlignSlack;
+    return (alibi_slice() ? alibi_slice_offset() + alibi_slice_bytes()
+                          : table_offset() + table_bytes()) +
+           kAlignSlack;
   }
 };
 
 // The kernel's compile-time view of WgmmaGeometry.
-template <int HeadDim, int TileM, int TileN, int Stages, bool Varlen = false>
+template <int HeadDim, int TileM, int TileN, int Stages, bool Varlen = false,
+          bool CausalAlibi = false>
 struct WgmmaShape {
-  static constexpr WgmmaGeometry kGeometry{HeadDim, TileM, TileN, Stages, Varlen};
+  static constexpr WgmmaGeometry kGeometry{HeadDim, TileM, TileN, Stages, Varlen, CausalAlibi};
   static constexpr int kConsumers = kGeometry.consumers();
   static constexpr int kThreads = kGeometry.threads();
   template <bool Paged>
@@ -143,6 +164,9 @@ struct WgmmaShape {
   static constexpr int kOOffset = kGeometry.o_offset();
   static constexpr int kBarrierOffset = kGeometry.barrier_offset();
   static constexpr int kTableOffset = kGeometry.table_offset();
+  static constexpr bool kAlibiSlice = kGeometry.alibi_slice();
+  static constexpr int kAlibiQOffset = kGeometry.alibi_slice_offset();
+  static constexpr int kAlibiKOffset = kAlibiQOffset + TileM * WgmmaGeometry::kSliceRowBytes;
   static_assert(HeadDim % 64 == 0 && TileM % 64 == 0 && TileN % 16 == 0, "tile shape");
   static_assert(kConsumers >= 1 && kConsumers <= 3, "one to three consumer warpgroups");
   static_assert(kGeometry.shared_bytes() <= WgmmaGeometry::kMaxSharedBytes, "fits shared memory");

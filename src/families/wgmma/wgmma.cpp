@@ -25,7 +25,8 @@ using Geometry = WgmmaGeometry;
 static_assert(Geometry::kBoxWidth == kTmaBoxWidth, "the kernel's boxes are the maps' boxes");
 
 Geometry geometry_of(const Variant& v) {
-  return {v.head_dim, v.tile_m, v.tile_n, v.stages, v.varlen};
+  return {v.head_dim, v.tile_m, v.tile_n, v.stages, v.varlen,
+          v.alibi && v.causal && !v.softcap && v.user_functions.empty()};
 }
 
 int wgmma_shared_bytes(const Variant& v) { return geometry_of(v).shared_bytes(); }
