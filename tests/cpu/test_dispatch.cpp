@@ -163,3 +163,23 @@ TEST_CASE("launch plans are keyed by every size, stride and option, and by no po
   CHECK_FALSE(detail::PlanKey::of(reinterpret_cast<CUcontext>(0x10), base, nullptr, std::nullopt) ==
               key);
 }
+
+TEST_CASE("causal ALiBi variants reserve ALiBi's k16 slices where they fit shared memory") {
+  const auto bytes = [](const char* name) {
+    return family("wgmma")->shared_bytes(Variant::parse(name));
+  };
+  // d128 128 x 176: a 32-byte row per query row and per key (AlibiSlices), 256-byte aligned.
+  const int plain = bytes("wgmma.sm90a.bf16.d128.m128n176s2.causal");
+  const int alibi = bytes("wgmma.sm90a.bf16.d128.m128n176s2.causal.alibi");
+  CHECK(alibi - plain >= (128 + 176) * 32);
+  CHECK(alibi - plain < (128 + 176) * 32 + 256);
+  CHECK(alibi <= 227 * 1024);
+  // d256 128 x 80 has no room: the FFMA path, no slices.
+  CHECK(bytes("wgmma.sm90a.bf16.d256.m128n80s2.causal.alibi") ==
+        bytes("wgmma.sm90a.bf16.d256.m128n80s2.causal"));
+  // Not causal (the bias is not rank one), or soft-capped (the cap comes first): no slices.
+  CHECK(bytes("wgmma.sm90a.bf16.d128.m128n176s2.alibi") ==
+        bytes("wgmma.sm90a.bf16.d128.m128n176s2"));
+  CHECK(bytes("wgmma.sm90a.bf16.d128.m128n176s2.causal.softcap.alibi") ==
+        bytes("wgmma.sm90a.bf16.d128.m128n176s2.causal.softcap"));
+}
