@@ -21,7 +21,7 @@ from .report import SCHEMA, Output, case_rows, summarize, summary_lines, table_h
 from .plots import plot_results
 from .run_case import add_ratios, case_entry, impl_cell
 from .selftest_backward import check_backward_bookkeeping, synthetic_backward_results
-from .selftest_dense import check_fa4_bookkeeping, dense_rehearsal
+from .selftest_dense import check_ab_kernels_reads_dense, check_fa4_bookkeeping, dense_rehearsal
 from .selftest_kv import check_binding_layout, cpu_rehearsal, synthetic_kv_results
 from .selftest_varlen import synthetic_varlen_results, varlen_rehearsal
 from .varlen_cases import is_varlen_case
@@ -100,7 +100,7 @@ def synthetic_flashjit_cell(r, index, case, family, families, rng):
 
 def selftest_report(out_dir, args):
     """Feeds synthetic numbers through the table, summary, results.json and plot code; checks
-    the binding's struct layouts and FA4's dense bookkeeping; with dense, KV or varlen cases,
+    the binding's struct layouts, FA4's dense bookkeeping and ab_kernels' reading of dense cells; with dense, KV or varlen cases,
     (torch on the CPU) a rehearsal of their run, and the KV and varlen cases' report. Returns 1
     when the layouts, the bookkeeping or a rehearsal are wrong."""
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -134,7 +134,7 @@ def selftest_report(out_dir, args):
             out(line)
     summary = summarize(results, args.families)
     verdicts = [check_binding_layout(Path(__file__).resolve().parents[2] / "include"),
-                check_fa4_bookkeeping()]
+                check_fa4_bookkeeping(), check_ab_kernels_reads_dense()]
     if results:
         ok, rehearsed, message = dense_rehearsal(args, out)
         verdicts.append((ok, message))

@@ -6,8 +6,11 @@ FA4 stand-in (BSHD and BHSD memory, GQA, fp16, a refused head dim, the copy fall
 
 import functools
 import importlib.util
+import json
+import tempfile
 import time
 import types
+from pathlib import Path
 
 from .cases import Case
 from .fa4 import FA4_HELP
@@ -45,6 +48,31 @@ def bookkeeping_results(fa4_on=True):
         add_ratios(r)
         results.append(r)
     return results
+
+
+def check_ab_kernels_reads_dense():
+    """(ok, message): tools/ab_kernels.py's reading of a results.json finds the dense cases'
+    ratios (x cuDNN per flashjit row; it once read only the KV cases' layout and summarized
+    nothing for dense A/Bs)."""
+    path = Path(__file__).resolve().parents[1] / "ab_kernels.py"
+    spec = importlib.util.spec_from_file_location("ab_kernels", path)
+    ab_kernels = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ab_kernels)
+    results = bookkeeping_results()
+    for i, r in enumerate(results):  # distinct cells (the made-up cases share shapes)
+        r["label"] = f"{r['label']} #{i}"
+    want = {f"{r['label']} [flashjit]": cudnn / ours
+            for r, (ours, cudnn, _, _) in zip(results, TIMINGS)}
+    with tempfile.TemporaryDirectory() as tmp:
+        results_path = Path(tmp) / "results.json"
+        results_path.write_text(json.dumps({"cases": results}))
+        ratios, failed = ab_kernels.flashjit_ratios(results_path)
+    problems = [f"{cell}: {ratios.get(cell)} != {value}" for cell, value in want.items()
+                if not close(ratios.get(cell), value)]
+    if failed or set(ratios) != set(want):
+        problems.append(f"cells {sorted(ratios)} (failed {failed}), expected {sorted(want)}")
+    return (not problems, "ab_kernels' dense cells: bookkeeping " +
+            ("ok" if not problems else "FAILED " + "; ".join(problems)))
 
 
 def check_fa4_bookkeeping():
