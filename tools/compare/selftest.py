@@ -100,9 +100,10 @@ def synthetic_flashjit_cell(r, index, case, family, families, rng):
 
 def selftest_report(out_dir, args):
     """Feeds synthetic numbers through the table, summary, results.json and plot code; checks
-    the binding's struct layouts, FA4's dense bookkeeping and ab_kernels' reading of dense cells; with dense, KV or varlen cases,
-    (torch on the CPU) a rehearsal of their run, and the KV and varlen cases' report. Returns 1
-    when the layouts, the bookkeeping or a rehearsal are wrong."""
+    the binding's struct layouts, FA4's dense bookkeeping and ab_kernels' reading of dense
+    cells; with dense, KV or varlen cases, (torch on the CPU) a rehearsal of their run, and the
+    KV and varlen cases' report. Returns 1 when the layouts, the bookkeeping or a rehearsal are
+    wrong."""
     out_dir.mkdir(parents=True, exist_ok=True)
     out = Output()
     kv_cases = [c for c in args.cases if is_kv_case(c)]
