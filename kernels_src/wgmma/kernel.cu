@@ -595,7 +595,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
                                         int consumer) {
   using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages>;
-  using Slices = WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen, kCausalAlibi<Alibi, Causal, Softcap>>;
+  using Slices =
+      WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen, kCausalAlibi<Alibi, Causal, Softcap>>;
   constexpr bool kAlibiSlice = Slices::kAlibiSlice;
   const FragmentPosition at = fragment_position();
   // Shared-memory addresses are recomputed from one base where used: fewer live registers.
@@ -701,7 +702,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         const MaskBits<TileN / 2> hidden = user_mask(i, masked);
         wait_full(bars->k_full, pipe + i);
         turns.begin();
-        issue_qk<T, HeadDim, TileM, TileN, kAlibiSlice>(s, q_rows, k_tile(pipe + i), alibi_q, alibi_k);
+        issue_qk<T, HeadDim, TileM, TileN, kAlibiSlice>(s, q_rows, k_tile(pipe + i), alibi_q,
+                                                        alibi_k);
         turns.end();
         wgmma_wait<0>();
         wgmma_fence_operands(s);
@@ -739,7 +741,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         wait_full(bars->k_full, k_slot);
         if (!Shape::kKeysAhead) wait_full(bars->v_full, v_slot);
         turns.begin();
-        issue_qk<T, HeadDim, TileM, TileN, kAlibiSlice>(s, q_rows, k_tile(k_slot), alibi_q, alibi_k);
+        issue_qk<T, HeadDim, TileM, TileN, kAlibiSlice>(s, q_rows, k_tile(k_slot), alibi_q,
+                                                        alibi_k);
         // Under Q·K(i): O (final through P·V(i - 2)) takes softmax(i - 1)'s correction.
         if (Shape::kRescaleUnderQk) rescale_rows(o, correction);
         if (Shape::kKeysAhead) wait_full(bars->v_full, v_slot);  // V(i - 1) lands behind K(i)
@@ -829,7 +832,8 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
     tma_prefetch_descriptor(&tma_v);
     if constexpr (Shape::kStageO) tma_prefetch_descriptor(&tma_o);
   }
-  using Slices = WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen, kCausalAlibi<Alibi, Causal, Softcap>>;
+  using Slices =
+      WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen, kCausalAlibi<Alibi, Causal, Softcap>>;
   if constexpr (Slices::kAlibiSlice) {
     AlibiSlices::write_keys<T, TileN, Shape::kThreads>(smem + Slices::kAlibiKOffset);
     fence_proxy_async_shared();  // before the barrier: wgmma reads them through the async proxy
