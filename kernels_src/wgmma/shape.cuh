@@ -42,7 +42,7 @@ struct WgmmaGeometry {
   bool varlen;  // per-sequence lengths (Variant::varlen): the sorted schedule's table is reserved
   // Causal ALiBi without softcap or user functions (Variant::alibi): where it fits
   // (alibi_slice), the bias's column part slope · (key - tile start) comes out of Q·Kᵀ as one
-  // more k16 slice rather than an FFMA a score in the softmax (wgmma/kernel.cu, AlibiSlices).
+  // more k16 slice rather than an FFMA a score in the softmax (wgmma/alibi.cuh, AlibiSlices).
   bool causal_alibi = false;
 
   static constexpr int kRowsPerConsumer = 64;  // one consumer warpgroup per 64 rows (wgmma M)
