@@ -540,8 +540,9 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   // Shared-memory addresses are recomputed from one base where used: fewer live registers.
   const unsigned base = smem_u32(smem);
   const unsigned q_rows = base + Shape::kQOffset + consumer * 64 * Shape::kRowBytes;
-  const unsigned alibi_q =
-      base + Slices::kAlibiQOffset + consumer * 64 * WgmmaGeometry::kSliceRowBytes;
+  const int alibi_q_offset =
+      Slices::kAlibiQOffset + consumer * 64 * WgmmaGeometry::kSliceRowBytes;
+  const unsigned alibi_q = base + alibi_q_offset;
   const unsigned alibi_k = base + Slices::kAlibiKOffset;
   const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
   const StagedOutput<T, HeadDim, Varlen, Sink> staged(base + Shape::kOOffset, consumer);
@@ -593,9 +594,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         // The previous tile's Q·Kᵀ read the rows (every warp has waited on it) before they change,
         // and the generic proxy's writes reach wgmma's async proxy before anyone issues.
         named_barrier_sync(staged.barrier, kWarpgroupThreads);
-        AlibiSlices::write_rows<T>(smem + Slices::kAlibiQOffset + consumer * 64 *
-                                              WgmmaGeometry::kSliceRowBytes,
-                                   alibi_slope);
+        AlibiSlices::write_rows<T>(smem + alibi_q_offset, alibi_slope);
         fence_proxy_async_shared();
         named_barrier_sync(staged.barrier, kWarpgroupThreads);
       }
@@ -617,15 +616,16 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           soft_cap<Softcap, /*Accurate=*/false>(s, p);
         scale_for_score_mod<Softcap>(s, p);
         float row_bias[2] = {0.f, 0.f};
-        if constexpr (kAlibiSlice) {  // slope · (key - tile start) is in s already
+        if constexpr (Alibi) {
+          // Row at.row's diagonal (bottom-right) counted from the tile's first key.
+          const int diagonal = row0 + at.row + seq.seqlen_k - seq.seqlen_q - j * TileN;
+          if constexpr (kAlibiSlice) {  // slope · (key - tile start) is in s already
 #pragma unroll
-          for (int i = 0; i < 2; ++i)
-            row_bias[i] = -alibi_slope * static_cast<float>(row0 + at.row + 8 * i + seq.seqlen_k -
-                                                            seq.seqlen_q - j * TileN);
-        } else if constexpr (Alibi) {
-          alibi_scores<kRowBias, TileN>(
-              s, alibi_slope, row0 + at.row + seq.seqlen_k - seq.seqlen_q - (j * TileN + at.col),
-              row_bias);
+            for (int i = 0; i < 2; ++i)
+              row_bias[i] = -alibi_slope * static_cast<float>(diagonal + 8 * i);
+          } else {
+            alibi_scores<kRowBias, TileN>(s, alibi_slope, diagonal - at.col, row_bias);
+          }
         }
         score_mod_wgmma(s, p, c.batch, c.head, seq.seqlen_q, seq.seqlen_k, row0 + at.row,
                         j * TileN + at.col);
@@ -739,7 +739,8 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
                       const __grid_constant__ TmaDescriptor tma_v,
                       const __grid_constant__ TmaDescriptor tma_o, const WgmmaSchedule sched) {
   begin_after_previous_grid();
-  using Shape = WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen>;
+  using Shape =
+      WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen, kCausalAlibi<Alibi, Causal, Softcap>>;
   extern __shared__ unsigned char smem_raw[];
   // The 128B swizzle pattern repeats every 1024 bytes and wgmma assumes atoms start on that grid.
   unsigned char* smem = smem_raw + ((1024 - smem_u32(smem_raw) % 1024) % 1024);
@@ -770,10 +771,8 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
     tma_prefetch_descriptor(&tma_v);
     if constexpr (Shape::kStageO) tma_prefetch_descriptor(&tma_o);
   }
-  using Slices =
-      WgmmaShape<HeadDim, TileM, TileN, Stages, Varlen, kCausalAlibi<Alibi, Causal, Softcap>>;
-  if constexpr (Slices::kAlibiSlice) {
-    AlibiSlices::write_keys<T, TileN, Shape::kThreads>(smem + Slices::kAlibiKOffset);
+  if constexpr (Shape::kAlibiSlice) {
+    AlibiSlices::write_keys<T, TileN, Shape::kThreads>(smem + Shape::kAlibiKOffset);
     fence_proxy_async_shared();  // before the barrier: wgmma reads them through the async proxy
   }
   __syncthreads();
