@@ -95,9 +95,9 @@ std::optional<VarlenRun> run_varlen(VarlenDeviceProblem& p, const VarlenCase& c,
     // The decode kernels leave prefill-sized batches, paged or not, to the prefill families
     // unless split (as dispatcher_family says).
     const int rows_per_kv_head = varlen.max_seqlen_q * (c.heads_q / c.heads_kv);
-    const bool left_to_mma = options.family == "decode" && rows_per_kv_head > 64 &&
+    const bool left_to_prefill = options.family == "decode" && rows_per_kv_head > 64 &&
                              options.num_splits <= 1;
-    if (e.code() == ErrorCode::unsupported && (!decode_has_head_dim(c.head_dim) || left_to_mma))
+    if (e.code() == ErrorCode::unsupported && (!decode_has_head_dim(c.head_dim) || left_to_prefill))
       MESSAGE(fmt::format("not run: {}: {}", describe(c, varlen, options), e.what()));
     else
       FAIL_CHECK(fmt::format("{}: {}", describe(c, varlen, options), e.what()));
