@@ -79,6 +79,7 @@ def main():
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--causal", action="store_true")
     parser.add_argument("--window", type=int, default=-1, help="window_left (-1: none)")
+    parser.add_argument("--softcap", type=float, default=0.0, help="logit soft-cap (0: none)")
     parser.add_argument("--family", default=None,
                         help="the kernel family every shape runs in (default: the dispatcher's), "
                              "e.g. decode: the cp.async decode kernel sm_80..89 run")
@@ -119,7 +120,8 @@ def main():
             label = spec + suffix
             out = torch.full_like(q, float("nan"))
             structs = engine.kv_args(q, k_cache, v_cache, out, table, None, args.causal,
-                                     family=args.family, tiles=tiles, window=window)
+                                     family=args.family, tiles=tiles, window=window,
+                                     softcap=args.softcap)
             keep.append((structs, out, k_cache, v_cache, table))
             names[label] = engine.select_variant_kv_raw(*structs)
             runs[label] = (lambda s=structs: engine.forward_kv_raw(*s, stream))
@@ -137,6 +139,7 @@ def main():
     first = statistics.median(samples[baseline])
     print(f"b{args.batch} q{seqlen_q} k{args.seqlen} h{args.heads}/{heads_kv} d{args.head_dim} "
           f"{'causal ' if args.causal else ''}window {args.window}"
+          f"{f' softcap {args.softcap:g}' if args.softcap else ''}"
           f"{f' pages of {args.page_size}' if args.page_size else ''}: median of {args.reps} "
           f"interleaved bursts of {args.calls}")
     for label in runs:

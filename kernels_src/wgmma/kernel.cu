@@ -352,7 +352,42 @@ struct RowSoftmax {
       max[i] = new_max;
     }
   }
+
+  // Capped scores in tanh units with a fixed offset instead of the running max (BoundedCap,
+  // kMaxBoundedCap): no max, no correction; consume sets max to the offset after the last tile.
+  template <int N>
+  __device__ __forceinline__ void update_bounded(float (&s)[N], float c, float offset) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float tile_sum = 0.f;
+#pragma unroll
+      for (int e = 2 * i; e < N; e += 4) {
+        s[e] = exp2_ftz(fmaf(s[e], c, -offset));
+        s[e + 1] = exp2_ftz(fmaf(s[e + 1], c, -offset));
+        tile_sum += s[e] + s[e + 1];
+      }
+      sum[i] += tile_sum;
+    }
+  }
 };
+
+// Soft-capped scores stay tanh(q·k · softcap_scale) (soft_cap_tanh_units), softcap joining the
+// softmax's scale; not with ALiBi or a score_mod, which add to or read the capped scores, nor in
+// 192-row paged tiles, where this form spilled 192-224 B (whole scores: 12-40 B).
+template <bool Softcap, bool Alibi, int TileM, bool Paged>
+inline constexpr bool kCapsInTanhUnits =
+    Softcap && !Alibi && !user::kScoreMod && (TileM <= 128 || !Paged);
+
+// Soft-capped scores in tanh units lie in [-1, 1]: with c = softcap · log2(e) at most
+// kMaxBoundedCap (softcap <= 54.7: Gemma 2's 50 and Grok's 30 included), exp2(t · c - offset)
+// for offset = max(0, c - 32) stays in [2^-126, 2^32] for every score, so no row needs its
+// running max to stay finite and normal: no max, no correction, no O rescale. P then spans up to
+// 2^32 and a row's sum up to 2^32 · keys, which fp32 and bf16 hold with room for any V (fp16
+// does not: 16-bit P would flush). Larger caps take the running max. The cost: a row's largest
+// weight is no longer exactly 1 in bf16, so a row of few keys is off by up to 2^-9 more than the
+// output's own rounding (bench_variants, 32k causal d128: 2.2e-3 -> 4.1e-3 of max |out|).
+constexpr float kMaxBoundedCap = 79.f;
+__device__ __forceinline__ float bounded_cap_offset(float c) { return fmaxf(0.f, c - 32.f); }
 
 template <int N>
 __device__ __forceinline__ void rescale_rows(float (&o)[N], const float (&correction)[2]) {
@@ -527,7 +562,8 @@ struct Turns {
 // ---- consumer main loop -----------------------------------------------------------------------
 
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Softcap, bool Window, bool Sink, bool Alibi, bool Paged, bool BlockMask>
+          bool Softcap, bool Window, bool Sink, bool Alibi, bool Paged, bool BlockMask,
+          bool BoundedCap = false>
 __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_o,
                                         unsigned char* smem, PipelineBarriers<Stages>* bars,
@@ -546,11 +582,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   const unsigned alibi_k = base + Slices::kAlibiKOffset;
   const Turns<Shape::kPingPong ? Shape::kConsumers : 1> turns(consumer);
   const StagedOutput<T, HeadDim, Varlen, Sink> staged(base + Shape::kOOffset, consumer);
-  // Soft-capped scores stay tanh(q·k · softcap_scale) (soft_cap_tanh_units), softcap joining the
-  // softmax's scale; not with ALiBi or a score_mod, which add to or read the capped scores, nor
-  // in 192-row paged tiles, where this form spilled 192-224 B (whole scores: 12-40 B).
-  constexpr bool kCapUnits = Softcap && !Alibi && !user::kScoreMod && (TileM <= 128 || !Paged);
+  constexpr bool kCapUnits = kCapsInTanhUnits<Softcap, Alibi, TileM, Paged>;
   const float scale_log2 = kCapUnits ? p.scale_log2 * p.softcap : p.scale_log2;
+  static_assert(!BoundedCap || kCapUnits, "bounded scores are capped ones in tanh units");
+  const float bounded_offset = BoundedCap ? bounded_cap_offset(scale_log2) : 0.f;
   static_assert(StagedOutput<T, HeadDim, Varlen, Sink>::kFirstBarrier >= Turns<3>::kFirstBarrier + 3,
                 "named barriers of the O stores and of the turns overlap");
   // Slot n of the K/V ring: stage n % Stages, completing its phase (n / Stages) & 1.
@@ -633,7 +668,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           apply_mask_bits(s, hidden);
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
         }
-        softmax.update<kRowBias>(s, scale_log2, correction, row_bias);
+        if constexpr (BoundedCap)
+          softmax.update_bounded(s, scale_log2, bounded_offset);
+        else
+          softmax.update<kRowBias>(s, scale_log2, correction, row_bias);
       };
       // Steps take the visit index i (the tile is order.tile(i), its ring slot pipe + i).
       auto scores_alone = [&](int i, auto masked) {  // S(i), waited on, then softmax(i)
@@ -649,7 +687,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         if (i == n_tiles - 1) release(&bars->q_empty);
         release(&bars->k_empty[(pipe + i) % Stages]);
         softmax_step(order.tile(i), masked, hidden);
-        if (!Shape::kRescaleUnderQk) rescale_rows(o, correction);  // else before P·V(i)
+        if (!Shape::kRescaleUnderQk && !BoundedCap)
+          rescale_rows(o, correction);  // else before P·V(i)
         probabilities_to_fragments<T, TileN>(s, pf);
       };
       auto values_alone = [&](int i) {  // O += P(i)·V(i), waited on
@@ -663,7 +702,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           zero_rows<HeadDim, TileN>(
               smem + Shape::kVOffset + ((pipe + i) % Stages) * Shape::kKVBytes,
               seq.seqlen_k - j * TileN, staged.barrier);
-        if (Shape::kRescaleUnderQk) rescale_rows(o, correction);  // softmax(i)'s, before P·V(i)
+        if (Shape::kRescaleUnderQk && !BoundedCap)
+          rescale_rows(o, correction);  // softmax(i)'s, before P·V(i)
         turns.begin();
         issue_pv<T, HeadDim, TileN>(o, pf, v_tile(pipe + i));
         turns.end();
@@ -682,7 +722,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         issue_qk<T, HeadDim, TileM, TileN, kAlibiSlice>(s, q_rows, k_tile(k_slot), alibi_q,
                                                         alibi_k);
         // Under Q·K(i): O (final through P·V(i - 2)) takes softmax(i - 1)'s correction.
-        if (Shape::kRescaleUnderQk) rescale_rows(o, correction);
+        if (Shape::kRescaleUnderQk && !BoundedCap) rescale_rows(o, correction);
         if (Shape::kKeysAhead) wait_full(bars->v_full, v_slot);  // V(i - 1) lands behind K(i)
         issue_pv<T, HeadDim, TileN>(o, pf, v_tile(v_slot));
         turns.end();
@@ -695,7 +735,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         wgmma_fence_operands(o);
         wgmma_fence_operands(pf);  // P's registers stay reserved until P·V is done with them
         release(&bars->v_empty[v_slot % Stages]);
-        if (!Shape::kRescaleUnderQk) rescale_rows(o, correction);
+        if (!Shape::kRescaleUnderQk && !BoundedCap) rescale_rows(o, correction);
         probabilities_to_fragments<T, TileN>(s, pf);
       };
       // Masked and unmasked tiles run in separate loops: a branch inside a step would split its
@@ -714,6 +754,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         values_alone(n_tiles - 1);
         pipe += n_tiles;
       }
+      if constexpr (BoundedCap)  // the rows' offset in the same units (what the max would be)
+        for (float& row_max : softmax.max) row_max = bounded_offset / scale_log2;
       if constexpr (kCapUnits)  // the LSE and a sink take the row maxima as scores (-inf stays)
         for (float& row_max : softmax.max) row_max *= p.softcap;
       const SequenceSpan rows = sequence_span<Varlen>(p, c.batch);
@@ -797,6 +839,17 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
           p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
   } else {
     warpgroup_raise_registers<Shape::template kConsumerRegs<Paged>>();
+    // bf16 soft-capped scores in tanh units with a cap of at most kMaxBoundedCap take the
+    // consumer without a running max (a second copy of it in these kernels); not in 192-row
+    // tiles or at d256, where the two copies spilled (244 B at d64 192 x 128 x 3, 8-92 B at d256).
+    if constexpr (kCapsInTanhUnits<Softcap, Alibi, TileM, Paged> && kIsBf16<T> && TileM <= 128 &&
+                  HeadDim <= 128) {
+      if (p.softcap * p.scale_log2 <= kMaxBoundedCap) {
+        consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi,
+                Paged, BlockMask, true>(p, sched, table, &tma_o, smem, bars, warpgroup - 1);
+        return;
+      }
+    }
     consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi, Paged,
             BlockMask>(
         p, sched, table, &tma_o, smem, bars, warpgroup - 1);

@@ -39,6 +39,10 @@ std::vector<ForwardCase> softcap_cases() {
   ForwardCase spec{2, 32, 8, 4, 777, 128, true};
   spec.softcap = 10.f, spec.input_scale = 2.0;
   cases.push_back(spec);
+  // A cap past the bound of Hopper's max-free softmax (softcap · log2 e > 79): the running max.
+  ForwardCase wide{1, 4, 2, 256, 300, 128, true};
+  wide.softcap = 100.f, wide.input_scale = 20.0;
+  cases.push_back(wide);
   ForwardCase huge{1, 2, 2, 64, 128, 128, false};
   huge.softcap = 50.f, huge.input_scale = 100.0;  // q·k of 1e4 and more: tanh saturates, no NaN
   cases.push_back(huge);

@@ -164,6 +164,12 @@ TEST_CASE("ALiBi matches the float64 reference for every family that builds it")
       c.alibi_slopes = slopes_for(c.heads_q);
       cases.push_back(c);
     }
+  for (int d : {64, 128}) {  // fp16: the slope's 16-bit parts in the Q·Kᵀ slice are halves
+    ForwardCase half{1, 4, 2, 256, 300, d, true};
+    half.dtype = DType::fp16;
+    half.alibi_slopes = slopes_for(half.heads_q);
+    cases.push_back(half);
+  }
   ForwardCase square{1, 8, 8, 256, 256, 128, true};
   square.alibi_slopes = slopes_for(square.heads_q);
   cases.push_back(square);
