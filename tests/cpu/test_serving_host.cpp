@@ -123,12 +123,13 @@ TEST_CASE("precompile's defaults include paged decode, varlen prefill and merge 
     if (v.varlen) CHECK((v.family == "wgmma" || v.family == "mma" || v.family.starts_with("bwd_")));
     CHECK_NOTHROW(detail::check_variant(v));
   }
-  // wgmma and mma: every dense shape once more with per-sequence lengths compiled in (mma: 2
-  // dtypes x 6 head dims x 2 masks, one shape each, twice, and all of it again over pages);
-  // wgmma's paged shapes (2 dtypes x (3 at d64, 3 at d128, 2 at d256)) both ways too.
-  CHECK(wgmma == 36 + 32);
+  // wgmma and mma: every dense shape once more with per-sequence lengths compiled in (wgmma: 2
+  // dtypes x (3 at d64, 4 at d128, 3 at d256); mma: 2 dtypes x 6 head dims x 2 masks, one shape
+  // each, twice, and all of it again over pages); wgmma's paged shapes (2 dtypes x (3 at d64, 3
+  // at d128, 2 at d256)) both ways too.
+  CHECK(wgmma == 40 + 32);
   CHECK(mma == 96);
-  CHECK(varlen == 18 + 48 + 16);
+  CHECK(varlen == 20 + 48 + 16);
   // Each of the two decode kernels: 2 dtypes x 2 masks x 2 caches x (3 + 3 + 1) tiles over
   // d64/d128/d256 (16, 32 and 64 rows; d256 16 only), and decode_tma's tiles for small pages
   // at d128, 16 and 64 rows (2 x 2 dtypes x 2 masks).

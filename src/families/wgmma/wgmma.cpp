@@ -71,9 +71,12 @@ TileTable wgmma_tiles(std::string_view, int head_dim, bool causal, bool paged) {
   if (head_dim <= 128)
     return causal ? TileTable{{{{4096, {128, 128, 2}}, {INT_MAX, {128, 176, 2}}}}, 2}
                   : TileTable{{{{1024, {128, 128, 3}}, {INT_MAX, {128, 160, 2}}}}, 2};
-  // d256: 80 keys, causal too (128 x 64 until the consumers stopped taking turns at d256: then
-  // 80 spilled 180 bytes; since, 0, and 2-4 % faster than 64 causal; session 7).
-  return TileTable::single({128, 80, 2});
+  // d256: 80 keys (128 x 64 until the consumers stopped taking turns at d256: then 80 spilled
+  // 180 bytes; since, 0, and 2-4 % faster than 64 causal at 16k; session 7). Causal rows of at
+  // most 1k keys take 64: 512 keys are 8 whole tiles (80 leave a 32-key one), and the diagonal
+  // tile is smaller (H100, session 33: 1.052x at 512, 1.020x at 1k).
+  return causal ? TileTable{{{{1024, {128, 64, 2}}, {INT_MAX, {128, 80, 2}}}}, 2}
+                : TileTable::single({128, 80, 2});
 }
 
 std::string wgmma_unsupported(const ForwardProblem& problem) {
