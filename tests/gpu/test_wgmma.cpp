@@ -61,8 +61,10 @@ TEST_CASE("wgmma: every default variant, forced onto ragged problems, matches th
   // chosen for long sequences: force each default variant's tiles instead.
   unsigned seed = 700;
   for (const Variant& v : default_variants("sm_90a")) {
-    // Varlen variants run on varlen batches and seqused_k (test_varlen.cpp, test_decode.cpp).
-    if (v.family != "wgmma" || v.varlen) continue;
+    // Varlen variants run on varlen batches and seqused_k (test_varlen.cpp, test_decode.cpp),
+    // paged ones over paged caches (test_decode.cpp's paged prefill): a dense problem takes the
+    // dense variant of the same tiles.
+    if (v.family != "wgmma" || v.varlen || v.paged) continue;
     const TileConfig tiles{v.tile_m, v.tile_n, v.stages};
     // Small enough for the float64 reference (40 cases), ragged on both sides, GQA, both layouts.
     for (const ForwardCase& c : {ForwardCase{1, 2, 1, 333, 517, v.head_dim, v.causal, v.dtype},
