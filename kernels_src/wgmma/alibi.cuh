@@ -5,6 +5,7 @@
 #include "common/types.cuh"
 #include "common/user_functions.cuh"
 #include "common/warpgroup_size.cuh"
+#include "wgmma/shape.cuh"
 
 namespace flashjit {
 
@@ -32,11 +33,10 @@ __device__ __forceinline__ void alibi_scores(float (&s)[TileN / 2], float slope,
   }
 }
 
-// WgmmaGeometry::causal_alibi of a variant (the host's: alibi, causal, no softcap, which caps
-// the score before the bias is added, and no user functions).
+// WgmmaGeometry::causal_alibi of this kernel's variant.
 template <bool Alibi, bool Causal, bool Softcap>
-inline constexpr bool kCausalAlibi =
-    Alibi && Causal && !Softcap && !user::kScoreMod && !user::kMaskMod;
+inline constexpr bool kCausalAlibi = WgmmaGeometry::takes_causal_alibi(
+    Alibi, Causal, Softcap, user::kScoreMod || user::kMaskMod);
 
 // Causal ALiBi's column part from the tensor cores: -slope · (diagonal - key) = slope · c -
 // slope · (diagonal - tile start) for the key c columns into the tile. Q·Kᵀ gains a k16 slice:

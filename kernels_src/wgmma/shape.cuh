@@ -40,10 +40,19 @@ FLASHJIT_HOST_DEVICE constexpr bool wgmma_gathers_pages(int page_size) {
 struct WgmmaGeometry {
   int head_dim, tile_m, tile_n, stages;
   bool varlen;  // per-sequence lengths (Variant::varlen): the sorted schedule's table is reserved
-  // Causal ALiBi without softcap or user functions (Variant::alibi): where it fits
+  // Causal ALiBi without softcap or user functions (takes_causal_alibi): where it fits
   // (alibi_slice), the bias's column part slope · (key - tile start) comes out of Q·Kᵀ as one
   // more k16 slice rather than an FFMA a score in the softmax (wgmma/alibi.cuh, AlibiSlices).
   bool causal_alibi = false;
+
+  // causal_alibi of a variant: ALiBi under causal masking (only there is the bias's column part
+  // one rank), not soft-capped (the cap comes before the bias) and without user functions (a
+  // score_mod reads each score whole, a mask_mod's tiles are its own).
+  FLASHJIT_HOST_DEVICE static constexpr bool takes_causal_alibi(bool alibi, bool causal,
+                                                                bool softcap,
+                                                                bool user_functions) {
+    return alibi && causal && !softcap && !user_functions;
+  }
 
   static constexpr int kRowsPerConsumer = 64;  // one consumer warpgroup per 64 rows (wgmma M)
   // A 128-byte swizzle row holds 64 16-bit elements: tiles are stored as head_dim / 64 column

@@ -26,7 +26,7 @@ static_assert(Geometry::kBoxWidth == kTmaBoxWidth, "the kernel's boxes are the m
 
 Geometry geometry_of(const Variant& v) {
   return {v.head_dim, v.tile_m, v.tile_n, v.stages, v.varlen,
-          v.alibi && v.causal && !v.softcap && v.user_functions.empty()};
+          Geometry::takes_causal_alibi(v.alibi, v.causal, v.softcap, !v.user_functions.empty())};
 }
 
 int wgmma_shared_bytes(const Variant& v) { return geometry_of(v).shared_bytes(); }
