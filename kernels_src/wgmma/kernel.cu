@@ -355,7 +355,8 @@ struct RowSoftmax {
 
   // Capped scores in tanh units with a fixed offset instead of the running max (BoundedCap,
   // kMaxBoundedCap): no max, no correction; consume sets max to the offset after the last tile.
-  template <int N>
+  // The sums are of P in fp32 here, or (SumHere false) of the bf16 fragments (add_bf16_sums).
+  template <bool SumHere, int N>
   __device__ __forceinline__ void update_bounded(float (&s)[N], float c, float offset) {
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -364,8 +365,23 @@ struct RowSoftmax {
       for (int e = 2 * i; e < N; e += 4) {
         s[e] = exp2_ftz(fmaf(s[e], c, -offset));
         s[e + 1] = exp2_ftz(fmaf(s[e + 1], c, -offset));
-        tile_sum += s[e] + s[e + 1];
+        if constexpr (SumHere) tile_sum += s[e] + s[e + 1];
       }
+      if constexpr (SumHere) sum[i] += tile_sum;
+    }
+  }
+  // update_bounded's sums, of P as P·V takes it (bf16 fragments): no weight is exactly 1 here,
+  // so a row of few keys is off by P's rounding when the sum takes P in fp32 (kBoundedSumsBf16).
+  template <int K>
+  __device__ __forceinline__ void add_bf16_sums(const unsigned (&pf)[K][4]) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      float tile_sum = 0.f;
+#pragma unroll
+      for (int kk = 0; kk < K; ++kk)
+#pragma unroll
+        for (int r = i; r < 4; r += 2)
+          tile_sum += __uint_as_float(pf[kk][r] << 16) + __uint_as_float(pf[kk][r] & 0xffff0000u);
       sum[i] += tile_sum;
     }
   }
@@ -383,11 +399,15 @@ inline constexpr bool kCapsInTanhUnits =
 // for offset = max(0, c - 32) stays in [2^-126, 2^32] for every score, so no row needs its
 // running max to stay finite and normal: no max, no correction, no O rescale. P then spans up to
 // 2^32 and a row's sum up to 2^32 · keys, which fp32 and bf16 hold with room for any V (fp16
-// does not: 16-bit P would flush). Larger caps take the running max. The cost: a row's largest
-// weight is no longer exactly 1 in bf16, so a row of few keys is off by up to 2^-9 more than the
-// output's own rounding (bench_variants, 32k causal d128: 2.2e-3 -> 4.1e-3 of max |out|).
+// does not: 16-bit P would flush). Larger caps take the running max.
 constexpr float kMaxBoundedCap = 79.f;
 __device__ __forceinline__ float bounded_cap_offset(float c) { return fmaxf(0.f, c - 32.f); }
+// Where the bounded path sums P's bf16 fragments rather than P in fp32. 192-row causal tiles: the
+// first rows' error reached 5.4e-3 of max |out| with fp32 sums (2.9e-3 with these; bench_variants,
+// 32k causal d64). 128-row tiles keep fp32 sums, 3 % faster at d128 (1.28 against 1.32x plain)
+// for 4.1e-3 against 2.5e-3, within the tests' bf16 bounds.
+template <int TileM>
+inline constexpr bool kBoundedSumsBf16 = TileM > 128;
 
 template <int N>
 __device__ __forceinline__ void rescale_rows(float (&o)[N], const float (&correction)[2]) {
@@ -669,7 +689,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
         }
         if constexpr (BoundedCap)
-          softmax.update_bounded(s, scale_log2, bounded_offset);
+          softmax.update_bounded<!kBoundedSumsBf16<TileM>>(s, scale_log2, bounded_offset);
         else
           softmax.update<kRowBias>(s, scale_log2, correction, row_bias);
       };
@@ -690,6 +710,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         if (!Shape::kRescaleUnderQk && !BoundedCap)
           rescale_rows(o, correction);  // else before P·V(i)
         probabilities_to_fragments<T, TileN>(s, pf);
+        if constexpr (BoundedCap && kBoundedSumsBf16<TileM>) softmax.add_bf16_sums(pf);
       };
       auto values_alone = [&](int i) {  // O += P(i)·V(i), waited on
         wait_full(bars->v_full, pipe + i);
@@ -737,6 +758,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         release(&bars->v_empty[v_slot % Stages]);
         if (!Shape::kRescaleUnderQk && !BoundedCap) rescale_rows(o, correction);
         probabilities_to_fragments<T, TileN>(s, pf);
+        if constexpr (BoundedCap && kBoundedSumsBf16<TileM>) softmax.add_bf16_sums(pf);
       };
       // Masked and unmasked tiles run in separate loops: a branch inside a step would split its
       // block, and ptxas then hoists the wait for P·V above the softmax.
@@ -840,10 +862,11 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   } else {
     warpgroup_raise_registers<Shape::template kConsumerRegs<Paged>>();
     // bf16 soft-capped scores in tanh units with a cap of at most kMaxBoundedCap take the
-    // consumer without a running max (a second copy of it in these kernels); not in 192-row
-    // tiles or at d256, where the two copies spilled (244 B at d64 192 x 128 x 3, 8-92 B at d256).
-    if constexpr (kCapsInTanhUnits<Softcap, Alibi, TileM, Paged> && kIsBf16<T> && TileM <= 128 &&
-                  HeadDim <= 128) {
+    // consumer without a running max (a second copy of it in these kernels); not in non-causal
+    // 192-row tiles or at d256, where the two copies spilled (244 B at d64 192 x 128 x 3, 8-92 B
+    // at d256).
+    if constexpr (kCapsInTanhUnits<Softcap, Alibi, TileM, Paged> && kIsBf16<T> &&
+                  (TileM <= 128 || Causal) && HeadDim <= 128) {
       if (p.softcap * p.scale_log2 <= kMaxBoundedCap) {
         consume<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Softcap, Window, Sink, Alibi,
                 Paged, BlockMask, true>(p, sched, table, &tma_o, smem, bars, warpgroup - 1);
