@@ -3,9 +3,12 @@
 // A work unit is one query tile, or for causal attention the pair of tiles k and m - 1 - k of one
 // (sequence, head), m being the sequence's query tiles: long + short costs the same for every k.
 // CTA c takes one unit per round of gridDim.x units (UnitCursor).
-// - Dense batches: every (batch, head) pair has the same units. They go group by group of
-//   heads_per_group pairs, the pair index changing fastest, so CTAs running together read the
-//   same heads' K/V from L2.
+// - Dense batches: every (batch, head) pair has the same units, and a pair's units are
+//   consecutive, so the CTAs running together share few pairs' K/V and read each from DRAM about
+//   once. (Pairs changing fastest within L2-sized groups read 354 MB for b32 h16 s512 d128's
+//   268 MB of q, k, v and o, one pair's units a round apart, and ran 0.85x cuDNN at 512 tokens;
+//   this order reads 259 MB, 0.99x: docs/perf-log.md, session 34.) GQA's query heads of one KV
+//   head are adjacent pairs.
 // - Varlen variants (a varlen batch or seqused_k) of at most kMaxSortedSequences sequences: each
 //   CTA first sorts the sequences by the cost of one of their units, most expensive first, into a
 //   table in shared memory; units then go sequence by sequence in that order, head by head, k
@@ -127,13 +130,8 @@ struct WorkUnit {
       query_tiles = su.query_tiles;
       return;
     }
-    const int group_units = s.heads_per_group * s.units_per_pair;
-    const int group = unit / group_units;
-    const int first_pair = group * s.heads_per_group;
-    const int pairs = min(s.heads_per_group, p.batch * p.heads_q - first_pair);
-    const int r = unit - group * group_units;
-    k = r / pairs;
-    const int pair = first_pair + (r - k * pairs);
+    const int pair = unit / s.units_per_pair;
+    k = unit - pair * s.units_per_pair;
     head = pair % p.heads_q;
     batch = pair / p.heads_q;
     query_tiles = s.m_tiles;

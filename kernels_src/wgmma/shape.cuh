@@ -14,7 +14,6 @@ struct WgmmaSchedule {
   int m_tiles;          // query tiles per (batch, head)
   int units_per_pair;   // work units per (batch, head): causal pairs of tiles, else single tiles
   int total_units;      // units_per_pair * heads_q * batch, dealt round-robin to the CTAs
-  int heads_per_group;  // (batch, head) pairs worked on together so their K/V stay in L2
   // 1 (varlen variants, at most kMaxSortedSequences sequences): the CTAs deal units in order of
   // decreasing cost from a table they build (wgmma/schedule.cuh); total_units is then a bound.
   int sorted_varlen;

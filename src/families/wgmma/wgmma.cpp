@@ -117,12 +117,6 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
   // Causal work units pair the tile k with tile m_tiles - 1 - k of the same head (equal cost).
   schedule.units_per_pair = problem.causal ? (schedule.m_tiles + 1) / 2 : schedule.m_tiles;
   schedule.total_units = static_cast<std::int32_t>(schedule.units_per_pair * pairs);
-  // Half of L2 for the K and V of the heads being worked on at once; the rest for Q, O and others.
-  const std::int64_t kv_bytes_per_pair = std::int64_t{problem.seqlen_k} * problem.head_dim * 2 * 2;
-  schedule.heads_per_group = static_cast<std::int32_t>(
-      std::clamp<std::int64_t>(static_cast<std::int64_t>(device.l2_cache_bytes) / 2 /
-                                   std::max<std::int64_t>(kv_bytes_per_pair, 1),
-                               1, pairs));
   schedule.sorted_varlen = v.varlen && problem.batch <= Geometry::kMaxSortedSequences;
   schedule.gather_pages = problem.paged && wgmma_gathers_pages(problem.page_size);
 
