@@ -142,36 +142,8 @@ def percentile(xs, f):
     return xs[min(len(xs) - 1, int(f * len(xs)))]
 
 
-def run(args):
-    sys.path.insert(0, str(ROOT / "tools"))
-    sys.path.insert(0, str(ROOT / "python"))
-    import torch
-    from compare.timing import CudaTimer, per_call_ms
-    from flashjit import ops
-
-    b, h, s, d, causal = (int(x) for x in args[:5])
-    tiles = tuple(int(x) for x in args[5].split("x")) if len(args) > 5 else None
-    torch.manual_seed(0)
-    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
-    out = torch.empty_like(q)
-    stamps = torch.zeros(CTAS * SLOTS * TILES * WORDS, dtype=torch.int64, device="cuda")
-    engine, _ = ops._engine(q.device)
-    stream = torch.cuda.current_stream().cuda_stream
-    structs = engine.kv_args(q, k, v, out, None, None, bool(causal), lse=stamps.data_ptr(),
-                             tiles=tiles)
-    name = engine.select_variant_kv_raw(*structs)
-    call = lambda: engine.forward_kv_raw(*structs, stream)  # noqa: E731
-    ms = statistics.median(per_call_ms({"t": call}, 5, 9, CudaTimer())["t"])
-    stamps.zero_()
-    call()
-    torch.cuda.synchronize()
-    t = stamps.view(CTAS, SLOTS, TILES, WORDS).cpu().tolist()
-    ref = torch.nn.functional.scaled_dot_product_attention(
-        *(x.transpose(1, 2).float() for x in (q, k, v)), is_causal=bool(causal)).transpose(1, 2)
-    err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
-    flops = 4 * b * h * s * s * d / (2 if causal else 1)
-    print(f"== b{b} h{h} s{s} d{d} causal={causal} {name}: {ms * 1e3:.1f} us/call (traced), "
-          f"{flops / ms / 1e9:.0f} TFLOPS, O max err {err:.2e} of max |ref|")
+def summarize(t):
+    """Prints the phases of stamps t ([CTA][slot][tile][word] ints), clock measured from them."""
     rates = [(hd[2] - hd[0]) / (hd[3] - hd[1]) for cta in t for hd in (c[HEADER] for c in cta[:3])
              if hd[0] and hd[2] > hd[0] and hd[3] > hd[1]]
     ghz = statistics.median(rates)
@@ -214,6 +186,39 @@ def run(args):
             one = f"{statistics.median(first[phase]):9.3f}" if first.get(phase) else f"{'-':>9}"
             print(f"   {phase:<20}{statistics.median(xs):8.3f}{statistics.mean(xs):8.3f}"
                   f"{percentile(xs, 0.1):8.3f}{percentile(xs, 0.9):8.3f}{len(xs):7d}{one}")
+
+
+def run(args):
+    sys.path.insert(0, str(ROOT / "tools"))
+    sys.path.insert(0, str(ROOT / "python"))
+    import torch
+    from compare.timing import CudaTimer, per_call_ms
+    from flashjit import ops
+
+    b, h, s, d, causal = (int(x) for x in args[:5])
+    tiles = tuple(int(x) for x in args[5].split("x")) if len(args) > 5 else None
+    torch.manual_seed(0)
+    q, k, v = (torch.randn(b, s, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+    out = torch.empty_like(q)
+    stamps = torch.zeros(CTAS * SLOTS * TILES * WORDS, dtype=torch.int64, device="cuda")
+    engine, _ = ops._engine(q.device)
+    stream = torch.cuda.current_stream().cuda_stream
+    structs = engine.kv_args(q, k, v, out, None, None, bool(causal), lse=stamps.data_ptr(),
+                             tiles=tiles)
+    name = engine.select_variant_kv_raw(*structs)
+    call = lambda: engine.forward_kv_raw(*structs, stream)  # noqa: E731
+    ms = statistics.median(per_call_ms({"t": call}, 5, 9, CudaTimer())["t"])
+    stamps.zero_()
+    call()
+    torch.cuda.synchronize()
+    t = stamps.view(CTAS, SLOTS, TILES, WORDS).cpu().tolist()
+    ref = torch.nn.functional.scaled_dot_product_attention(
+        *(x.transpose(1, 2).float() for x in (q, k, v)), is_causal=bool(causal)).transpose(1, 2)
+    err = (out.float() - ref).abs().max().item() / ref.abs().max().item()
+    flops = 4 * b * h * s * s * d / (2 if causal else 1)
+    print(f"== b{b} h{h} s{s} d{d} causal={causal} {name}: {ms * 1e3:.1f} us/call (traced), "
+          f"{flops / ms / 1e9:.0f} TFLOPS, O max err {err:.2e} of max |ref|")
+    summarize(t)
 
 
 def main():
