@@ -693,6 +693,11 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         else
           softmax.update<kRowBias>(s, scale_log2, correction, row_bias);
       };
+      // P(j) into P·V's A fragments; the bounded path's bf16 sums are of those (kBoundedSumsBf16).
+      auto p_to_fragments = [&] {
+        probabilities_to_fragments<T, TileN>(s, pf);
+        if constexpr (BoundedCap && kBoundedSumsBf16<TileM>) softmax.add_bf16_sums(pf);
+      };
       // Steps take the visit index i (the tile is order.tile(i), its ring slot pipe + i).
       auto scores_alone = [&](int i, auto masked) {  // S(i), waited on, then softmax(i)
         const MaskBits<TileN / 2> hidden = user_mask(i, masked);
@@ -709,8 +714,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         softmax_step(order.tile(i), masked, hidden);
         if (!Shape::kRescaleUnderQk && !BoundedCap)
           rescale_rows(o, correction);  // else before P·V(i)
-        probabilities_to_fragments<T, TileN>(s, pf);
-        if constexpr (BoundedCap && kBoundedSumsBf16<TileM>) softmax.add_bf16_sums(pf);
+        p_to_fragments();
       };
       auto values_alone = [&](int i) {  // O += P(i)·V(i), waited on
         wait_full(bars->v_full, pipe + i);
@@ -757,8 +761,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         wgmma_fence_operands(pf);  // P's registers stay reserved until P·V is done with them
         release(&bars->v_empty[v_slot % Stages]);
         if (!Shape::kRescaleUnderQk && !BoundedCap) rescale_rows(o, correction);
-        probabilities_to_fragments<T, TileN>(s, pf);
-        if constexpr (BoundedCap && kBoundedSumsBf16<TileM>) softmax.add_bf16_sums(pf);
+        p_to_fragments();
       };
       // Masked and unmasked tiles run in separate loops: a branch inside a step would split its
       // block, and ptxas then hoists the wait for P·V above the softmax.
