@@ -8,6 +8,7 @@
 #pragma once
 
 #include "common/bwd_workspace.cuh"
+#include "common/grouped_order.cuh"
 #include "common/host_device.cuh"
 #include "common/warpgroup_size.cuh"
 
@@ -127,11 +128,8 @@ struct BwdKeyTileOrder {
     int tile, pair;
   };
   FLASHJIT_HOST_DEVICE static constexpr Place causal(int linear, int tiles, int pairs) {
-    const int group = linear / (tiles * kGroup);
-    const int within = linear - group * tiles * kGroup;
-    const int rest = pairs - group * kGroup;
-    const int group_pairs = rest < kGroup ? rest : kGroup;
-    return {within / group_pairs, group * kGroup + within % group_pairs};
+    const GroupedTile at = grouped_tile(linear, tiles, pairs, kGroup);
+    return {at.rank, at.pair};
   }
 };
 
