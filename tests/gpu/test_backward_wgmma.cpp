@@ -140,8 +140,8 @@ TEST_CASE("bwd_wgmma(_fused) compute bwd_mma's gradients; bwd_wgmma the same bit
       {DType::bf16, 256, 200, 333, 2, 1, false},
       {DType::fp16, 256, 333, 200, 2, 2, true},
       {DType::bf16, 256, 512, 512, 4, 2, true},
-      // 8 key tiles x 24 pairs: the persistent causal grid's two rounds, the second (backwards,
-      // BwdKeyTileWalk's snake) part empty
+      // 8 key tiles x 24 pairs: the persistent causal grid (BwdKeyTileWalk) takes two rounds,
+      // the second part empty
       {DType::bf16, 128, 1000, 1000, 36, 12, true},
   };
   std::mt19937 rng(7);
