@@ -118,9 +118,8 @@ struct KeyTileGrid {
       const int pair = linear / tiles();
       return {linear - pair * tiles(), pair % f.heads_kv, pair / f.heads_kv};
     } else {
-      const BwdKeyTileOrder::Place at =
-          BwdKeyTileOrder::causal(linear, tiles(), f.heads_kv * f.batch);
-      return {at.tile, at.pair % f.heads_kv, at.pair / f.heads_kv};
+      const GroupedTile at = BwdKeyTileOrder::causal(linear, tiles(), f.heads_kv * f.batch);
+      return {at.rank, at.pair % f.heads_kv, at.pair / f.heads_kv};
     }
   }
 };

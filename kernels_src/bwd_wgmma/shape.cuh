@@ -124,12 +124,9 @@ struct BwdWgmmaShape {
 // the CTAs running at once then share a few pairs' Q and dO in L2.
 struct BwdKeyTileOrder {
   static constexpr int kGroup = 4;
-  struct Place {
-    int tile, pair;
-  };
-  FLASHJIT_HOST_DEVICE static constexpr Place causal(int linear, int tiles, int pairs) {
-    const GroupedTile at = grouped_tile(linear, tiles, pairs, kGroup);
-    return {at.rank, at.pair};
+  // The key tile is the place's rank within its pair.
+  FLASHJIT_HOST_DEVICE static constexpr GroupedTile causal(int linear, int tiles, int pairs) {
+    return grouped_tile(linear, tiles, pairs, kGroup);
   }
 };
 

@@ -220,16 +220,16 @@ TEST_CASE("causal dK/dV grids: every (key tile, pair) once, heaviest tiles first
       std::vector<int> seen(static_cast<std::size_t>(tiles * pairs), 0);
       int out_of_order = 0, previous_tile = 0, previous_group = 0;
       for (int linear = 0; linear < tiles * pairs; ++linear) {
-        const BwdKeyTileOrder::Place at = BwdKeyTileOrder::causal(linear, tiles, pairs);
-        REQUIRE(at.tile >= 0);
-        REQUIRE(at.tile < tiles);
+        const GroupedTile at = BwdKeyTileOrder::causal(linear, tiles, pairs);
+        REQUIRE(at.rank >= 0);
+        REQUIRE(at.rank < tiles);
         REQUIRE(at.pair >= 0);
         REQUIRE(at.pair < pairs);
-        ++seen[static_cast<std::size_t>(at.pair * tiles + at.tile)];
+        ++seen[static_cast<std::size_t>(at.pair * tiles + at.rank)];
         const int group = at.pair / BwdKeyTileOrder::kGroup;
-        if (group == previous_group && at.tile < previous_tile) ++out_of_order;
+        if (group == previous_group && at.rank < previous_tile) ++out_of_order;
         CHECK(group >= previous_group);  // groups one after another
-        previous_tile = at.tile;
+        previous_tile = at.rank;
         previous_group = group;
       }
       CHECK(std::count(seen.begin(), seen.end(), 1) == tiles * pairs);
