@@ -60,20 +60,14 @@ __device__ __forceinline__ void trace_put(const FmhaParams& p, int slot, int til
 # (anchor, replacement) pairs, each anchor found exactly once.
 EDITS = [
     ("""  int pipe = 0, q_loads = 0;
-  const int units = total_units<Varlen>(p, sched, table);
-  for (UnitCursor<Varlen> at_unit(sched); at_unit.unit < units; at_unit.next()) {
-    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, at_unit.unit);
-    // Only the lengths""",
+  UnitSequence<Varlen, kMayTake, true> units(p, sched, table, &bars->units);""",
      """  int pipe = 0, q_loads = 0;
   int trace_tile = 0;
   if (threadIdx.x % 128 == 0) {
     trace_put(p, consumer, 31, 0, trace_clock());
     trace_put(p, consumer, 31, 1, trace_gtime());
   }
-  const int units = total_units<Varlen>(p, sched, table);
-  for (UnitCursor<Varlen> at_unit(sched); at_unit.unit < units; at_unit.next()) {
-    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, at_unit.unit);
-    // Only the lengths"""),
+  UnitSequence<Varlen, kMayTake, true> units(p, sched, table, &bars->units);"""),
     ("""      if (Varlen && c.m_block * TileM >= seq.seqlen_q) continue;  // as the producer skips it
 """, """      if (Varlen && c.m_block * TileM >= seq.seqlen_q) continue;  // as the producer skips it
       TRACE_C(0);

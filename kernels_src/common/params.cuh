@@ -92,7 +92,12 @@ struct FmhaParams {
   int split_tiles;
   float* o_partial;
   float* lse_partial;
+  // Dense causal wgmma launches (WgmmaSchedule::lpt_group_pairs): two ints of device memory, zero
+  // between launches, from which the CTAs take their work units as they free up (wgmma/
+  // schedule.cuh's schedule_units; the last CTA zeroes them again). nullptr: a static order.
+  int* tile_counter;  // kTileCounterInts of them
 };
+constexpr int kTileCounterInts = 2;  // the next unit to take; the CTAs done taking
 
 // The backward pass (Engine::backward): the forward's arguments (q, k, v, o = its output, lse =
 // its LSE as input, sizes, strides, scale, masks) and the gradients'. Every backward kernel takes

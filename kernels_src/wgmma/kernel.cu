@@ -44,6 +44,7 @@ struct PipelineBarriers {
   unsigned long long q_full, q_empty;
   unsigned long long k_full[Stages], k_empty[Stages];
   unsigned long long v_full[Stages], v_empty[Stages];
+  UnitRing units;  // the scheduler's slot (schedule_units)
 };
 
 struct TileCoord {
@@ -115,7 +116,7 @@ struct RowGather {
 // stage's byte count); in small ones (gather_pages) all four warps gather its rows (RowGather).
 // Either way the page-table reads of a tile go out together, before the wait for its slot.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Window, bool BlockMask, bool Paged, bool Gather>
+          bool Window, bool BlockMask, bool Paged, bool Gather, bool MayTakeUnits>
 __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
@@ -133,9 +134,10 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
   static_assert(!Paged || (TileN & (TileN - 1)) == 0, "page-sized runs of rows fill a tile");
   static_assert(TileN / 16 <= 32, "a run per lane (runs of at least 16 rows)");
   int pipe = 0, q_loads = 0;
-  const int units = total_units<Varlen>(p, sched, table);
-  for (UnitCursor<Varlen> at_unit(sched); at_unit.unit < units; at_unit.next()) {
-    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, at_unit.unit);
+  UnitSequence<Varlen, MayTakeUnits, false> units(p, sched, table, &bars->units);
+  for (int unit = units.next(); unit >= 0; unit = units.next()) {
+    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, unit,
+                                                   takes_units<MayTakeUnits>(p, sched));
     const SequenceSpan seq = sequence_span<Varlen>(p, u.batch);
     for (int which = 0; which < u.tiles(); ++which) {
       const int row0 = u.m_block(which) * TileM;
@@ -618,10 +620,13 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   auto wait_full = [&](unsigned long long* full, int slot) {
     mbarrier_wait(&full[slot % Stages], (slot / Stages) & 1);
   };
+  constexpr bool kMayTake = kMayTakeUnits<Causal, Varlen, Paged, Softcap, Window, Sink, Alibi,
+                                           BlockMask, HeadDim, TileM>;
   int pipe = 0, q_loads = 0;
-  const int units = total_units<Varlen>(p, sched, table);
-  for (UnitCursor<Varlen> at_unit(sched); at_unit.unit < units; at_unit.next()) {
-    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, at_unit.unit);
+  UnitSequence<Varlen, kMayTake, true> units(p, sched, table, &bars->units);
+  for (int unit = units.next(); unit >= 0; unit = units.next()) {
+    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, unit,
+                                                   takes_units<kMayTake>(p, sched));
     // Only the lengths stay live through the main loop; the store looks the rows up again.
     const SequenceLengths seq = sequence_span<Varlen>(p, u.batch).lengths();
     for (int which = 0; which < u.tiles(); ++which) {
@@ -814,6 +819,8 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
   auto* bars = reinterpret_cast<PipelineBarriers<Stages>*>(smem + Shape::kBarrierOffset);
   auto* table = reinterpret_cast<VarlenTable*>(smem + Shape::kTableOffset);
   constexpr unsigned kConsumerWarps = Shape::kConsumers * 4;
+  constexpr bool kMayTake = kMayTakeUnits<Causal, Varlen, Paged, Softcap, Window, Sink, Alibi,
+                                           BlockMask, HeadDim, TileM>;
   static_assert(sizeof(PipelineBarriers<Stages>) == Shape::kBarrierBytes, "barrier bytes");
   static_assert(!BlockMask || user::kMaskMod, "block masks come with a mask_mod");
   if (Varlen && sched.sorted_varlen)  // the K ring is free until the producer starts
@@ -831,6 +838,10 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
       mbarrier_init(&bars->v_full[s], kv_arrivals);
       mbarrier_init(&bars->k_empty[s], kConsumerWarps);
       mbarrier_init(&bars->v_empty[s], kConsumerWarps);
+    }
+    if constexpr (kMayTake) {
+      mbarrier_init(&bars->units.full, 1);
+      mbarrier_init(&bars->units.empty, kConsumerWarps + 1);  // and the producer thread
     }
     mbarrier_init_fence();
     tma_prefetch_descriptor(&tma_q);
@@ -854,14 +865,16 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
     bool gathered = false;
     if constexpr (Paged) {
       if (sched.gather_pages) {
-        produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, true, true>(
-            p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
+        produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, true, true,
+                false>(p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
         gathered = true;
       }
     }
     if (!gathered && threadIdx.x < (Paged ? 32 : 1))
-      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, Paged, false>(
-          p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
+      produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, Paged, false,
+              kMayTake>(p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
+    if (threadIdx.x == 32 && takes_units<kMayTake>(p, sched))
+      schedule_units(p, sched, &bars->units);
   } else {
     warpgroup_raise_registers<Shape::template kConsumerRegs<Paged>>();
     // bf16 soft-capped scores in tanh units with a cap of at most kMaxBoundedCap take the

@@ -2,13 +2,26 @@
 //
 // A work unit is one query tile, or for causal attention the pair of tiles k and m - 1 - k of one
 // (sequence, head), m being the sequence's query tiles: long + short costs the same for every k.
-// CTA c takes one unit per round of gridDim.x units (UnitCursor).
+// CTA c takes one unit per round of gridDim.x units (dealt_unit), or as it frees up
+// (schedule_units).
 // - Dense batches: every (batch, head) pair has the same units, and a pair's units are
 //   consecutive, so the CTAs running together share few pairs' K/V and read each from DRAM about
 //   once. (Pairs changing fastest within L2-sized groups read 354 MB for b32 h16 s512 d128's
 //   268 MB of q, k, v and o, one pair's units a round apart, and ran 0.85x cuDNN at 512 tokens;
 //   this order reads 259 MB, 0.99x: docs/perf-log.md, session 34.) GQA's query heads of one KV
 //   head are adjacent pairs.
+// - Plain dense causal d128/d256 batches in 128-row tiles whose pairs take under two rounds
+//   (may_take_units, WgmmaSchedule::lpt_group_pairs, with FmhaParams::tile_counter): equal units
+//   dealt in rounds leave the last round part empty (b2 h8 s3001 d256: 192 units, 1.45 rounds of
+//   132; b3 h16 777 x 1531 d128: 168 units). So a unit is one tile,
+//   costliest first within groups of pairs, and each CTA takes the next unit from a counter in
+//   device memory when it frees up (schedule_units): greedy, longest first, the last units the
+//   cheapest. The host sizes a group so its K/V fit half of L2 and the CTAs running at once hold
+//   several tiles of each of its pairs (they read the pair's K/V in step). Dealt statically
+//   instead, such tiles lost 7-38 % (costs fall in a sawtooth across a round where the group's
+//   tiles are not many rounds long: docs/perf-log.md, session 35). Without a counter (in a CUDA
+//   graph, on the per-thread default stream: Workspaces::get_stream_ordered) the pairs of tiles
+//   go round-robin.
 // - Varlen variants (a varlen batch or seqused_k) of at most kMaxSortedSequences sequences: each
 //   CTA first sorts the sequences by the cost of one of their units, most expensive first, into a
 //   table in shared memory; units then go sequence by sequence in that order, head by head, k
@@ -19,9 +32,12 @@
 //   sequence's end are skipped.
 #pragma once
 
+#include "common/grouped_order.cuh"
 #include "common/masking.cuh"
 #include "common/params.cuh"
 #include "common/sequence.cuh"
+#include "common/sm90_mbarrier.cuh"
+#include "common/user_scores.cuh"
 #include "wgmma/shape.cuh"
 
 namespace flashjit {
@@ -78,30 +94,96 @@ __device__ __forceinline__ void build_varlen_table(const FmhaParams& p, VarlenTa
   }
 }
 
+// may_take_units (wgmma/shape.cuh) of a variant, and whether this launch's CTAs take units.
+template <bool Causal, bool Varlen, bool Paged, bool Softcap, bool Window, bool Sink, bool Alibi,
+          bool BlockMask, int HeadDim, int TileM>
+constexpr bool kMayTakeUnits =
+    may_take_units(Causal, Varlen, Paged,
+                   Softcap || Window || Sink || Alibi || BlockMask || kUserFunctions, HeadDim,
+                   TileM);
+
+template <bool MayTake>
+__device__ __forceinline__ bool takes_units(const FmhaParams& p, const WgmmaSchedule& s) {
+  return MayTake && s.lpt_group_pairs > 0 && p.tile_counter != nullptr;
+}
+
 template <bool Varlen>
 __device__ __forceinline__ int total_units(const FmhaParams& p, const WgmmaSchedule& s,
                                            const VarlenTable* table) {
   return Varlen && s.sorted_varlen ? table->units_end[p.batch - 1] : s.total_units;
 }
 
-// The units of CTA blockIdx.x: c, c + grid, ... in dense order; with the sorted table the rounds
-// alternate direction (c, 2 grid - 1 - c, 2 grid + c, ...), so the CTA that took the costliest
-// unit of one round takes the cheapest of the next and the CTAs stay within about one unit's
-// cost of each other overall, not one unit per round.
+// The unit CTA blockIdx.x takes in its round n of gridDim.x units: c, c + grid, ... in dense
+// order; with the sorted table the rounds alternate direction (c, 2 grid - 1 - c, 2 grid + c, ...),
+// so the CTA that took the costliest unit of one round takes the cheapest of the next and the
+// CTAs stay within about one unit's cost of each other overall, not one unit per round.
 template <bool Varlen>
-struct UnitCursor {
-  int round = 0, unit;
-  bool snake;
+__device__ __forceinline__ int dealt_unit(const WgmmaSchedule& s, int round) {
+  const bool backwards = Varlen && s.sorted_varlen && (round & 1);
+  return round * gridDim.x + (backwards ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+}
 
-  __device__ __forceinline__ explicit UnitCursor(const WgmmaSchedule& s)
-      : unit(blockIdx.x), snake(Varlen && s.sorted_varlen) {}
-  __device__ __forceinline__ void next() {
-    if (!Varlen || !snake) {
-      unit += gridDim.x;
-      return;
+// Dense causal batches that take units (takes_units): one thread of the producer warpgroup (warp
+// 1's first, idle otherwise) schedules the CTA's units: it hands them one at a time, through a
+// one-unit slot in shared memory, to the producer thread and the consumer warps (-1 past the
+// last ends their loops), so they hold no schedule state across a unit (the 24-register producer
+// spilled it). Unit c for CTA c, then each next from tile_counter[0] (+ gridDim.x), fetched once
+// every reader has the one before: a CTA claims a unit only when it is about to start it, so the
+// last, cheapest units go to the CTAs that free up first (claimed a unit ahead, b2 h8 3001 d256
+// causal ran 6 % slower than this: docs/perf-log.md, session 36). Past the end, it counts its
+// CTA done in tile_counter[1]; the last CTA to do so has seen every CTA's last fetch and zeroes
+// both for the stream's next launch (which waits for this grid to complete:
+// begin_after_previous_grid).
+struct UnitRing {
+  unsigned long long full, empty;
+  int unit, unused;
+};
+
+__device__ __forceinline__ void schedule_units(const FmhaParams& p, const WgmmaSchedule& s,
+                                               UnitRing* ring) {
+  const int units = s.m_tiles * p.batch * p.heads_q;
+  for (int n = 0;; ++n) {
+    mbarrier_wait(&ring->empty, (n & 1) ^ 1);  // every reader has unit n - 1
+    const int unit = n == 0 ? static_cast<int>(blockIdx.x)
+                            : atomicAdd(p.tile_counter, 1) + static_cast<int>(gridDim.x);
+    ring->unit = unit < units ? unit : -1;
+    mbarrier_arrive(&ring->full);  // release: the readers see the word
+    if (unit >= units) break;
+  }
+  __threadfence();  // the last fetch comes before the count
+  if (atomicAdd(p.tile_counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
+    atomicExch(p.tile_counter, 0);
+    atomicExch(p.tile_counter + 1, 0);
+  }
+}
+
+// A role's walk over the CTA's units: next() is the next one, -1 past the last. Where the CTAs
+// take units (takes_units), from the scheduler's slot (the producer thread, Warp false, or a
+// consumer warp, which frees the slot once all its lanes have it); the others deal them here
+// (through the slot, dealt causal and non-causal units measured 1-3 % slower: session 36). In
+// causal dense variants the producer's dealt walk spills 4-8 B (one local load a unit).
+template <bool Varlen, bool MayTake, bool Warp>
+struct UnitSequence {
+  const FmhaParams& p;
+  const WgmmaSchedule& s;
+  UnitRing* ring;
+  int units;  // dealt ones
+  int n = 0;
+
+  __device__ __forceinline__ UnitSequence(const FmhaParams& p, const WgmmaSchedule& s,
+                                          const VarlenTable* table, UnitRing* ring)
+      : p(p), s(s), ring(ring), units(total_units<Varlen>(p, s, table)) {}
+  __device__ __forceinline__ int next() {
+    if (!takes_units<MayTake>(p, s)) {
+      const int unit = dealt_unit<Varlen>(s, n++);
+      return unit < units ? unit : -1;
     }
-    ++round;
-    unit = round * gridDim.x + ((round & 1) ? gridDim.x - 1 - blockIdx.x : blockIdx.x);
+    mbarrier_wait(&ring->full, n & 1);
+    const int unit = *static_cast<volatile int*>(&ring->unit);
+    if (Warp) __syncwarp();
+    if (!Warp || threadIdx.x % 32 == 0) mbarrier_arrive(&ring->empty);
+    ++n;
+    return unit;
   }
 };
 
@@ -109,9 +191,10 @@ template <bool Causal, int TileM, int TileN, bool Varlen>
 struct WorkUnit {
   int k, head, batch;
   int query_tiles;  // of this unit's sequence (dense and unsorted: the longest's)
+  bool single = false;  // one tile (takes_units)
 
   __device__ __forceinline__ WorkUnit(const FmhaParams& p, const WgmmaSchedule& s,
-                                      const VarlenTable* table, int unit) {
+                                      const VarlenTable* table, int unit, bool single_tile) {
     if (Varlen && s.sorted_varlen) {
       int lo = 0, hi = p.batch - 1;  // the first rank whose units end past `unit`
       while (lo < hi) {
@@ -130,14 +213,22 @@ struct WorkUnit {
       query_tiles = su.query_tiles;
       return;
     }
-    const int pair = unit / s.units_per_pair;
-    k = unit - pair * s.units_per_pair;
+    int pair;
+    if (Causal && single_tile) {  // tile m_tiles - 1 - k of each pair, then k + 1
+      const GroupedTile at = grouped_tile(unit, s.m_tiles, p.batch * p.heads_q, s.lpt_group_pairs);
+      k = at.rank;
+      pair = at.pair;
+      single = true;  // m_block(0) is tile m_tiles - 1 - k
+    } else {
+      pair = unit / s.units_per_pair;
+      k = unit - pair * s.units_per_pair;
+    }
     head = pair % p.heads_q;
     batch = pair / p.heads_q;
     query_tiles = s.m_tiles;
   }
   __device__ __forceinline__ int tiles() const {
-    return Causal && 2 * k + 1 != query_tiles ? 2 : 1;  // an odd middle tile comes once
+    return Causal && !single && 2 * k + 1 != query_tiles ? 2 : 1;  // an odd middle tile once
   }
   __device__ __forceinline__ int m_block(int which) const {
     return Causal && which == 0 ? query_tiles - 1 - k : k;  // the long tile first

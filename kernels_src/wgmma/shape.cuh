@@ -8,12 +8,28 @@
 
 namespace flashjit {
 
+// Whether a variant's CTAs may take single causal tiles from FmhaParams::tile_counter
+// (wgmma/schedule.cuh's schedule_units): plain dense causal ones, d128 and d256 in 128-row tiles.
+// Compiled in, the counter's path costs a kernel where it deals its units anyway: d64 128 x 128
+// lost 2-3 % (b32 h32 512, b8 h32 2k), d128 0.5-0.8 %; and the score variants' producers and
+// consumers spilled (3.6 -> 11 KB over the 320 causal bf16 variants). docs/perf-log.md, sessions
+// 36-37. The host plans by it, the kernels compile by it.
+FLASHJIT_HOST_DEVICE constexpr bool may_take_units(bool causal, bool varlen, bool paged,
+                                                   bool score_variants, int head_dim, int tile_m) {
+  return causal && !varlen && !paged && !score_variants && head_dim >= 128 && tile_m == 128;
+}
+
 // Which tiles this launch covers and in what order; filled by the host, passed by value after the
 // tensor maps q, k, v and o.
 struct WgmmaSchedule {
   int m_tiles;          // query tiles per (batch, head)
   int units_per_pair;   // work units per (batch, head): causal pairs of tiles, else single tiles
   int total_units;      // units_per_pair * heads_q * batch, dealt round-robin to the CTAs
+  // > 0 (may_take_units, under two rounds of pairs): with FmhaParams::tile_counter a unit is one
+  // query tile, in groups of this many (batch, head) pairs, in each every pair's costliest tile
+  // first, taken by the CTAs as they free up (wgmma/schedule.cuh's schedule_units; m_tiles *
+  // heads_q * batch units); units_per_pair and total_units are the round-robin order's without one.
+  int lpt_group_pairs;
   // 1 (varlen variants, at most kMaxSortedSequences sequences): the CTAs deal units in order of
   // decreasing cost from a table they build (wgmma/schedule.cuh); total_units is then a bound.
   int sorted_varlen;
@@ -87,9 +103,8 @@ struct WgmmaGeometry {
   FLASHJIT_HOST_DEVICE constexpr int o_slice_bytes() const {  // one consumer's rows of O
     return kRowsPerConsumer * head_dim * kElementBytes;
   }
-  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const {  // PipelineBarriers<stages>
-    return (2 + 4 * stages) * 8;
-  }
+  // PipelineBarriers<stages>: Q's two, four a stage, then UnitRing's two and its unit word.
+  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const { return (2 + 4 * stages + 2) * 8 + 8; }
   // O is staged in a buffer of its own (not Q's: the next Q loads there during the tile's tail)
   // for three consumers, where it fits beside the pipeline. Measured on an H200
   // (docs/perf-log.md): +0.5-5 % with three 160-register consumers, nothing or a loss with two

@@ -331,6 +331,9 @@ void Engine::Impl::run(const detail::ForwardProblem& problem, const ForwardOptio
   }
   params.num_splits = ready->num_splits;
   params.split_tiles = ready->split_tiles;
+  if (ready->plan.takes_tile_counter)
+    params.tile_counter = static_cast<int*>(
+        tile_counters.get_stream_ordered(context.get(), stream, kTileCounterInts * sizeof(int)));
   const CUfunction function = ready->entry(mask != nullptr);
   if (!ready->merge) {
     detail::launch(function, ready->plan, params, stream);

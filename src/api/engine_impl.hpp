@@ -109,6 +109,7 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
   detail::ModuleCache modules;
   detail::LaunchPlans plans;
   detail::Workspaces workspaces;
+  detail::Workspaces tile_counters;  // per stream: two ints for launches that take units (wgmma)
   std::mutex merge_mutex;
   std::map<std::tuple<CUcontext, DType, int>, MergeKernel> merge_kernels;
   std::mutex backward_mutex;

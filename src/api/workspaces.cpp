@@ -13,11 +13,29 @@ void* Workspaces::get(CUcontext context, CUstream stream, std::size_t bytes) {
   std::lock_guard lock(mutex_);
   Buffer& buffer = buffers_[{context, stream}];
   if (buffer.bytes >= bytes) return reinterpret_cast<void*>(buffer.address);
+  log().debug("split-KV workspace for stream {}: {} bytes", static_cast<void*>(stream),
+              std::max(bytes, 2 * buffer.bytes));
+  return grow(buffer, context, bytes);
+}
+
+void* Workspaces::get_stream_ordered(CUcontext context, CUstream stream, std::size_t bytes) {
+  if (stream == CU_STREAM_PER_THREAD) return nullptr;
+  CUstreamCaptureStatus capture = CU_STREAM_CAPTURE_STATUS_NONE;
+  check(driver().cuStreamIsCapturing(stream, &capture), "cuStreamIsCapturing");
+  if (capture != CU_STREAM_CAPTURE_STATUS_NONE) return nullptr;
+  std::lock_guard lock(mutex_);
+  Buffer& buffer = buffers_[{context, stream}];
+  if (buffer.bytes >= bytes) return reinterpret_cast<void*>(buffer.address);
+  void* address = grow(buffer, context, bytes);
+  check(driver().cuMemsetD8Async(buffer.address, 0, buffer.bytes, stream), "cuMemsetD8Async");
+  return address;
+}
+
+void* Workspaces::grow(Buffer& buffer, CUcontext context, std::size_t bytes) {
   // Doubling bounds the number of growths (and of retired buffers) by log2 of the largest need.
   const std::size_t size = std::max(bytes, 2 * buffer.bytes);
   CUdeviceptr address = 0;
-  check(driver().cuMemAlloc(&address, size), "cuMemAlloc (split-KV workspace)");
-  log().debug("split-KV workspace for stream {}: {} bytes", static_cast<void*>(stream), size);
+  check(driver().cuMemAlloc(&address, size), "cuMemAlloc (engine workspace)");
   if (buffer.address != 0) retired_.push_back(buffer);
   buffer = {context, address, size};
   return reinterpret_cast<void*>(address);

@@ -20,8 +20,8 @@ namespace flashjit::detail {
   X(cuStreamDestroy) X(cuModuleLoadData) X(cuModuleUnload) X(cuModuleGetFunction)               \
   X(cuFuncSetAttribute) X(cuFuncGetAttribute) X(cuLaunchKernel) X(cuLaunchKernelEx)             \
   X(cuTensorMapEncodeTiled) X(cuTensorMapReplaceAddress) X(cuMemAlloc) X(cuMemFree)             \
-  X(cuMemcpyHtoD) X(cuMemcpyDtoH)                                                               \
-  X(cuMemsetD8) X(cuMemsetD32) X(cuMemGetInfo) X(cuEventCreate) X(cuEventRecord)               \
+  X(cuMemcpyHtoD) X(cuMemcpyDtoH) X(cuMemsetD8) X(cuMemsetD32) X(cuMemsetD8Async)             \
+  X(cuStreamIsCapturing) X(cuMemGetInfo) X(cuEventCreate) X(cuEventRecord)                      \
   X(cuEventSynchronize) X(cuEventElapsedTime) X(cuEventDestroy)
 // clang-format on
 

@@ -35,6 +35,9 @@ struct LaunchPlan {
   // Programmatic dependent launch: the kernel may be launched while the stream's previous kernel
   // is still finishing (every kernel waits for it first: common/grid_dependency.cuh).
   bool overlaps_previous = false;
+  // The kernel takes its work units from FmhaParams::tile_counter, which the engine points at its
+  // counter for the launch's stream (or leaves null: the kernel's static order).
+  bool takes_tile_counter = false;
 };
 
 // Whether kernels on `device` launch under the previous kernel's tail (griddepcontrol: sm_90 on).

@@ -7,6 +7,7 @@
 #include <random>
 #include <vector>
 
+#include "cuda_graph.hpp"
 #include "flashjit/device_memory.hpp"
 #include "forward_case.hpp"
 #include "gpu.hpp"
@@ -33,6 +34,45 @@ void check_case(const ForwardCase& c, unsigned seed) {
                       check.max_abs_error, check.relative_l2_error));
 }
 
+// Random bf16 q, k and v of one shape [b, s, h, d] on the device, and causal wgmma forwards of
+// them into outputs of that shape, whose bits the tests compare.
+struct CausalInputs {
+  Engine& engine;
+  HostTensor host;
+  std::size_t bytes;
+  DeviceBuffer q, k, v;
+  ForwardOptions options;
+
+  CausalInputs(Engine& e, int b, int s, int h, int head_dim, unsigned seed)
+      : engine(e),
+        host(HostTensor::make(DType::bf16, b, s, h, head_dim, false)),
+        bytes(host.bits.size() * 2),
+        q(e, bytes),
+        k(e, bytes),
+        v(e, bytes) {
+    std::mt19937 rng(seed);
+    for (DeviceBuffer* buffer : {&q, &k, &v}) {
+      host.fill_random(rng);
+      buffer->upload(host.bits.data(), bytes);
+    }
+    options.causal = true;
+    options.family = "wgmma";
+  }
+  TensorView view(const DeviceBuffer& buffer) const {
+    TensorView t = host.view;
+    t.data = buffer.data();
+    return t;
+  }
+  void forward(const DeviceBuffer& out, CUstream_st* stream = nullptr) {
+    engine.forward(view(q), view(k), view(v), view(out), options, stream);
+  }
+  std::vector<std::uint16_t> bits_of(const DeviceBuffer& out) const {
+    std::vector<std::uint16_t> got(host.bits.size());
+    out.download(got.data(), bytes);
+    return got;
+  }
+};
+
 }  // namespace
 
 TEST_CASE("wgmma: a persistent grid with more query tiles than SMs matches the reference") {
@@ -50,6 +90,13 @@ TEST_CASE("wgmma: a persistent grid with more query tiles than SMs matches the r
   // seqlen_q > seqlen_k, causal: the first query tiles see no key at all and are skipped.
   ForwardCase fp16{1, 64, 16, 300, 100, 128, true, DType::fp16, true};
   check_case(fp16, seed++);
+  // Causal units are single tiles, costliest first within groups of pairs, taken as CTAs free
+  // up (WgmmaSchedule::lpt_group_pairs; 128-row tiles only): 7 heads x 33 tiles (231 units on
+  // at most 132 CTAs), most tiles seeing no key.
+  check_case({1, 7, 1, 4100, 300, 128, true}, seed++);
+  // Over two rounds of pairs (140 pairs of 600 rows: two or three units each): pairs dealt
+  // round-robin in each role, no counter taken.
+  check_case({2, 70, 14, 600, 600, 64, true}, seed++);
 }
 
 TEST_CASE("wgmma: every default variant, forced onto ragged problems, matches the reference") {
@@ -86,30 +133,69 @@ TEST_CASE("wgmma: repeated runs give identical bits") {
   }
   Engine& engine = shared_engine();
   for (int head_dim : {64, 128, 256}) {
-    const int b = 2, s = 777, h = 2048 / head_dim;
-    HostTensor q = HostTensor::make(DType::bf16, b, s, h, head_dim, false);
-    std::mt19937 rng(head_dim);
-    DeviceBuffer dq(engine, q.bits.size() * 2), dk(engine, q.bits.size() * 2),
-        dv(engine, q.bits.size() * 2), dout(engine, q.bits.size() * 2);
-    for (DeviceBuffer* buffer : {&dq, &dk, &dv}) {
-      q.fill_random(rng);
-      buffer->upload(q.bits.data(), q.bits.size() * 2);
-    }
-    auto view = [&](const DeviceBuffer& buffer) {
-      TensorView v = q.view;
-      v.data = buffer.data();
-      return v;
-    };
-    ForwardOptions options;
-    options.causal = true;
-    options.family = "wgmma";
-    std::vector<std::uint16_t> first(q.bits.size()), again(q.bits.size());
+    CausalInputs in(engine, 2, 777, 2048 / head_dim, head_dim, head_dim);
+    DeviceBuffer out(engine, in.bytes);
+    std::vector<std::uint16_t> first;
     for (int run = 0; run < 3; ++run) {
-      dout.fill_bytes(0xff);
-      engine.forward(view(dq), view(dk), view(dv), view(dout), options);
+      out.fill_bytes(0xff);
+      in.forward(out);
       synchronize(engine);
-      dout.download((run == 0 ? first : again).data(), q.bits.size() * 2);
-      if (run > 0) CHECK_MESSAGE(first == again, "head_dim ", head_dim, " run ", run);
+      if (run == 0)
+        first = in.bits_of(out);
+      else
+        CHECK_MESSAGE(in.bits_of(out) == first, "head_dim ", head_dim, " run ", run);
+    }
+  }
+}
+
+TEST_CASE("wgmma: causal tiles taken from a stream's counter: back to back, two streams, a graph") {
+  if (!on_hopper()) {
+    MESSAGE("not an sm_90a GPU: wgmma tests not run");
+    return;
+  }
+  // Dense causal launches take their tiles from a counter per stream that each launch leaves
+  // zero; a forward captured into a CUDA graph gets none (a graph may run alongside itself) and
+  // runs the round-robin order. Every order computes each tile the same way: the same bits as
+  // the first run, or a counter left wrong (tiles skipped, poison kept) shows.
+  Engine& engine = shared_engine();
+  const int b = 2, s = 1000, h = 16, head_dim = 128;  // 8 tiles x 32 pairs: 256 on 132 CTAs
+  CausalInputs in(engine, b, s, h, head_dim, 35);
+  DeviceBuffer out(engine, in.bytes);
+  out.fill_bytes(0xff);
+  in.forward(out);
+  synchronize(engine);
+  const std::vector<std::uint16_t> first = in.bits_of(out);
+  const ForwardCheck reference =
+      run_forward_case(engine, {b, h, h, s, s, head_dim, true}, "wgmma", 3500);
+  CHECK(reference.all_written);
+  CHECK(reference.relative_l2_error <= relative_tolerance(DType::bf16));
+
+  // Back to back on each stream, the streams side by side, each launch into an output of its own.
+  Stream one(engine), two(engine);
+  std::vector<DeviceBuffer> outs;
+  for (int i = 0; i < 6; ++i) outs.emplace_back(engine, in.bytes);
+  for (int run = 0; run < 3; ++run) {
+    CAPTURE(run);
+    for (DeviceBuffer& o : outs) o.fill_bytes(0xff);
+    for (int i = 0; i < 6; i += 2) {
+      in.forward(outs[i], one.get());
+      in.forward(outs[i + 1], two.get());
+    }
+    one.synchronize();
+    two.synchronize();
+    for (int i = 0; i < 6; ++i) CHECK_MESSAGE(in.bits_of(outs[i]) == first, "launch ", i);
+  }
+
+  // Captured on a stream with a counter and on a new one: replays on both streams.
+  const Stream fresh(engine);
+  for (CUstream_st* captured_on : {one.get(), fresh.get()}) {
+    out.fill_bytes(0xff);
+    const CudaGraph graph(engine.context(), captured_on, [&] { in.forward(out, captured_on); });
+    for (const Stream* replay_on : {&one, &two}) {
+      graph.launch(replay_on->get());
+      replay_on->synchronize();
+      CHECK(in.bits_of(out) == first);
+      out.fill_bytes(0xff);
     }
   }
 }
