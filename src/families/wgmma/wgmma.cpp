@@ -6,17 +6,16 @@
 #include <cuda.h>
 #include <fmt/format.h>
 
-#include <algorithm>
 #include <climits>
 #include <cstdint>
 #include <cstring>
-#include <limits>
 
 #include "common/page_boxes.cuh"
 #include "cuda/driver.hpp"
 #include "decode/shape.cuh"
 #include "families/family.hpp"
 #include "families/tma_map.hpp"
+#include "families/wgmma/schedule.hpp"
 #include "wgmma/shape.cuh"
 
 namespace flashjit::detail {
@@ -111,48 +110,11 @@ std::vector<std::byte> as_bytes(const T& value) {
 
 LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const DeviceInfo& device) {
   const FmhaParams& p = problem.params;
-  WgmmaSchedule schedule{};
-  // Varlen: seqlen_q and seqlen_k are the longest sequence's, so these bound the real schedule.
-  schedule.m_tiles = (problem.seqlen_q + v.tile_m - 1) / v.tile_m;
-  const std::int64_t pairs = std::int64_t{problem.batch} * problem.heads_q;
-  // Causal units pair the tile k with tile m_tiles - 1 - k of the same head (equal cost).
-  schedule.units_per_pair = problem.causal ? (schedule.m_tiles + 1) / 2 : schedule.m_tiles;
-  schedule.total_units = static_cast<std::int32_t>(schedule.units_per_pair * pairs);
-  // Plain dense causal (may_take_units), with the engine's tile counter, where the pairs take
-  // under two rounds of the grid (the last one's idle SMs a large share): single tiles taken as
-  // CTAs free up, costliest first within groups of pairs (wgmma/schedule.cuh). Measured on an
-  // H100 (docs/perf-log.md, sessions 35-37): b3 h16 777 x 1531 d128 (1.45 rounds) +17 %, b2 h8
-  // 3001 d256 +4 %; with more rounds single tiles lost 1-16 % to the pairs, and taking only the
-  // tail's pairs tile by tile lost 5-12 % at d128 / d256. A group's K and V fit half of L2, and
-  // the CTAs running at once hold min(m_tiles, 4) tiles or more of each of its pairs, which then
-  // read the pair's K/V in step.
-  const std::int64_t single_tiles = std::int64_t{schedule.m_tiles} * pairs;
-  if (may_take_units(problem.causal, v.varlen, problem.paged,
-                     v.softcap || v.window || v.sink || v.alibi || !v.user_functions.empty(),
-                     v.head_dim, v.tile_m) &&
-      schedule.total_units < 2 * std::int64_t{device.multiprocessors} &&
-      single_tiles <= std::numeric_limits<std::int32_t>::max()) {
-    const std::int64_t kv_bytes_per_pair =
-        std::max<std::int64_t>(std::int64_t{problem.seqlen_k} * problem.head_dim * 2 * 2, 1);
-    const std::int64_t by_l2 =
-        static_cast<std::int64_t>(device.l2_cache_bytes) / 2 / kv_bytes_per_pair;
-    const std::int64_t by_residents = static_cast<std::int64_t>(device.multiprocessors) /
-                                      std::clamp(schedule.m_tiles, 1, 4);
-    schedule.lpt_group_pairs = static_cast<std::int32_t>(std::clamp<std::int64_t>(
-        std::min(by_l2, by_residents), 1, std::max<std::int64_t>(pairs, 1)));
-  }
-  schedule.sorted_varlen = v.varlen && problem.batch <= Geometry::kMaxSortedSequences;
-  schedule.gather_pages = problem.paged && wgmma_gathers_pages(problem.page_size);
-
+  const WgmmaLaunchSchedule walk = wgmma_schedule(v, problem, device);
   const Geometry geometry = geometry_of(v);
   LaunchPlan plan;
-  // Taken single tiles: one CTA an SM up to one a tile (round-robin pairs, where the engine has
-  // no counter to give, leave the CTAs past their count idle).
-  plan.takes_tile_counter = schedule.lpt_group_pairs > 0;
-  plan.grid = {static_cast<unsigned>(std::min<std::int64_t>(
-                   plan.takes_tile_counter ? single_tiles : schedule.total_units,
-                   device.multiprocessors)),
-               1, 1};
+  plan.takes_tile_counter = walk.takes_tile_counter;
+  plan.grid = {walk.ctas, 1, 1};
   plan.block = {static_cast<unsigned>(geometry.threads()), 1, 1};
   plan.shared_bytes = static_cast<unsigned>(geometry.shared_bytes());
   // Maps are [head_dim, rows, heads, blocks]: a varlen batch is one block of all its packed rows
@@ -182,7 +144,7 @@ LaunchPlan wgmma_plan(const Variant& v, const ForwardProblem& problem, const Dev
                                        problem.heads_q, blocks, p.o_stride_s, p.o_stride_h,
                                        p.o_stride_b, Geometry::kRowsPerConsumer)
                           : TensorMapArg{});
-  plan.values.push_back(as_bytes(schedule));
+  plan.values.push_back(as_bytes(walk.schedule));
   return plan;
 }
 
