@@ -15,12 +15,12 @@
 //   dealt in rounds leave the last round part empty (b2 h8 s3001 d256 and b3 h16 777 x 1531
 //   d128: 192 units each, 1.45 rounds of 132). So a unit is one tile, costliest first within
 //   groups of pairs, and each CTA takes the next unit from a counter in device memory when it
-//   frees up (schedule_units): greedy, longest first, the last units the cheapest. The host sizes a group so its K/V fit half of L2 and the CTAs running at once hold
-//   several tiles of each of its pairs (they read the pair's K/V in step). Dealt statically
-//   instead, such tiles lost 7-38 % (costs fall in a sawtooth across a round where the group's
-//   tiles are not many rounds long: docs/perf-log.md, session 35). Without a counter (in a CUDA
-//   graph, on the per-thread default stream: Workspaces::get_stream_ordered) the pairs of tiles
-//   go round-robin.
+//   frees up (schedule_units): greedy, longest first, the last units the cheapest. The host
+//   sizes a group so its K/V fit half of L2 and the CTAs running at once hold several tiles of
+//   each of its pairs (they read the pair's K/V in step). Dealt statically instead, such tiles
+//   lost 7-38 % (costs fall in a sawtooth across a round where the group's tiles are not many
+//   rounds long: docs/perf-log.md, session 35). Without a counter (in a CUDA graph, on the
+//   per-thread default stream: Workspaces::get_stream_ordered) the pairs of tiles go round-robin.
 // - Varlen variants (a varlen batch or seqused_k) of at most kMaxSortedSequences sequences: each
 //   CTA first sorts the sequences by the cost of one of their units, most expensive first, into a
 //   table in shared memory; units then go sequence by sequence in that order, head by head, k
