@@ -108,8 +108,9 @@ struct __attribute__((visibility("hidden"))) Engine::Impl {
   std::shared_ptr<KernelCache> cache;
   detail::ModuleCache modules;
   detail::LaunchPlans plans;
-  detail::Workspaces workspaces;
-  detail::Workspaces tile_counters;  // per stream: two ints for launches that take units (wgmma)
+  detail::Workspaces workspaces{"split-KV workspace"};
+  // Per stream: two ints for launches that take units (wgmma).
+  detail::Workspaces tile_counters{"tile counters"};
   std::mutex merge_mutex;
   std::map<std::tuple<CUcontext, DType, int>, MergeKernel> merge_kernels;
   std::mutex backward_mutex;

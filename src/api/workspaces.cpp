@@ -1,5 +1,7 @@
 #include "api/workspaces.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 
 #include "core/log.hpp"
@@ -13,9 +15,7 @@ void* Workspaces::get(CUcontext context, CUstream stream, std::size_t bytes) {
   std::lock_guard lock(mutex_);
   Buffer& buffer = buffers_[{context, stream}];
   if (buffer.bytes >= bytes) return reinterpret_cast<void*>(buffer.address);
-  log().debug("split-KV workspace for stream {}: {} bytes", static_cast<void*>(stream),
-              std::max(bytes, 2 * buffer.bytes));
-  return grow(buffer, context, bytes);
+  return grow(buffer, context, stream, bytes);
 }
 
 void* Workspaces::get_stream_ordered(CUcontext context, CUstream stream, std::size_t bytes) {
@@ -26,16 +26,17 @@ void* Workspaces::get_stream_ordered(CUcontext context, CUstream stream, std::si
   std::lock_guard lock(mutex_);
   Buffer& buffer = buffers_[{context, stream}];
   if (buffer.bytes >= bytes) return reinterpret_cast<void*>(buffer.address);
-  void* address = grow(buffer, context, bytes);
+  void* address = grow(buffer, context, stream, bytes);
   check(driver().cuMemsetD8Async(buffer.address, 0, buffer.bytes, stream), "cuMemsetD8Async");
   return address;
 }
 
-void* Workspaces::grow(Buffer& buffer, CUcontext context, std::size_t bytes) {
+void* Workspaces::grow(Buffer& buffer, CUcontext context, CUstream stream, std::size_t bytes) {
   // Doubling bounds the number of growths (and of retired buffers) by log2 of the largest need.
   const std::size_t size = std::max(bytes, 2 * buffer.bytes);
+  log().debug("{} for stream {}: {} bytes", what_, static_cast<void*>(stream), size);
   CUdeviceptr address = 0;
-  check(driver().cuMemAlloc(&address, size), "cuMemAlloc (engine workspace)");
+  check(driver().cuMemAlloc(&address, size), fmt::format("cuMemAlloc ({})", what_).c_str());
   if (buffer.address != 0) retired_.push_back(buffer);
   buffer = {context, address, size};
   return reinterpret_cast<void*>(address);

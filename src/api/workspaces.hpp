@@ -17,7 +17,8 @@ namespace flashjit::detail {
 
 class Workspaces {
  public:
-  Workspaces() = default;
+  // `what` names the buffers in logs and allocation errors, e.g. "split-KV workspace".
+  explicit Workspaces(const char* what) : what_(what) {}
   ~Workspaces();
   Workspaces(const Workspaces&) = delete;
   Workspaces& operator=(const Workspaces&) = delete;
@@ -38,8 +39,9 @@ class Workspaces {
     CUdeviceptr address = 0;
     std::size_t bytes = 0;
   };
-  void* grow(Buffer& buffer, CUcontext context, std::size_t bytes);
+  void* grow(Buffer& buffer, CUcontext context, CUstream stream, std::size_t bytes);
 
+  const char* what_;
   std::mutex mutex_;
   std::map<std::pair<CUcontext, CUstream>, Buffer> buffers_;
   std::vector<Buffer> retired_;
