@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <limits>
 
 namespace flashjit::detail {
 
@@ -23,12 +22,13 @@ WgmmaLaunchSchedule wgmma_schedule(const Variant& v, const ForwardProblem& probl
   // 3001 d256 +4 %; with more rounds single tiles lost 1-16 % to the pairs, and taking only the
   // tail's pairs tile by tile lost 5-12 % at d128 / d256. A group's K and V fit half of L2, and
   // the CTAs running at once hold min(m_tiles, 4) tiles or more of each of its pairs, which then
-  // read the pair's K/V in step.
+  // read the pair's K/V in step. (The family takes no problem whose 64-row tiles overflow an int,
+  // so single tiles fit one.)
   const std::int64_t single_tiles = std::int64_t{schedule.m_tiles} * pairs;
   if (may_take_units(problem.causal, v.varlen, problem.paged,
                      v.softcap || v.window || v.sink || v.alibi || !v.user_functions.empty(),
                      v.head_dim, v.tile_m) &&
-      schedule.total_units < 2 * sms && single_tiles <= std::numeric_limits<std::int32_t>::max()) {
+      schedule.total_units < 2 * sms) {
     const std::int64_t kv_bytes_per_pair =
         std::max<std::int64_t>(std::int64_t{problem.seqlen_k} * problem.head_dim * 2 * 2, 1);
     const std::int64_t by_l2 =
