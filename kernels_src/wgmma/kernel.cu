@@ -874,7 +874,7 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
       produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, Paged, false,
               kMayTake>(p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
     if (threadIdx.x == 32 && takes_units<kMayTake>(p, sched))
-      schedule_units(p, sched, &bars->units);
+      schedule_units<TileM>(p, sched, &bars->units);
   } else {
     warpgroup_raise_registers<Shape::template kConsumerRegs<Paged>>();
     // bf16 soft-capped scores in tanh units with a cap of at most kMaxBoundedCap take the

@@ -10,17 +10,20 @@
 //   268 MB of q, k, v and o, one pair's units a round apart, and ran 0.85x cuDNN at 512 tokens;
 //   this order reads 259 MB, 0.99x: docs/perf-log.md, session 34.) GQA's query heads of one KV
 //   head are adjacent pairs.
-// - Plain dense causal d128/d256 batches in 128-row tiles whose pairs take under two rounds
-//   (may_take_units, WgmmaSchedule::lpt_group_pairs, with FmhaParams::tile_counter): equal units
-//   dealt in rounds leave the last round part empty (b2 h8 s3001 d256 and b3 h16 777 x 1531
-//   d128: 192 units each, 1.45 rounds of 132). So a unit is one tile, costliest first within
-//   groups of pairs, and each CTA takes the next unit from a counter in device memory when it
-//   frees up (schedule_units): greedy, longest first, the last units the cheapest. The host
-//   sizes a group so its K/V fit half of L2 and the CTAs running at once hold several tiles of
-//   each of its pairs (they read the pair's K/V in step). Dealt statically instead, such tiles
-//   lost 7-38 % (costs fall in a sawtooth across a round where the group's tiles are not many
-//   rounds long: docs/perf-log.md, session 35). Without a counter (in a CUDA graph, on the
-//   per-thread default stream: Workspaces::get_stream_ordered) the pairs of tiles go round-robin.
+// - Plain dense causal batches of may_take_units' kernels whose units leave the last round part
+//   empty, with FmhaParams::tile_counter (WgmmaSchedule::lpt_group_pairs > 0): d128 / d256 in
+//   128-row tiles under two rounds (b2 h8 s3001 d256: 192 units, 1.45 rounds of 132; b3 h16
+//   777 x 1531 d128), d64 in 192-row tiles with 1/50 or more of the unit slots idle (b1 h32 s16k:
+//   1376 units, 10.4 rounds, ~5 % idle). The units of the pairs before taken_from_pair (up to
+//   about a round before the end; none under two rounds) go round-robin as above; the remaining
+//   pairs' tiles are units of one tile each, costliest first within groups of pairs, and each
+//   CTA takes the next from a counter in device memory as it frees up (schedule_units): greedy,
+//   longest first, the last units the cheapest. The host sizes a group so its K/V fit half of L2
+//   and the CTAs running at once hold several tiles of each of its pairs (they read the pair's
+//   K/V in step). Dealt statically instead, such tiles lost 7-38 % (costs fall in a sawtooth
+//   across a round where the group's tiles are not many rounds long: docs/perf-log.md, session
+//   35). Without a counter (in a CUDA graph, on the per-thread default stream:
+//   Workspaces::get_stream_ordered) the pairs of tiles go round-robin.
 // - Varlen variants (a varlen batch or seqused_k) of at most kMaxSortedSequences sequences: each
 //   CTA first sorts the sequences by the cost of one of their units, most expensive first, into a
 //   table in shared memory; units then go sequence by sequence in that order, head by head, k
@@ -126,28 +129,49 @@ __device__ __forceinline__ int dealt_unit(const WgmmaSchedule& s, int round) {
 // 1's first, idle otherwise) schedules the CTA's units: it hands them one at a time, through a
 // one-unit slot in shared memory, to the producer thread and the consumer warps (-1 past the
 // last ends their loops), so they hold no schedule state across a unit (the 24-register producer
-// spilled it). Unit c for CTA c, then each next from tile_counter[0] (+ gridDim.x), fetched once
-// every reader has the one before: a CTA claims a unit only when it is about to start it, so the
-// last, cheapest units go to the CTAs that free up first (claimed a unit ahead, b2 h8 3001 d256
-// causal ran 6 % slower than this: docs/perf-log.md, session 36). Past the end, it counts its
-// CTA done in tile_counter[1]; the last CTA to do so has seen every CTA's last fetch and zeroes
-// both for the stream's next launch (which waits for this grid to complete:
-// begin_after_previous_grid).
+// spilled it). First the CTA's dealt units (c, c + grid, ... below dealt_bound), then single
+// tiles t (c first, then each next from tile_counter[0] + grid), published as dealt_bound + t,
+// each taken once every reader has the unit before: a CTA claims a tile only when it is about to
+// start the one before, so the last, cheapest units go to the CTAs that free up first (claimed a
+// unit further ahead, b2 h8 3001 d256 causal ran 6 % slower: docs/perf-log.md, session 36). Past
+// the end, it counts its CTA done in tile_counter[1]; the last CTA to do so has seen every CTA's
+// last fetch and zeroes both for the stream's next launch (which waits for this grid to
+// complete: begin_after_previous_grid).
 struct UnitRing {
   unsigned long long full, empty;
   int unit, unused;
 };
 
+// The pairs dealt before tiles are taken, and their units (deals_before_taking's tiles only:
+// elsewhere the state spilled, d128 8 -> 24 B, d256 16 -> 44 B).
+template <int TileM>
+__device__ __forceinline__ int dealt_pairs(const WgmmaSchedule& s) {
+  return deals_before_taking(TileM) ? s.taken_from_pair : 0;
+}
+template <int TileM>
+__device__ __forceinline__ int dealt_bound(const WgmmaSchedule& s) {
+  return dealt_pairs<TileM>(s) * s.units_per_pair;
+}
+
+template <int TileM>
 __device__ __forceinline__ void schedule_units(const FmhaParams& p, const WgmmaSchedule& s,
                                                UnitRing* ring) {
-  const int units = s.m_tiles * p.batch * p.heads_q;
+  const int bound = dealt_bound<TileM>(s);
+  const int tiles = s.m_tiles * (p.batch * p.heads_q - dealt_pairs<TileM>(s));
+  // One atomic fewer a CTA: every first tile from the counter, 777 x 1531 d128 ran 1.3 % slower.
+  bool first_taken = true;
   for (int n = 0;; ++n) {
     mbarrier_wait(&ring->empty, (n & 1) ^ 1);  // every reader has unit n - 1
-    const int unit = n == 0 ? static_cast<int>(blockIdx.x)
-                            : atomicAdd(p.tile_counter, 1) + static_cast<int>(gridDim.x);
-    ring->unit = unit < units ? unit : -1;
+    int unit = dealt_unit<false>(s, n);
+    if (unit >= bound) {
+      const int t = first_taken ? static_cast<int>(blockIdx.x)
+                                : atomicAdd(p.tile_counter, 1) + static_cast<int>(gridDim.x);
+      first_taken = false;
+      unit = t < tiles ? bound + t : -1;
+    }
+    ring->unit = unit;
     mbarrier_arrive(&ring->full);  // release: the readers see the word
-    if (unit >= units) break;
+    if (unit < 0) break;
   }
   __threadfence();  // the last fetch comes before the count
   if (atomicAdd(p.tile_counter + 1, 1) == static_cast<int>(gridDim.x) - 1) {
@@ -193,7 +217,7 @@ struct WorkUnit {
   bool single = false;  // one tile (takes_units)
 
   __device__ __forceinline__ WorkUnit(const FmhaParams& p, const WgmmaSchedule& s,
-                                      const VarlenTable* table, int unit, bool single_tile) {
+                                      const VarlenTable* table, int unit, bool taking) {
     if (Varlen && s.sorted_varlen) {
       int lo = 0, hi = p.batch - 1;  // the first rank whose units end past `unit`
       while (lo < hi) {
@@ -213,10 +237,12 @@ struct WorkUnit {
       return;
     }
     int pair;
-    if (Causal && single_tile) {  // tile m_tiles - 1 - k of each pair, then k + 1
-      const GroupedTile at = grouped_tile(unit, s.m_tiles, p.batch * p.heads_q, s.lpt_group_pairs);
+    if (Causal && taking && unit >= dealt_bound<TileM>(s)) {  // tile m_tiles - 1 - k of a pair
+      const int first = dealt_pairs<TileM>(s);
+      const GroupedTile at = grouped_tile(unit - dealt_bound<TileM>(s), s.m_tiles,
+                                          p.batch * p.heads_q - first, s.lpt_group_pairs);
       k = at.rank;
-      pair = at.pair;
+      pair = first + at.pair;
       single = true;  // m_block(0) is tile m_tiles - 1 - k
     } else {
       pair = unit / s.units_per_pair;

@@ -9,15 +9,21 @@
 namespace flashjit {
 
 // Whether a variant's CTAs may take single causal tiles from FmhaParams::tile_counter
-// (wgmma/schedule.cuh's schedule_units): plain dense causal ones, d128 and d256 in 128-row tiles.
-// Compiled in, the counter's path costs a kernel where it deals its units anyway: d64 128 x 128
-// lost 2-3 % (b32 h32 512, b8 h32 2k), d128 0.5-0.8 %; and the score variants' producers and
-// consumers spilled (3.6 -> 11 KB over the 320 causal bf16 variants). docs/perf-log.md, sessions
-// 36-37. The host plans by it, the kernels compile by it.
+// (wgmma/schedule.cuh's schedule_units): plain dense causal ones, d128 and d256 in 128-row tiles
+// and d64 in 192-row ones. Compiled in, the counter's path costs a kernel where it deals its
+// units anyway: d64 128 x 128 lost 2-3 % (b32 h32 512, b8 h32 2k), d128 0.5-0.8 %; and the score
+// variants' producers and consumers spilled (3.6 -> 11 KB over the 320 causal bf16 variants).
+// docs/perf-log.md, sessions 36-37. The host plans by it, the kernels compile by it.
 FLASHJIT_HOST_DEVICE constexpr bool may_take_units(bool causal, bool varlen, bool paged,
                                                    bool score_variants, int head_dim, int tile_m) {
-  return causal && !varlen && !paged && !score_variants && head_dim >= 128 && tile_m == 128;
+  return causal && !varlen && !paged && !score_variants &&
+         (head_dim >= 128 ? tile_m == 128 : tile_m == 192);
 }
+
+// Whether such a kernel deals the units of the pairs before WgmmaSchedule::taken_from_pair before
+// it takes the other pairs' tiles (then the host may set it > 0): d64's 192-row tiles, where it
+// paid (docs/perf-log.md, session 37).
+FLASHJIT_HOST_DEVICE constexpr bool deals_before_taking(int tile_m) { return tile_m == 192; }
 
 // Which tiles this launch covers and in what order; filled by the host, passed by value after the
 // tensor maps q, k, v and o.
@@ -25,11 +31,13 @@ struct WgmmaSchedule {
   int m_tiles;          // query tiles per (batch, head)
   int units_per_pair;   // work units per (batch, head): causal pairs of tiles, else single tiles
   int total_units;      // units_per_pair * heads_q * batch, dealt round-robin to the CTAs
-  // > 0 (may_take_units, under two rounds of pairs): with FmhaParams::tile_counter a unit is one
-  // query tile, in groups of this many (batch, head) pairs, in each every pair's costliest tile
-  // first, taken by the CTAs as they free up (wgmma/schedule.cuh's schedule_units; m_tiles *
-  // heads_q * batch units); units_per_pair and total_units are the round-robin order's without one.
+  // > 0 (may_take_units): with FmhaParams::tile_counter, the (batch, head) pairs from
+  // taken_from_pair on are single query tiles, in groups of this many pairs, in each every pair's
+  // costliest tile first, taken by the CTAs as they free up; the units of the pairs before it are
+  // dealt round-robin first (wgmma/schedule.cuh's schedule_units). Without a counter every unit
+  // is dealt (units_per_pair, total_units).
   int lpt_group_pairs;
+  int taken_from_pair;
   // 1 (varlen variants, at most kMaxSortedSequences sequences): the CTAs deal units in order of
   // decreasing cost from a table they build (wgmma/schedule.cuh); total_units is then a bound.
   int sorted_varlen;

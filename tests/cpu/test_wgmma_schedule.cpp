@@ -79,6 +79,31 @@ TEST_CASE("wgmma schedule: causal tiles taken from the counter only under two ro
   CHECK(d256.walk.takes_tile_counter);
 }
 
+TEST_CASE("wgmma schedule: d64's 192-row tiles deal pairs, then take the last round's tiles") {
+  // b1 h32 16k d64: 86 tiles of 192 rows, 43 units a head, 1376 units in 10.4 rounds (5 % of
+  // the slots idle): 9 rounds' units dealt (27 whole heads), the other 5 heads' 430 tiles taken,
+  // in one group (4 MB of K and V a head: 6 fit half of L2).
+  const Launch long_d64 = plan(1, 32, 16384, 16384, 64, true);
+  CHECK(long_d64.variant.tile_m == 192);
+  CHECK(long_d64.walk.takes_tile_counter);
+  CHECK(long_d64.walk.schedule.taken_from_pair == 27);
+  CHECK(long_d64.walk.schedule.lpt_group_pairs == 5);
+  CHECK(long_d64.walk.ctas == 132);
+  // b1 h33 4100 d64: 22 tiles, 11 units a head, 363 units in 3 rounds (8 % idle): a round dealt.
+  const Launch three_rounds = plan(1, 33, 4100, 4100, 64, true);
+  CHECK(three_rounds.walk.schedule.taken_from_pair == 12);
+  CHECK(three_rounds.walk.takes_tile_counter);
+  // b1 h36 4100 d64: 396 units, 3 full rounds: dealt.
+  const Launch full_rounds = plan(1, 36, 4100, 4100, 64, true);
+  CHECK_FALSE(full_rounds.walk.takes_tile_counter);
+  CHECK(full_rounds.walk.schedule.taken_from_pair == 0);
+  // d128 with an idle last round (b4 h16 2k: 8 units a head, 512 units, 3.9 rounds, 3 % idle)
+  // over two rounds: dealt (taking its tail lost 5 %).
+  const Launch d128 = plan(4, 16, 2048, 2048, 128, true);
+  CHECK(d128.walk.schedule.total_units == 512);
+  CHECK_FALSE(d128.walk.takes_tile_counter);
+}
+
 TEST_CASE("wgmma schedule: kernels without the counter's path never take") {
   // d64 (the counter's path cost its 128-row kernel 2-3 % where it deals), non-causal (equal
   // tiles), soft-capped (the score variants spilled with it): dealt, one CTA a unit at most.
@@ -97,7 +122,7 @@ TEST_CASE("wgmma schedule: kernels without the counter's path never take") {
   CHECK(may_take_units(true, false, false, false, 128, 128));
   CHECK(may_take_units(true, false, false, false, 256, 128));
   CHECK_FALSE(may_take_units(true, false, false, false, 64, 128));
-  CHECK_FALSE(may_take_units(true, false, false, false, 64, 192));
+  CHECK(may_take_units(true, false, false, false, 64, 192));
   CHECK_FALSE(may_take_units(true, false, false, false, 128, 64));
   CHECK_FALSE(may_take_units(false, false, false, false, 128, 128));
   CHECK_FALSE(may_take_units(true, true, false, false, 128, 128));  // varlen
