@@ -105,8 +105,9 @@ TEST_CASE("wgmma schedule: d64's 192-row tiles deal pairs, then take the last ro
 }
 
 TEST_CASE("wgmma schedule: kernels without the counter's path never take") {
-  // d64 (the counter's path cost its 128-row kernel 2-3 % where it deals), non-causal (equal
-  // tiles), soft-capped (the score variants spilled with it): dealt, one CTA a unit at most.
+  // d64 in 128-row tiles (the counter's path cost that kernel 2-3 % where it deals), non-causal
+  // (equal tiles), soft-capped (the score variants spilled with it): dealt, one CTA a unit at
+  // most.
   const Launch d64 = plan(3, 16, 777, 1531, 64, true);
   CHECK_FALSE(d64.walk.takes_tile_counter);
   CHECK(d64.walk.ctas == 132);
