@@ -131,9 +131,9 @@ __device__ __forceinline__ int dealt_unit(const WgmmaSchedule& s, int round) {
 // last ends their loops), so they hold no schedule state across a unit (the 24-register producer
 // spilled it). First the CTA's dealt units (c, c + grid, ... below dealt_bound), then single
 // tiles t (c first, then each next from tile_counter[0] + grid), published as dealt_bound + t,
-// each taken once every reader has the unit before: a CTA claims a tile only when it is about to
-// start the one before, so the last, cheapest units go to the CTAs that free up first (claimed a
-// unit further ahead, b2 h8 3001 d256 causal ran 6 % slower: docs/perf-log.md, session 36). Past
+// each taken once the consumers have the unit before and the producer, its loads issued, asks
+// for the next (UnitSequence::next): a CTA claims a tile shortly before it frees up, so the
+// last, cheapest units go to the CTAs that free up first (greedy, longest first). Past
 // the end, it counts its CTA done in tile_counter[1]; the last CTA to do so has seen every CTA's
 // last fetch and zeroes both for the stream's next launch (which waits for this grid to
 // complete: begin_after_previous_grid).
@@ -201,10 +201,19 @@ struct UnitSequence {
       const int unit = dealt_unit<Varlen>(s, n++);
       return unit < units ? unit : -1;
     }
+    // The producer frees the slot only when it asks for the next unit (its loads of this one
+    // issued, a key tile or two before the consumers finish it), so the scheduler claims each
+    // tile then, not when the unit before starts: claimed a whole tile early, the tiles went
+    // out in the order the CTAs started their previous ones, not the order they would free up
+    // (b2 h8 3001 d256 causal: CTAs ended 70-139 us into a 139 us launch; docs/perf-log.md,
+    // session 39).
+    if (!Warp && n > 0) mbarrier_arrive(&ring->empty);
     mbarrier_wait(&ring->full, n & 1);
     const int unit = *static_cast<volatile int*>(&ring->unit);
-    if (Warp) __syncwarp();
-    if (!Warp || threadIdx.x % 32 == 0) mbarrier_arrive(&ring->empty);
+    if (Warp) {
+      __syncwarp();
+      if (threadIdx.x % 32 == 0) mbarrier_arrive(&ring->empty);
+    }
     ++n;
     return unit;
   }

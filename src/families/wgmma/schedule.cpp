@@ -9,11 +9,12 @@ namespace {
 // Plain dense causal launches of may_take_units' kernels, given the engine's tile counter: where
 // the round-robin pairs leave SMs idle, the pairs from taken_from_pair on are taken tile by tile
 // as CTAs free up, costliest first within groups of pairs (wgmma/schedule.cuh). Measured on an
-// H100 (docs/perf-log.md, sessions 35-38): under two rounds, every pair's tiles (b3 h16
-// 777 x 1531 d128, 1.45 rounds: +17 %; b2 h8 3001 d256 +4 %); with more rounds, d64's 192-row
-// tiles (deals_before_taking) where 1/50 or more of the slots stay idle, from about a round
-// before the end (b1 h32 16k +4.0 %, b2 h32 8k +3.6 %), which lost 5-12 % at d128 / d256 (every
-// tile taken, 1-16 %). A group's K and V fit half of L2, and the CTAs running at once hold
+// H100 (docs/perf-log.md, sessions 35-39): under two rounds, every pair's tiles (b3 h16
+// 777 x 1531 d128, 1.45 rounds: +17 %, +7 % more once each tile was claimed as its CTA frees up;
+// b2 h8 3001 d256 +4 %, then +16 %); with more rounds, d64's 192-row tiles (deals_before_taking)
+// where 1/50 or more of the slots stay idle, from about a round before the end (b1 h32 16k
+// +4.0 %, b2 h32 8k +3.6 %), which lost 5-12 % at d128 / d256 (every tile taken, 1-16 %; both
+// measured while tiles were still claimed a tile early). A group's K and V fit half of L2, and the CTAs running at once hold
 // min(m_tiles, 4) tiles or more of each of its pairs, which then read the pair's K/V in step.
 void plan_taken_tiles(WgmmaSchedule& schedule, const ForwardProblem& problem,
                       const DeviceInfo& device, std::int64_t pairs, int tile_m) {
