@@ -110,25 +110,36 @@ EDITS = [
 ]
 
 
-def make(out):
+def instrumented_copy(out, tool, helpers, edits):
+    """Copies kernels_src to out/kernels_src, applies `edits` ({path under kernels_src: [(anchor,
+    replacement)]}, each anchor found exactly once), turns kernel.cu's two LSE stores off (the
+    stamps take their buffer) and puts `helpers` before its first template after
+    PipelineBarriers. `tool` names the caller in errors."""
     out = Path(out)
     shutil.rmtree(out / "kernels_src", ignore_errors=True)
     shutil.copytree(ROOT / "kernels_src", out / "kernels_src")
-    path = out / KERNEL
-    text = path.read_text()
-    for anchor, replacement in EDITS:
-        if text.count(anchor) != 1:
-            raise SystemExit(f"phase_trace make: {KERNEL} no longer has this anchor once "
-                             f"({text.count(anchor)} times):\n{anchor}")
-        text = text.replace(anchor, replacement)
-    stores = text.count("p.lse != nullptr && at.col == 0")
-    if stores != 2:
-        raise SystemExit(f"phase_trace make: expected 2 LSE stores to remove, found {stores}")
-    text = text.replace("p.lse != nullptr && at.col == 0", "false && at.col == 0")
-    first = re.search(r"^template", text[text.index("struct PipelineBarriers"):], re.M)
-    at = text.index("struct PipelineBarriers") + first.start()
-    path.write_text(text[:at] + HELPERS + "\n" + text[at:])
+    for relative, pairs in edits.items():
+        path = out / relative
+        text = path.read_text()
+        for anchor, replacement in pairs:
+            if text.count(anchor) != 1:
+                raise SystemExit(f"{tool} make: {relative} no longer has this anchor once "
+                                 f"({text.count(anchor)} times):\n{anchor}")
+            text = text.replace(anchor, replacement)
+        if relative == KERNEL:
+            stores = text.count("p.lse != nullptr && at.col == 0")
+            if stores != 2:
+                raise SystemExit(f"{tool} make: expected 2 LSE stores to remove, found {stores}")
+            text = text.replace("p.lse != nullptr && at.col == 0", "false && at.col == 0")
+            first = re.search(r"^template", text[text.index("struct PipelineBarriers"):], re.M)
+            at = text.index("struct PipelineBarriers") + first.start()
+            text = text[:at] + helpers + "\n" + text[at:]
+        path.write_text(text)
     print(f"instrumented kernels in {out / 'kernels_src'}")
+
+
+def make(out):
+    instrumented_copy(out, "phase_trace", HELPERS, {KERNEL: EDITS})
 
 
 def percentile(xs, f):
