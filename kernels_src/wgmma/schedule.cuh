@@ -133,10 +133,10 @@ __device__ __forceinline__ int dealt_unit(const WgmmaSchedule& s, int round) {
 // tiles t (c first, then each next from tile_counter[0] + grid), published as dealt_bound + t,
 // each taken once the consumers have the unit before and the producer, its loads issued, asks
 // for the next (UnitSequence::next): a CTA claims a tile shortly before it frees up, so the
-// last, cheapest units go to the CTAs that free up first (greedy, longest first). Past
-// the end, it counts its CTA done in tile_counter[1]; the last CTA to do so has seen every CTA's
-// last fetch and zeroes both for the stream's next launch (which waits for this grid to
-// complete: begin_after_previous_grid).
+// last, cheapest units go to the CTAs that free up first (greedy, longest first). Past the end,
+// it counts its CTA done in tile_counter[1]; the last CTA to do so has seen every CTA's last
+// fetch and zeroes both for the stream's next launch (which waits for this grid to complete:
+// begin_after_previous_grid).
 struct UnitRing {
   unsigned long long full, empty;
   int unit, unused;
