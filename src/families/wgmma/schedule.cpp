@@ -14,8 +14,9 @@ namespace {
 // b2 h8 3001 d256 +4 %, then +16 %); with more rounds, d64's 192-row tiles (deals_before_taking)
 // where 1/50 or more of the slots stay idle, from about a round before the end (b1 h32 16k
 // +4.0 %, b2 h32 8k +3.6 %), which lost 5-12 % at d128 / d256 (every tile taken, 1-16 %; both
-// measured while tiles were still claimed a tile early). A group's K and V fit half of L2, and the CTAs running at once hold
-// min(m_tiles, 4) tiles or more of each of its pairs, which then read the pair's K/V in step.
+// measured while tiles were still claimed a tile early). A group's K and V fit half of L2, and
+// the CTAs running at once hold min(m_tiles, 4) tiles or more of each of its pairs, which then
+// read the pair's K/V in step.
 void plan_taken_tiles(WgmmaSchedule& schedule, const ForwardProblem& problem,
                       const DeviceInfo& device, std::int64_t pairs, int tile_m) {
   constexpr std::int64_t kMinIdleShare = 50;
