@@ -61,6 +61,9 @@ __global__ void __launch_bounds__(BwdRowsShape::kThreads) bwd_prep_kernel(const 
   const FmhaParams& f = p.fwd;
   const SequenceSpan seq = sequence_span(f, batch);
   const WorkspaceRows rows(p, seq, batch, head);
+  // The dK/dV launch that follows takes its tiles from here.
+  if ((blockIdx.x | blockIdx.y | blockIdx.z | threadIdx.x) == 0 && p.tile_counter != nullptr)
+    *p.tile_counter = 0;
   if (row >= rows.padded) return;  // the whole CTA (static_assert above): the sum below needs all
   const long long r = rows.first + row;
   const bool real_row = row < seq.seqlen_q;

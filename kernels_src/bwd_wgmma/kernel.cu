@@ -18,6 +18,7 @@
 // which the consumers add into the fp32 accumulator (in BwdDqBlocks's order) with bulk reductions
 // (bwd_convert scales and rounds it afterwards): one kernel of five GEMMs instead of two of
 // seven, and not deterministic.
+#include "bwd_wgmma/key_tile_walk.cuh"
 #include "bwd_wgmma/shape.cuh"
 #include "bwd_wgmma/warp_roles.cuh"
 #include "common/bwd_block_mask.cuh"
@@ -39,15 +40,20 @@
 
 namespace flashjit {
 
+// K and V are released apart: a tile's last step is done with V after its dPᵀ GEMM and with K
+// after its dQ GEMM (unfused: after Sᵀ's), so the next tile's V and K load under the step's
+// remaining GEMMs instead of after them.
 template <int Stages>
 struct KeyTileBarriers {
-  unsigned long long kv_full, kv_empty;             // a tile's K and V landed / read
+  unsigned long long kv_full;                       // a tile's K and V landed
+  unsigned long long k_empty, v_empty;              // a tile's K / V read by every GEMM
   unsigned long long full[Stages], empty[Stages];   // a step's Q, dO and row terms
+  KeyTileSlot tiles;                                // taken tiles (key_tile_walk.cuh)
 };
 
 // Where a role stands in the CTA's walk over its key tiles: the ring's steps so far (a step's
-// stage and phase run on across tiles) and the tiles whose K and V were loaded (kv_full's and
-// kv_empty's phases). Each role keeps its own copy; all count the same tiles and steps.
+// stage and phase run on across tiles) and the tiles whose K and V were loaded (kv_full's,
+// k_empty's and v_empty's phases). Each role keeps its own copy; all count the same tiles and steps.
 struct RingPosition {
   int step = 0;
   int kv_loads = 0;
@@ -176,17 +182,21 @@ __device__ __forceinline__ void produce(const BackwardParams& p,
   // K and V go once the consumers have read the last tile's (a fresh barrier counts as having
   // completed the phase before phase 0: parity ^ 1 passes).
   auto load_keys = [&] {
-    mbarrier_wait(&bars->kv_empty, (ring.kv_loads & 1) ^ 1);
+    const unsigned parity = (ring.kv_loads & 1) ^ 1;
     ++ring.kv_loads;
-    if (!issuer) return;
-    mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kShape.kv_bytes());
+    // V first: the last tile is done with it before K.
+    auto load = [&](const TmaDescriptor* map, int offset) {
+      if (!issuer) return;
 #pragma unroll
-    for (int b = 0; b < kShape.dim_blocks(); ++b) {
-      tma_load_4d(smem + kShape.k_offset() + b * TileN * kRow, tma_k, &bars->kv_full, 64 * b,
-                  tile.seq.k_start + tile.key0, tile.kv_head, tile.coord_batch);
-      tma_load_4d(smem + kShape.v_offset() + b * TileN * kRow, tma_v, &bars->kv_full, 64 * b,
-                  tile.seq.k_start + tile.key0, tile.kv_head, tile.coord_batch);
-    }
+      for (int b = 0; b < kShape.dim_blocks(); ++b)
+        tma_load_4d(smem + offset + b * TileN * kRow, map, &bars->kv_full, 64 * b,
+                    tile.seq.k_start + tile.key0, tile.kv_head, tile.coord_batch);
+    };
+    mbarrier_wait(&bars->v_empty, parity);
+    if (issuer) mbarrier_arrive_expect_tx(&bars->kv_full, 2 * kShape.kv_bytes());
+    load(tma_v, kShape.v_offset());
+    mbarrier_wait(&bars->k_empty, parity);
+    load(tma_k, kShape.k_offset());
   };
   auto load_step = [&](int t) {
     const int stage = ring.stage<Stages>();
@@ -405,6 +415,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
     mbarrier_wait(&bars->full[stage], ring.phase<Stages>());
     const unsigned q_tile = base + kShape.q_offset(stage), do_tile = base + kShape.do_offset(stage);
     const float* terms = reinterpret_cast<const float*>(smem + kShape.terms_offset(stage));
+    const bool last = t + 1 == tile.steps.count;
     float s[TileM / 2], dp[TileM / 2];
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(s, k_rows, q_tile);
     gemm_ss_tiles<T, HeadDim, TileN, TileM>(dp, v_rows, do_tile);
@@ -430,13 +441,19 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
         wgmma_wait<0>();
         wgmma_fence_operands(s);
         wgmma_fence_operands(dp);
+        if (last) {
+          release_stage(&bars->v_empty);
+          if (!FusedDq) release_stage(&bars->k_empty);
+        }
         probabilities<TileM, true>(s, dp, terms, at, scores, kMasked, lane_key, row0);
       } else {
         wgmma_wait<1>();  // Sᵀ is ready; dPᵀ may still run
         wgmma_fence_operands(s);
+        if (!FusedDq && last) release_stage(&bars->k_empty);
         probabilities<TileM, false>(s, dp, terms, at, scores, kMasked, lane_key, row0);
         wgmma_wait<0>();  // dPᵀ is ready
         wgmma_fence_operands(dp);
+        if (last) release_stage(&bars->v_empty);
         score_gradients<TileM>(dp, terms, at, [&](int e) { return s[e]; });
       }
       unsigned dsf[TileM / 16][4];
@@ -453,6 +470,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
         gemm_rs_tiles<T, HeadDim, TileM>(dk, dsf, q_tile);
         wgmma_wait<1>();  // dV and dQ are done; dK runs
         wgmma_fence_operands(dq);
+        if (last) release_stage(&bars->k_empty);
         stage_dq_block(dq_block, consumer, dq);
       } else {
         // dK's GEMM first: dPᵀ's registers free up as its fragments are packed, then Sᵀ's as
@@ -469,6 +487,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       // The fragments' registers stay reserved until the GEMMs reading them are done.
       wgmma_fence_operands(pf);
       wgmma_fence_operands(dsf);
+      if (FusedDq && !kDqUnderDk && last) release_stage(&bars->k_empty);
       release_stage(&bars->empty[stage]);
       if constexpr (FusedDq && !kDqUnderDk) {
         wgmma_fence_operands(dq);
@@ -484,11 +503,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       finish_step(False{});
     }
   }
-  // Every GEMM reading K and V is done: the producer may load the next tile's.
-  if (tile.steps.count > 0) {
-    release_stage(&bars->kv_empty);
-    ++ring.kv_loads;
-  }
+  if (tile.steps.count > 0) ++ring.kv_loads;  // K and V were released by the last step
 
   // dK = softmax_scale · dSᵀ Q (S was scale · q·k); keys past seqlen_k are not stored.
   store_accumulator_rows<T, HeadDim>(
@@ -543,6 +558,7 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
                                               q_tile);
       wgmma_wait<0>();
       wgmma_fence_operands(x);
+      if (t + 1 == tile.steps.count) release_stage(&bars->k_empty);  // only Sᵀ reads K
       const int row0 = tile.steps.row0(t), lane_key = tile.key0 + key_row0 + at.row;
       using Scores = BackwardScores<Causal, Softcap, Window, Alibi>;
       const Scores scores(f, lengths_of<Varlen>(f, tile.seq), tile.batch, tile.steps.head(t));
@@ -583,6 +599,7 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
                                               do_tile);
       wgmma_wait<0>();
       wgmma_fence_operands(x);
+      if (t + 1 == tile.steps.count) release_stage(&bars->v_empty);  // only dPᵀ reads V
       named_barrier_sync(written, kPairThreads);
       float prob[TileM / 2];
 #pragma unroll
@@ -603,10 +620,7 @@ __device__ __forceinline__ void consume_split(const BackwardParams& p,
     wgmma_fence_operands(frag);  // its registers stay reserved until the GEMM reading them is done
     release_stage(&bars->empty[stage]);
   }
-  if (tile.steps.count > 0) {  // K and V read: the producer may load the next tile's
-    release_stage(&bars->kv_empty);
-    ++ring.kv_loads;
-  }
+  if (tile.steps.count > 0) ++ring.kv_loads;  // K and V were released by the last step
 
   // dK = softmax_scale · dSᵀ Q; keys past seqlen_k are not stored.
   if constexpr (Probs)
@@ -651,7 +665,13 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
 
   if (threadIdx.x == 0) {
     mbarrier_init(&bars->kv_full, 1);
-    mbarrier_init(&bars->kv_empty, kShape.consumer_warps());
+    // Split roles: K is read by the warpgroups of Sᵀ only, V by those of dPᵀ.
+    const int key_readers = kShape.consumer_warps() / (kShape.split_roles() && !FusedDq ? 2 : 1);
+    mbarrier_init(&bars->k_empty, key_readers);
+    mbarrier_init(&bars->v_empty, key_readers);
+    mbarrier_init(&bars->tiles.full, 1);
+    // Every warp that walks the tiles: the producer's, write_dq's, the consumers'.
+    mbarrier_init(&bars->tiles.empty, 1 + (FusedDq ? 1 : 0) + kShape.consumer_warps());
     for (int s = 0; s < Stages; ++s) {
       mbarrier_init(&bars->full[s], 1);
       mbarrier_init(&bars->empty[s], kShape.consumer_warps());
@@ -671,8 +691,11 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
   // then spills).
   const int warpgroup = enter_role();
   RingPosition ring;
-  auto for_each_tile = [&](auto&& work) {
-    for (int linear = blockIdx.x; linear < grid.total(); linear += gridDim.x) {
+  // Causal launches with a counter take their tiles (key_tile_walk.cuh); the rest are dealt.
+  auto for_each_tile = [&](auto deferred, auto&& work) {
+    KeyTileSequence<decltype(deferred)::value> walk{&bars->tiles, grid.total(),
+                                                    Causal && takes_key_tiles(p)};
+    for (int linear = walk.first(); linear >= 0; linear = walk.next()) {
       const KeyTile<Causal, Window, Varlen, TileM, TileN, BlockMask> tile(
           p.fwd, grid.template at<Causal>(linear));
       // Past a shorter sequence's keys. (if constexpr: even a constant-false test changes the
@@ -687,30 +710,32 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
     // in uniform registers (in the producer warpgroup's 24 a thread's walk spilled).
     const int warp = __shfl_sync(0xffffffffu, threadIdx.x / 32, 0);
     if (warp == 0)
-      for_each_tile([&](const auto& tile) {
+      for_each_tile(True{}, [&](const auto& tile) {
         produce<T, HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(
             p, tile, &tma_q, &tma_k, &tma_v, &tma_do, smem, bars, ring);
       });
     else if (FusedDq && warp == 1) {
-      for_each_tile([&](const auto& tile) {
+      for_each_tile(False{}, [&](const auto& tile) {
         write_dq<HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(p, tile, smem);
       });
       if (threadIdx.x % 32 == 0) bulk_wait_group<0>();  // the reductions end before the CTA
+    } else if (Causal && warp == 2 && takes_key_tiles(p) && threadIdx.x % 32 == 0) {
+      schedule_key_tiles(p, grid.total(), &bars->tiles);
     }
   } else if constexpr (kShape.split_roles() && !FusedDq) {
     const int consumer = warpgroup - 1;
     if (consumer % 2 == 0)
-      for_each_tile([&](const auto& tile) {
+      for_each_tile(False{}, [&](const auto& tile) {
         consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
                       true>(p, tile, smem, bars, consumer / 2, ring);
       });
     else
-      for_each_tile([&](const auto& tile) {
+      for_each_tile(False{}, [&](const auto& tile) {
         consume_split<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
                       false>(p, tile, smem, bars, consumer / 2, ring);
       });
   } else {
-    for_each_tile([&](const auto& tile) {
+    for_each_tile(False{}, [&](const auto& tile) {
       consume_keys<T, HeadDim, TileM, TileN, Stages, Causal, Softcap, Window, Alibi, Varlen,
                    FusedDq>(p, tile, smem, bars, warpgroup - 1, ring);
     });

@@ -66,9 +66,9 @@ struct BwdWgmmaShape {
   FLASHJIT_HOST_DEVICE constexpr int exchange_bytes() const {
     return split_roles() ? key_groups() * BwdWgmmaLimits::kRowsPerConsumer * tile_m * 4 : 0;
   }
-  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const {  // kv_full, kv_empty, full, empty
-    return (2 + 2 * stages) * 8;
-  }
+  // kv_full, k_empty, v_empty, full[stages], empty[stages], and the taken tiles' slot (two
+  // barriers and a word, padded)
+  FLASHJIT_HOST_DEVICE constexpr int barrier_bytes() const { return (3 + 2 * stages) * 8 + 24; }
   // Fused dQ: the step's 64 x 64 dQ blocks (tile_m / 64 down, head_dim / 64 across), one per
   // consumer; dS [tile_m queries][tile_n keys] in two buffers (steps alternate, so a consumer
   // writing the next never waits for the other to finish reading the last), K-major and swizzled
@@ -151,8 +151,11 @@ struct BwdKeyTileWalk {
                                                   int batch) {
     return key_tiles(seqlen_k, tile_n) * heads_kv * batch;
   }
-  FLASHJIT_HOST_DEVICE static constexpr bool persistent(bool causal, int seqlen_k, int tile_n) {
-    return !causal || key_tiles(seqlen_k, tile_n) <= kPersistentCausalTiles;
+  // `taking`: the launch has a tile counter (BackwardParams::tile_counter), so its causal CTAs
+  // take their tiles greedily (bwd_wgmma/key_tile_walk.cuh) and one an SM balances any grid.
+  FLASHJIT_HOST_DEVICE static constexpr bool persistent(bool causal, bool taking, int seqlen_k,
+                                                        int tile_n) {
+    return !causal || taking || key_tiles(seqlen_k, tile_n) <= kPersistentCausalTiles;
   }
 };
 

@@ -131,6 +131,9 @@ struct BackwardParams {
   // Optional fp32 [heads_q] (learnable sinks, BackwardOptions::d_sink_logits): bwd_sink writes
   // dL/dsink = -Σ_rows exp(sink - lse) · delta there; nullptr: not computed.
   float* dsink;
+  // The workspace's counter of taken dK/dV tiles (bwd_wgmma/key_tile_walk.cuh), zeroed by
+  // bwd_prep; nullptr where there is no workspace (seqlen_q 0): the tiles are dealt.
+  int* tile_counter;
 };
 
 // Merges num_states partial attention results per row (split-KV partials, or the public

@@ -100,7 +100,7 @@ std::size_t BackwardProblem::workspace_rows() const {
 
 std::size_t BackwardProblem::workspace_bytes() const {
   const std::size_t rows = workspace_rows();
-  const std::size_t terms = 2 * aligned(rows * sizeof(float));
+  const std::size_t terms = 2 * aligned(rows * sizeof(float)) + aligned(sizeof(int));
   return dq_accumulator ? terms + aligned(rows * forward.head_dim * sizeof(float)) : terms;
 }
 
@@ -110,8 +110,10 @@ BackwardParams BackwardProblem::with_workspace(void* workspace) const {
   BackwardParams p = params;
   p.delta = reinterpret_cast<float*>(bytes);
   p.lse_log2 = reinterpret_cast<float*>(bytes + aligned(rows * sizeof(float)));
-  p.dq_accum =
-      dq_accumulator ? reinterpret_cast<float*>(bytes + 2 * aligned(rows * sizeof(float))) : nullptr;
+  p.tile_counter = reinterpret_cast<int*>(bytes + 2 * aligned(rows * sizeof(float)));
+  p.dq_accum = dq_accumulator ? reinterpret_cast<float*>(bytes + 2 * aligned(rows * sizeof(float)) +
+                                                         aligned(sizeof(int)))
+                              : nullptr;
   return p;
 }
 

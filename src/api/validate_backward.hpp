@@ -23,8 +23,9 @@ struct BackwardProblem {
   // less than any choice needs.
   bool dq_accumulator = false;
 
-  // The workspace: delta and lse_log2 (fp32 per padded row, common/bwd_workspace.cuh), then with
-  // dq_accumulator the fp32 dQ accumulator (head_dim per padded row), each 256-byte aligned.
+  // The workspace: delta and lse_log2 (fp32 per padded row, common/bwd_workspace.cuh), the
+  // dK/dV launch's tile counter (BackwardParams::tile_counter), then with dq_accumulator the
+  // fp32 dQ accumulator (head_dim per padded row), each 256-byte aligned.
   std::size_t workspace_rows() const;
   std::size_t workspace_bytes() const;
   // params with its workspace pointers into `workspace` (workspace_bytes() of it).

@@ -120,20 +120,26 @@ TEST_CASE("backward arguments are checked before any launch, naming the argument
   CHECK(rejection(transposed) == "accepted");
 }
 
-TEST_CASE("the backward workspace holds the row terms, and before dispatch the dQ accumulator unless deterministic") {
+// The dK/dV launch's tile counter: one int, in its own 256-byte slot after the row terms.
+constexpr long long kCounterSlot = 256;
+
+TEST_CASE("the backward workspace holds the row terms, the tile counter, and before dispatch the dQ accumulator unless deterministic") {
   BackwardArgs args;
   const detail::BackwardProblem atomic = args.validate();
   const long long rows = 2LL * 8 * BwdWorkspaceRows::padded_rows(100);
   CHECK(atomic.params.seqlen_rows == 128);
-  CHECK(atomic.workspace_bytes() == 2 * (rows * 4) + rows * 128 * 4);
+  CHECK(atomic.params.tile_counter == nullptr);  // set with the workspace
+  CHECK(atomic.workspace_bytes() == 2 * (rows * 4) + kCounterSlot + rows * 128 * 4);
   args.options.deterministic = true;
   const detail::BackwardProblem exact = args.validate();
-  CHECK(exact.workspace_bytes() == 2 * (rows * 4));
+  CHECK(exact.workspace_bytes() == 2 * (rows * 4) + kCounterSlot);
   const BackwardParams p = exact.with_workspace(fake(0x1000000));
   CHECK(p.dq_accum == nullptr);
   CHECK(reinterpret_cast<std::uintptr_t>(p.lse_log2) - 0x1000000 == rows * 4);
+  CHECK(reinterpret_cast<std::uintptr_t>(p.tile_counter) - 0x1000000 == 2 * rows * 4);
   const BackwardParams q = atomic.with_workspace(fake(0x1000000));
-  CHECK(reinterpret_cast<std::uintptr_t>(q.dq_accum) - 0x1000000 == 2 * rows * 4);
+  CHECK(reinterpret_cast<std::uintptr_t>(q.tile_counter) - 0x1000000 == 2 * rows * 4);
+  CHECK(reinterpret_cast<std::uintptr_t>(q.dq_accum) - 0x1000000 == 2 * rows * 4 + kCounterSlot);
   // The three-view form sizes the same workspace.
   CHECK(detail::validate_backward(args.q, args.k, args.v, nullptr, args.options).workspace_bytes() ==
         exact.workspace_bytes());
@@ -379,7 +385,7 @@ TEST_CASE("the dQ accumulator is in the workspace only for kernels that sum dQ b
     CHECK((problem.with_workspace(fake(0x1000000)).dq_accum != nullptr) == problem.dq_accumulator);
     return problem.workspace_bytes();
   };
-  const std::size_t terms = 2 * (rows * 4);
+  const std::size_t terms = 2 * (rows * 4) + kCounterSlot;
   CHECK(workspace("sm_80", false) == terms + rows * 128 * 4);  // bwd_mma's atomics
   CHECK(workspace("sm_80", true) == terms);                    // bwd_mma_dq
   CHECK(workspace("sm_90a", false) == terms + rows * 128 * 4);  // bwd_wgmma_fused's reductions
@@ -667,7 +673,7 @@ TEST_CASE("varlen backward: packed views checked as the forward's, workspace row
   CHECK(problem.params.seqlen_rows == 640);
   const long long rows = 8LL * 640;  // per head, no batch factor
   CHECK(problem.workspace_rows() == static_cast<std::size_t>(rows));
-  CHECK(problem.workspace_bytes() == 2 * (rows * 4) + rows * 128 * 4);
+  CHECK(problem.workspace_bytes() == 2 * (rows * 4) + kCounterSlot + rows * 128 * 4);
   // A sequence's first row: its start plus 128 per sequence before it, rounded down to 128; the
   // previous sequence's padded rows always end before it.
   CHECK(BwdWorkspaceRows::packed_first_row(0, 0) == 0);

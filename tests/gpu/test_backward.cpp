@@ -137,11 +137,14 @@ TEST_CASE("backward: seqlen_q != seqlen_k both ways; rows that see no key get ze
 }
 
 TEST_CASE("backward: more key tiles than SMs, a persistent grid's CTAs taking several each") {
-  // 160 to 192 key tiles (of 64 or 128 keys): past the 132 SMs of an H100/H200, so the Hopper
-  // kernels' persistent grids walk two tiles in some CTAs (BwdKeyTileWalk); causal ones are
-  // persistent up to 8 key tiles (the d128 case's 2); it has a ragged last tile.
+  // 144 to 264 key tiles (of 64 or 128 keys): past the 132 SMs of an H100/H200, so the Hopper
+  // kernels' persistent grids walk several tiles in some CTAs (BwdKeyTileWalk): dealt where not
+  // causal, taken from the workspace's counter where causal (key tiles of 1 to 11 query steps);
+  // ragged last tiles.
   check_cases({{2, 40, 40, 256, 256, 64, false},
                {2, 48, 48, 200, 200, 128, true},
+               {1, 16, 16, 1100, 1100, 64, true},
+               {2, 12, 12, 700, 700, 256, true},
                {2, 24, 24, 256, 256, 256, false}},
               800);
 }

@@ -131,7 +131,8 @@ void add_maps(LaunchPlan& plan, const ForwardProblem& problem, const BackwardPar
 }
 
 // One CTA a key tile, or one an SM where BwdKeyTileWalk says a persistent grid stays balanced
-// (the kernel's KeyTileGrid walks the tiles either way). Only shapes of two consumers: their
+// (the kernel's KeyTileGrid walks the tiles either way): every launch with queries has the
+// workspace's tile counter, so its causal CTAs take their tiles. Only shapes of two consumers: their
 // 240-register consumers fill the register file, one CTA an SM; one of a single consumer might
 // share its SM with another CTA, which a grid of one an SM would give away.
 LaunchPlan dkdv_plan(const Variant& v, const ForwardProblem& problem, const BackwardParams& params,
@@ -148,7 +149,8 @@ LaunchPlan dkdv_plan(const Variant& v, const ForwardProblem& problem, const Back
                             std::numeric_limits<int>::max()));
   const bool persistent = device.multiprocessors > 0 &&
                           dkdv_shape(v).consumers() == Limits::kMaxConsumers &&
-                          BwdKeyTileWalk::persistent(v.causal, problem.seqlen_k, v.tile_n);
+                          BwdKeyTileWalk::persistent(v.causal, problem.seqlen_q > 0,
+                                                     problem.seqlen_k, v.tile_n);
   LaunchPlan plan;
   plan.grid = {static_cast<unsigned>(
                    persistent ? std::min<std::int64_t>(tiles, device.multiprocessors) : tiles),
