@@ -27,8 +27,9 @@ struct Arguments {
   BackwardOptions options;
 };
 
-// The workspace's size recomputed with every operation checked (its three parts each rounded up
-// to 256 bytes at most): false where it overflows.
+// The workspace's size recomputed with every operation checked (its four parts, the two row
+// terms, the tile counter and the accumulator, each rounded up to 256 bytes at most): false where
+// it overflows.
 bool workspace_bytes_fit(const flashjit::detail::BackwardProblem& problem, std::size_t& bytes) {
   const auto& f = problem.forward;
   const long long per_head = f.varlen ? 1 : f.batch;
@@ -41,9 +42,9 @@ bool workspace_bytes_fit(const flashjit::detail::BackwardProblem& problem, std::
       __builtin_mul_overflow(static_cast<std::size_t>(floats), sizeof(float), &accumulator) ||
       __builtin_add_overflow(terms, terms, &total) ||
       __builtin_add_overflow(total, accumulator, &total) ||
-      __builtin_add_overflow(total, std::size_t{3 * 256}, &total))
+      __builtin_add_overflow(total, std::size_t{4 * 256}, &total))
     return false;
-  bytes = problem.dq_accumulator ? 2 * terms + accumulator : 2 * terms;
+  bytes = (problem.dq_accumulator ? 2 * terms + accumulator : 2 * terms) + sizeof(int);
   return true;
 }
 
