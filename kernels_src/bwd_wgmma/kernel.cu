@@ -104,9 +104,10 @@ struct KeyTileCoords {
 };
 
 // The launch's key tiles (key tiles x heads_kv x batch, numbered key tile fastest; causal ones in
-// BwdKeyTileOrder's order, shape.cuh) and the CTAs' walk over them: CTA b takes tiles b,
-// b + gridDim.x, ... (BwdKeyTileWalk: one tile a CTA, or a persistent grid whose CTAs load the
-// next tile's K, V and first Q while they finish and store the last).
+// BwdKeyTileOrder's order, shape.cuh). The CTAs walk them as KeyTileSequence says: dealt (CTA b
+// takes tiles b, b + gridDim.x, ...: one tile a CTA, or a persistent grid whose CTAs load the
+// next tile's K, V and first Q while they finish and store the last) or, causal with a tile
+// counter, taken in this order as each CTA frees up.
 // Computed from the parameters at each use, not held: the producer's walk has 24 registers.
 template <int TileN>
 struct KeyTileGrid {
