@@ -473,9 +473,10 @@ struct BackwardOptions {
   // Force its tile shape (tile_m query rows per step, tile_n keys per CTA, stages).
   std::optional<TileConfig> tiles;
   // Scratch (the dO·O row sums, the LSE in the kernels' units, a counter of the dK/dV tiles taken
-  // and, where dQ is summed by atomics, the fp32 dQ accumulator): at least Engine::backward_workspace_bytes() bytes, 256-byte aligned,
-  // used in stream order. Null: the engine's own buffer for the stream, allocated on the first
-  // call that needs it (so run a shape once before capturing it in a CUDA graph, or pass one).
+  // and, where dQ is summed by atomics, the fp32 dQ accumulator): at least
+  // Engine::backward_workspace_bytes() bytes, 256-byte aligned, used in stream order. Null: the
+  // engine's own buffer for the stream, allocated on the first call that needs it (so run a shape
+  // once before capturing it in a CUDA graph, or pass one).
   void* workspace = nullptr;
   std::size_t workspace_bytes = 0;
 };

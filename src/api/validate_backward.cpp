@@ -20,6 +20,19 @@ std::size_t aligned(std::size_t bytes) {
   return (bytes + kWorkspaceAlignment - 1) / kWorkspaceAlignment * kWorkspaceAlignment;
 }
 
+// Where each part of the workspace starts (BackwardProblem::workspace_bytes says what they are):
+// sizing and pointing read the same offsets.
+struct WorkspaceLayout {
+  std::size_t lse_log2, tile_counter, dq_accum, end;
+
+  WorkspaceLayout(std::size_t rows, int head_dim, bool dq_accumulator) {
+    lse_log2 = aligned(rows * sizeof(float));
+    tile_counter = lse_log2 + aligned(rows * sizeof(float));
+    dq_accum = tile_counter + aligned(sizeof(int));
+    end = dq_accum + (dq_accumulator ? aligned(rows * head_dim * sizeof(float)) : 0);
+  }
+};
+
 // The forward options of the forward being differentiated.
 ForwardOptions forward_options(const BackwardOptions& options, const float* lse) {
   ForwardOptions forward;
@@ -99,21 +112,17 @@ std::size_t BackwardProblem::workspace_rows() const {
 }
 
 std::size_t BackwardProblem::workspace_bytes() const {
-  const std::size_t rows = workspace_rows();
-  const std::size_t terms = 2 * aligned(rows * sizeof(float)) + aligned(sizeof(int));
-  return dq_accumulator ? terms + aligned(rows * forward.head_dim * sizeof(float)) : terms;
+  return WorkspaceLayout(workspace_rows(), forward.head_dim, dq_accumulator).end;
 }
 
 BackwardParams BackwardProblem::with_workspace(void* workspace) const {
-  const std::size_t rows = workspace_rows();
+  const WorkspaceLayout layout(workspace_rows(), forward.head_dim, dq_accumulator);
   auto* bytes = static_cast<std::byte*>(workspace);
   BackwardParams p = params;
   p.delta = reinterpret_cast<float*>(bytes);
-  p.lse_log2 = reinterpret_cast<float*>(bytes + aligned(rows * sizeof(float)));
-  p.tile_counter = reinterpret_cast<int*>(bytes + 2 * aligned(rows * sizeof(float)));
-  p.dq_accum = dq_accumulator ? reinterpret_cast<float*>(bytes + 2 * aligned(rows * sizeof(float)) +
-                                                         aligned(sizeof(int)))
-                              : nullptr;
+  p.lse_log2 = reinterpret_cast<float*>(bytes + layout.lse_log2);
+  p.tile_counter = reinterpret_cast<int*>(bytes + layout.tile_counter);
+  p.dq_accum = dq_accumulator ? reinterpret_cast<float*>(bytes + layout.dq_accum) : nullptr;
   return p;
 }
 
