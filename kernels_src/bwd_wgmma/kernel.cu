@@ -53,7 +53,8 @@ struct KeyTileBarriers {
 
 // Where a role stands in the CTA's walk over its key tiles: the ring's steps so far (a step's
 // stage and phase run on across tiles) and the tiles whose K and V were loaded (kv_full's,
-// k_empty's and v_empty's phases). Each role keeps its own copy; all count the same tiles and steps.
+// k_empty's and v_empty's phases). Each role keeps its own copy; all count the same tiles and
+// steps.
 struct RingPosition {
   int step = 0;
   int kv_loads = 0;
@@ -692,10 +693,9 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
   // then spills).
   const int warpgroup = enter_role();
   RingPosition ring;
-  // Causal launches with a counter take their tiles (key_tile_walk.cuh); the rest are dealt.
   auto for_each_tile = [&](auto deferred, auto&& work) {
     KeyTileSequence<decltype(deferred)::value> walk{&bars->tiles, grid.total(),
-                                                    Causal && takes_key_tiles(p)};
+                                                    takes_key_tiles<Causal>(p)};
     for (int linear = walk.first(); linear >= 0; linear = walk.next()) {
       const KeyTile<Causal, Window, Varlen, TileM, TileN, BlockMask> tile(
           p.fwd, grid.template at<Causal>(linear));
@@ -720,7 +720,7 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
         write_dq<HeadDim, TileM, TileN, Stages, Causal, Window, Varlen>(p, tile, smem);
       });
       if (threadIdx.x % 32 == 0) bulk_wait_group<0>();  // the reductions end before the CTA
-    } else if (Causal && warp == 2 && takes_key_tiles(p) && threadIdx.x % 32 == 0) {
+    } else if (warp == 2 && takes_key_tiles<Causal>(p) && threadIdx.x % 32 == 0) {
       schedule_key_tiles(p, grid.total(), &bars->tiles);
     }
   } else if constexpr (kShape.split_roles() && !FusedDq) {

@@ -22,8 +22,12 @@ struct KeyTileSlot {
   int linear, unused;
 };
 
+// Causal launches with a counter take their tiles; the rest are dealt. Each role tests it for
+// itself: tested before the roles split, the value was live across warpgroup 0's setmaxnreg,
+// which ptxas then ignored (the consumers spilled 1.5-2 KB).
+template <bool Causal>
 __device__ __forceinline__ bool takes_key_tiles(const BackwardParams& p) {
-  return p.tile_counter != nullptr;
+  return Causal && p.tile_counter != nullptr;
 }
 
 // The scheduler (one thread of the producer warpgroup): tile n + 1 is claimed once every reader
