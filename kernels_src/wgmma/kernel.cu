@@ -675,7 +675,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         else
           soft_cap<Softcap, /*Accurate=*/false>(s, p);
         scale_for_score_mod<Softcap>(s, p);
-        float row_bias[2] = {0.f, 0.f};
+        [[maybe_unused]] float row_bias[2] = {0.f, 0.f};  // the bounded path has no max to bias
         if constexpr (Alibi) {
           // Row at.row's diagonal (bottom-right) counted from the tile's first key.
           const int diagonal = row0 + at.row + seq.seqlen_k - seq.seqlen_q - j * TileN;
