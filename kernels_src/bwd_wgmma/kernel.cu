@@ -694,9 +694,8 @@ __global__ void __launch_bounds__(BwdWgmmaShape{HeadDim, TileM, TileN, Stages, F
   const int warpgroup = enter_role();
   RingPosition ring;
   auto for_each_tile = [&](auto deferred, auto&& work) {
-    KeyTileSequence<decltype(deferred)::value> walk{&bars->tiles, grid.total(),
-                                                    takes_key_tiles<Causal>(p)};
-    for (int linear = walk.first(); linear >= 0; linear = walk.next()) {
+    KeyTileSequence<Causal, decltype(deferred)::value> walk{p, &bars->tiles};
+    for (int linear = walk.first(grid.total()); linear >= 0; linear = walk.next(grid.total())) {
       const KeyTile<Causal, Window, Varlen, TileM, TileN, BlockMask> tile(
           p.fwd, grid.template at<Causal>(linear));
       // Past a shorter sequence's keys. (if constexpr: even a constant-false test changes the

@@ -47,24 +47,25 @@ __device__ __forceinline__ void schedule_key_tiles(const BackwardParams& p, int 
   }
 }
 
-// A role's walk: first(), then next() until -1. Readers are whole warps; the producer's warp
-// (Deferred) frees the slot when it asks for the next tile, the others when they have read it.
-template <bool Deferred>
+// A role's walk over the launch's `total` tiles: first(), then next() until -1. Readers are
+// whole warps; the producer's warp (Deferred) frees the slot when it asks for the next tile, the
+// others when they have read it. It holds one int: the consumers keep it beside ~240 registers of
+// accumulators, so whether it takes, the total and the slot are read again at each use.
+template <bool Causal, bool Deferred>
 struct KeyTileSequence {
+  const BackwardParams& p;
   KeyTileSlot* slot;
-  int total;
-  bool taking;
-  int linear = -1, n = 0;
+  int position = 0;  // dealt: the current tile; taken: the slot's reads so far
 
-  __device__ __forceinline__ int first() {
-    const int own = static_cast<int>(blockIdx.x);
-    linear = taking ? read() : (own < total ? own : -1);
-    return linear;
+  __device__ __forceinline__ int first(int total) {
+    if (takes_key_tiles<Causal>(p)) return read();
+    position = static_cast<int>(blockIdx.x);
+    return position < total ? position : -1;
   }
-  __device__ __forceinline__ int next() {
-    if (!taking) {
-      linear += gridDim.x;
-      return linear < total ? linear : -1;
+  __device__ __forceinline__ int next(int total) {
+    if (!takes_key_tiles<Causal>(p)) {
+      position += static_cast<int>(gridDim.x);
+      return position < total ? position : -1;
     }
     if (Deferred) free_slot();
     return read();
@@ -76,8 +77,8 @@ struct KeyTileSequence {
     if (threadIdx.x % 32 == 0) mbarrier_arrive(&slot->empty);
   }
   __device__ __forceinline__ int read() {
-    mbarrier_wait(&slot->full, n & 1);
-    ++n;
+    mbarrier_wait(&slot->full, position & 1);
+    ++position;
     const int unit = *static_cast<volatile int*>(&slot->linear);
     if (!Deferred) free_slot();
     return unit;
