@@ -15,6 +15,7 @@
 #include "common/cp_async.cuh"
 #include "common/alibi.cuh"
 #include "common/epilogue.cuh"
+#include "common/exp2_fma.cuh"
 #include "common/fast_math.cuh"
 #include "common/global_store.cuh"
 #include "common/grid_dependency.cuh"
@@ -358,15 +359,20 @@ struct RowSoftmax {
   // Capped scores in tanh units with a fixed offset instead of the running max (BoundedCap,
   // kMaxBoundedCap): no max, no correction; consume sets max to the offset after the last tile.
   // The sums are of P in fp32 here, or (SumHere false) of the bf16 fragments (add_bf16_sums).
-  template <bool SumHere, int N>
+  // FmaEighths of every 8 columns' exp2 run on the FMA pipe (exp2_fma; finite scores only: the
+  // unmasked steps), the rest on the SFU.
+  template <bool SumHere, int FmaEighths, int N>
   __device__ __forceinline__ void update_bounded(float (&s)[N], float c, float offset) {
+    auto exp2_of = [&](int e, float x) {
+      return (e / 4) % 8 < FmaEighths ? exp2_fma(x) : exp2_ftz(x);
+    };
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
       float tile_sum = 0.f;
 #pragma unroll
       for (int e = 2 * i; e < N; e += 4) {
-        s[e] = exp2_ftz(fmaf(s[e], c, -offset));
-        s[e + 1] = exp2_ftz(fmaf(s[e + 1], c, -offset));
+        s[e] = exp2_of(e, fmaf(s[e], c, -offset));
+        s[e + 1] = exp2_of(e, fmaf(s[e + 1], c, -offset));
         if constexpr (SumHere) tile_sum += s[e] + s[e + 1];
       }
       if constexpr (SumHere) sum[i] += tile_sum;
@@ -410,6 +416,11 @@ __device__ __forceinline__ float bounded_cap_offset(float c) { return fmaxf(0.f,
 // for 4.1e-3 against 2.5e-3, within the tests' bf16 bounds.
 template <int TileM>
 inline constexpr bool kBoundedSumsBf16 = TileM > 128;
+// How many of every 8 columns' exp2 the bounded path takes on the FMA pipe (exp2_fma): d64's
+// scores cost two SFU ops against half d128's GEMM time. 3 of 8 took 32k causal softcap 30 from
+// 1.61 to 1.40x plain on the H100; 2, 5 and 6 were slower, degree 2 no faster (perf-log, s42).
+template <int HeadDim>
+inline constexpr int kBoundedExp2FmaEighths = HeadDim == 64 ? 3 : 0;
 
 template <int N>
 __device__ __forceinline__ void rescale_rows(float (&o)[N], const float (&correction)[2]) {
@@ -694,7 +705,9 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
         }
         if constexpr (BoundedCap)
-          softmax.update_bounded<!kBoundedSumsBf16<TileM>>(s, scale_log2, bounded_offset);
+          softmax.update_bounded<!kBoundedSumsBf16<TileM>,
+                                 decltype(masked)::value ? 0 : kBoundedExp2FmaEighths<HeadDim>>(
+              s, scale_log2, bounded_offset);
         else
           softmax.update<kRowBias>(s, scale_log2, correction, row_bias);
       };
