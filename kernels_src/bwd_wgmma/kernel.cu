@@ -462,7 +462,7 @@ __device__ __forceinline__ void consume_keys(const BackwardParams& p,
       gemm_fragments<T, TileM>(dsf, dp);
       const unsigned ds_tile = base + kShape.ds_offset(ring.step % 2);
       unsigned pf[TileM / 16][4];
-      float dq[FusedDq ? 32 : 1];
+      [[maybe_unused]] float dq[FusedDq ? 32 : 1];  // unused without FusedDq (NVRTC #177-D)
       if constexpr (kDqUnderDk) {
         // dV, dQ, then dK: dQ's block is staged while dK's GEMM runs.
         gemm_fragments<T, TileM>(pf, s);
