@@ -10,19 +10,11 @@
 
 namespace flashjit {
 
-FLASHJIT_HOST_DEVICE inline float float_from_bits(int bits) {
-#if defined(__CUDA_ARCH__)
-  return __int_as_float(bits);
-#else
-  return __builtin_bit_cast(float, bits);
-#endif
-}
-FLASHJIT_HOST_DEVICE inline int bits_of_float(float x) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_int(x);
-#else
-  return __builtin_bit_cast(int, x);
-#endif
+// The same bits as another type (NVRTC and g++ both have the builtin).
+template <typename To, typename From>
+FLASHJIT_HOST_DEVICE inline To bits_as(From x) {
+  static_assert(sizeof(To) == sizeof(From), "a reinterpretation of the same number of bits");
+  return __builtin_bit_cast(To, x);
 }
 
 // Relative error of exp2_fma against 2^x over its domain (the minimax polynomial's bound).
@@ -37,10 +29,11 @@ FLASHJIT_HOST_DEVICE inline float exp2_fma(float x) {
   const float shifted = x + kRound;
   const float f = x - (shifted - kRound);
   const float p = fmaf(fmaf(fmaf(0.05517153f, f, 0.24261101f), f, 0.69326097f), f, 0.99992806f);
-  // (round(x) << 23) + 1.0's bits: the low bits of kRound's pattern shift out. Built in an
-  // integer register and applied by a float multiply (an integer op writing the score registers
-  // themselves made ptxas serialize the wgmmas, docs/perf-log.md session 32).
-  const float two_n = float_from_bits(bits_of_float(shifted) * (1 << 23) + 0x3f800000);
+  // (round(x) << 23) + 1.0's bits, modulo 2^32 (unsigned: kRound's own bits, all above bit 8,
+  // shift out of the word). Built in an integer register and applied by a float multiply (an
+  // integer op writing the score registers themselves made ptxas serialize the wgmmas,
+  // docs/perf-log.md session 32).
+  const float two_n = bits_as<float>(bits_as<unsigned>(shifted) * (1u << 23) + 0x3f800000u);
   return p * two_n;
 }
 
