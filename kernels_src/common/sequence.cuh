@@ -12,6 +12,17 @@ struct SequenceLengths {
   int seqlen_q, seqlen_k;
 };
 
+// The lengths the masks read: a varlen sequence's own, or (dense) the launch's, read from the
+// params (`launch`) where used rather than copied into registers up front.
+template <bool Varlen, typename Launch>
+__device__ __forceinline__ const auto& mask_lengths(const SequenceLengths& sequence,
+                                                    const Launch& launch) {
+  if constexpr (Varlen)
+    return sequence;
+  else
+    return launch;
+}
+
 struct SequenceSpan {
   int seqlen_q, seqlen_k;  // its queries, and the keys they attend over
   int q_start, k_start;    // its first row in a packed q / o and k / v; 0 when dense

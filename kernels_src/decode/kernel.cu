@@ -178,21 +178,21 @@ __global__ void __launch_bounds__(DecodeShape{HeadDim, TileM, TileN, Stages, Tma
                       kv_head, static_cast<int>(at.block));
         }
       }
-      return;
-    }
+    } else {  // (else: NVRTC warns of an unreachable loop after a return, #128-D)
 #pragma unroll
-    for (int pass = 0; pass < TileN / kPassRows; ++pass) {
-      const int r = pass * kPassRows + copy_row;
-      const int key = tile * TileN + r;
-      const bool valid = key < seqlen;
-      long long k_off = 0, v_off = 0;
-      if (valid) {
-        const KvRow at = locate_key<Paged>(p, batch, key, page_shift, k_block, k_start);
-        k_off = at.block * p.k_stride_b + at.row * p.k_stride_s;
-        v_off = at.block * p.v_stride_b + at.row * p.v_stride_s;
+      for (int pass = 0; pass < TileN / kPassRows; ++pass) {
+        const int r = pass * kPassRows + copy_row;
+        const int key = tile * TileN + r;
+        const bool valid = key < seqlen;
+        long long k_off = 0, v_off = 0;
+        if (valid) {
+          const KvRow at = locate_key<Paged>(p, batch, key, page_shift, k_block, k_start);
+          k_off = at.block * p.k_stride_b + at.row * p.k_stride_s;
+          v_off = at.block * p.v_stride_b + at.row * p.v_stride_s;
+        }
+        cp_async_16(smem_address(k_smem + r * kPitch + copy_col), k_base + k_off + copy_col, valid);
+        cp_async_16(smem_address(v_smem + r * kPitch + copy_col), v_base + v_off + copy_col, valid);
       }
-      cp_async_16(smem_address(k_smem + r * kPitch + copy_col), k_base + k_off + copy_col, valid);
-      cp_async_16(smem_address(v_smem + r * kPitch + copy_col), v_base + v_off + copy_col, valid);
     }
   };
 

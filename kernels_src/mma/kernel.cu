@@ -86,14 +86,8 @@ __global__ void __launch_bounds__(MmaShape::kThreads) fmha_mma_kernel(const Fmha
   const int warp_row0 = (threadIdx.x / 32) * kWarpRows;  // first row of this warp in the tile
   const SequenceSpan seq = sequence_span<Varlen>(p, batch);
   if (Varlen && row0 >= seq.seqlen_q) return;  // past a shorter sequence's queries
-  // The masks' lengths: the sequence's, or (dense) the launch's read from the params where used.
   const SequenceLengths seq_lengths = seq.lengths();
-  const auto& len = [&]() -> const auto& {
-    if constexpr (Varlen)
-      return seq_lengths;
-    else
-      return p;
-  }();
+  const auto& len = mask_lengths<Varlen>(seq_lengths, p);
 
   const T* q = static_cast<const T*>(p.q) + seq.q_batch * p.q_stride_b +
                seq.q_start * p.q_stride_s + head * p.q_stride_h;
