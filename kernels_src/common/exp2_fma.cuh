@@ -21,7 +21,7 @@ FLASHJIT_HOST_DEVICE inline To bits_as(From x) {
 constexpr float kExp2FmaMaxRelativeError = 7.5e-5f;
 
 // 2^x for x in [-126, 64) (no inf, no NaN, no denormals): 2^round(x) from the exponent bits times
-// a degree-3 minimax polynomial of 2^f, f = x - round(x) in [-0.5, 0.5]. Seven FMA-pipe
+// a degree-3 minimax polynomial of 2^f, f = x - round(x) in [-0.5, 0.5]. Eight FMA-pipe
 // instructions against one SFU op: it pays only where the SFU, not issue, bounds a loop. Degree 2
 // (1.7e-3) was no faster on soft-capped d64 scores (docs/perf-log.md, session 42).
 FLASHJIT_HOST_DEVICE inline float exp2_fma(float x) {

@@ -4,7 +4,6 @@
 #include <doctest/doctest.h>
 
 #include <cmath>
-#include <cstdint>
 #include <random>
 
 #include "common/exp2_fma.cuh"
