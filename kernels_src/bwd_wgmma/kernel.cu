@@ -243,6 +243,11 @@ __device__ __forceinline__ void probabilities(float (&s)[TileM / 2], float (&dp)
                                               const float* terms, const FragmentPosition& at,
                                               const Scores& scores, bool masked, int lane_key,
                                               int row0) {
+  // Masked blocks test each score's row against the range of rows its key is seen by
+  // (rows_seeing), not visible()'s offsets: fewer values live across the pass (the fused d64
+  // kernel with varlen, softcap and window spilled 188 B; 16 of the 320 sm_90a dK/dV variants
+  // with softcap, window and ALiBi both spilled 8-188 B, none now).
+  constexpr bool kByRows = Scores::kMasks && !user::kMaskMod;
 #pragma unroll
   for (int j = 0; j < TileM / 8; ++j) {
     const int col = 8 * j + at.col;
@@ -255,8 +260,10 @@ __device__ __forceinline__ void probabilities(float (&s)[TileM / 2], float (&dp)
       for (int b = 0; b < 2; ++b) {
         const int e = 4 * j + 2 * h + b;
         ScoreDerivative derivative;
-        const float prob = scores.prob(s[e], b ? lse.y : lse.x, row0 + col + b, lane_key + 8 * h,
-                                       masked, derivative);
+        float prob = scores.prob(s[e], b ? lse.y : lse.x, row0 + col + b, lane_key + 8 * h,
+                                 masked && !kByRows, derivative);
+        if (kByRows && masked && !scores.rows_seeing(lane_key + 8 * h).hold(row0 + col + b))
+          prob = 0.f;
         if constexpr (Gradients)
           dp[e] = Scores::gradient(prob, dp[e], b ? delta.y : delta.x, derivative);
         s[e] = prob;

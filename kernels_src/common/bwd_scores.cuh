@@ -116,6 +116,23 @@ struct BackwardScores {
     const int offset = key - row;
     return offset <= highest && (offset >= lowest || key < f.sink_tokens);
   }
+  // The query rows that see `key`: visible(row, key) as one range, for kernels that test many
+  // rows against one key (not with mask_mod, which is no range).
+  struct Rows {
+    int first, last;
+    __device__ __forceinline__ bool hold(int row) const { return row >= first && row <= last; }
+  };
+  __device__ __forceinline__ Rows rows_seeing(int key) const {
+    Rows rows{0, 1 << 30};  // every row (rows are below 2^30)
+    if (Window) {
+      rows.first = key - highest;
+      if (key >= f.sink_tokens) rows.last = key - lowest;
+    } else if (Causal) {
+      rows.first = key - diagonal;
+    }
+    if (kKeyEnd && key >= seqlen_k) rows.last = -1;
+    return rows;
+  }
   // The forward's P of raw score x at (row, key), and what dS needs of it (for capped()).
   __device__ __forceinline__ float prob(float x, float lse_log2, int row, int key, bool masked,
                                         ScoreDerivative& d) const {
