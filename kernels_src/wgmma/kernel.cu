@@ -417,10 +417,11 @@ __device__ __forceinline__ float bounded_cap_offset(float c) { return fmaxf(0.f,
 template <int TileM>
 inline constexpr bool kBoundedSumsBf16 = TileM > 128;
 // How many of every 8 columns' exp2 the bounded path takes on the FMA pipe (exp2_fma): d64's
-// scores cost two SFU ops against half d128's GEMM time. 3 of 8 took 32k causal softcap 30 from
-// 1.61 to 1.40x plain on the H100; 2, 5 and 6 were slower, degree 2 no faster (perf-log, s42).
+// scores cost two SFU ops against half d128's GEMM time. 32k causal softcap 30 on the H100:
+// d64 3 of 8 took 1.61 to 1.40x plain (2, 5 and 6 slower, degree 2 no faster; perf-log s42);
+// d128 1 of 8 took 1.29 to 1.24x (2 and 3 gave 1.26-1.28x; perf-log s43); d256 unmeasured.
 template <int HeadDim>
-inline constexpr int kBoundedExp2FmaEighths = HeadDim == 64 ? 3 : 0;
+inline constexpr int kBoundedExp2FmaEighths = HeadDim == 64 ? 3 : HeadDim == 128 ? 1 : 0;
 
 template <int N>
 __device__ __forceinline__ void rescale_rows(float (&o)[N], const float (&correction)[2]) {
