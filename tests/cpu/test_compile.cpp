@@ -80,6 +80,33 @@ TEST_CASE("every default variant of every family compiles for its archs") {
   CHECK(entries > 0);
 }
 
+TEST_CASE("bwd_wgmma's dK/dV kernels compile without spills with every mix of score variants") {
+  // Each default sm_90a dK/dV variant with softcap, window and ALiBi in each combination (320
+  // variants): their masked blocks test rows against a key's range of rows (rows_seeing), which
+  // took 16 of them from 8-188 B of spills to none (docs/perf-log.md, sessions 42-43).
+  test::TempDir dir;
+  KernelCache cache(CacheOptions{dir.path()});
+  std::vector<Variant> variants;
+  for (const Variant& plain : default_variants("sm_90a")) {
+    if (plain.family != "bwd_wgmma" && plain.family != "bwd_wgmma_fused") continue;
+    for (int mix = 0; mix < 8; ++mix) {
+      Variant v = plain;
+      v.softcap = mix & 1;
+      v.window = mix & 2;
+      v.alibi = mix & 4;
+      variants.push_back(v);
+    }
+  }
+  REQUIRE(variants.size() >= 8);
+  for (const CompileOutcome& outcome : cache.precompile(variants)) {
+    INFO(outcome.variant.name(), ": ", outcome.error);
+    CHECK(outcome.ok);
+    REQUIRE(outcome.entry.has_value());
+    CHECK(outcome.entry->spill_bytes == 0);
+  }
+  MESSAGE(fmt::format("{} bwd_wgmma variants with score variants compiled", variants.size()));
+}
+
 TEST_CASE("a broken kernel source fails with the NVRTC log and caches nothing") {
   test::TempDir sources, cache_dir;
   std::filesystem::copy(FLASHJIT_SOURCE_DIR "/kernels_src", sources.path(),
