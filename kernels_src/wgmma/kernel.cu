@@ -137,8 +137,8 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
   int pipe = 0, q_loads = 0;
   UnitSequence<Varlen, MayTakeUnits, false> units(p, sched, table, &bars->units);
   for (int unit = units.next(); unit >= 0; unit = units.next()) {
-    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, unit,
-                                                   takes_units<MayTakeUnits>(p, sched));
+    const WorkUnit<Causal, HeadDim, TileM, TileN, Varlen> u(p, sched, table, unit,
+                                                            takes_units<MayTakeUnits>(p, sched));
     const SequenceSpan seq = sequence_span<Varlen>(p, u.batch);
     for (int which = 0; which < u.tiles(); ++which) {
       const int row0 = u.m_block(which) * TileM;
@@ -637,8 +637,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
   int pipe = 0, q_loads = 0;
   UnitSequence<Varlen, kMayTake, true> units(p, sched, table, &bars->units);
   for (int unit = units.next(); unit >= 0; unit = units.next()) {
-    const WorkUnit<Causal, TileM, TileN, Varlen> u(p, sched, table, unit,
-                                                   takes_units<kMayTake>(p, sched));
+    const WorkUnit<Causal, HeadDim, TileM, TileN, Varlen> u(p, sched, table, unit,
+                                                            takes_units<kMayTake>(p, sched));
     // Only the lengths stay live through the main loop; the store looks the rows up again.
     const SequenceLengths seq = sequence_span<Varlen>(p, u.batch).lengths();
     for (int which = 0; which < u.tiles(); ++which) {

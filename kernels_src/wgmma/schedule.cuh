@@ -219,7 +219,18 @@ struct UnitSequence {
   }
 };
 
-template <bool Causal, int TileM, int TileN, bool Varlen>
+// Whether a causal pair's short tile goes first, so the long one finds its K/V tiles in L2.
+// Long first, the short tile re-reads them after the long one's whole sweep: at d256 the pairs
+// the CTAs hold at once (2 x 132 x 128 rows x d256 x K and V: 35 MB) outgrow L2 during it, so
+// the re-reads come from DRAM (b32 h8 512 causal read 258 MB for 201 MB of q, k and v; short
+// first 214 MB), which is the bound at short sequences. H100, x cuDNN (perf-log session 43):
+// short first at d256 512 / 1k / 2k / 4k / 8k +7.7 / +2.7 / +0.4 / 0 / -1.8 %, at d128 512 /
+// 1k / 2k -2.8 / -2.4 / -1.4 %; this rule, session 44: d256 512 +7.4 %, 1k +2.6 %, 8k 0.
+FLASHJIT_HOST_DEVICE constexpr bool short_tile_first(int head_dim, int query_tiles) {
+  return head_dim >= 256 && query_tiles <= 8;
+}
+
+template <bool Causal, int HeadDim, int TileM, int TileN, bool Varlen>
 struct WorkUnit {
   int k, head, batch;
   int query_tiles;  // of this unit's sequence (dense and unsorted: the longest's)
@@ -264,8 +275,11 @@ struct WorkUnit {
   __device__ __forceinline__ int tiles() const {
     return Causal && !single && 2 * k + 1 != query_tiles ? 2 : 1;  // an odd middle tile once
   }
+  // The long tile of a pair first, or the short one (short_tile_first); a taken single tile is
+  // its pair's long one.
   __device__ __forceinline__ int m_block(int which) const {
-    return Causal && which == 0 ? query_tiles - 1 - k : k;  // the long tile first
+    const bool long_tile = single || (which == 0) != short_tile_first(HeadDim, query_tiles);
+    return Causal && long_tile ? query_tiles - 1 - k : k;
   }
 };
 
