@@ -89,6 +89,15 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
   constexpr int kWarpDims = kShape.warp_dims();
   constexpr int kKeyWarps = kShape.key_warps();
   constexpr int NQ = TileM / 8;      // n8 query tiles of Sᵀ
+  // A step's query rows in parts (the loop over them says why) where one part spilled: 58 of
+  // 1536 variants (8-52 B, sm_80 and sm_90a), all with a score variant at 128 rows, or with a
+  // window at 64. Two parts cost where nothing spilled (H100, session 44): plain 3-5 %, d128
+  // softcap / ALiBi 2 %; at d64 with a score variant they are even (ALiBi 1 % faster).
+  constexpr bool kScoreVariant =
+      Softcap || Window || Alibi || BackwardScores<Causal, Softcap, Window, Alibi>::kUser;
+  constexpr int kParts = (TileM >= 128 && kScoreVariant) || (TileM >= 64 && Window) ? 2 : 1;
+  constexpr int kPartRows = TileM / kParts;
+  constexpr int NP = NQ / kParts;  // n8 query tiles of a part
   constexpr int DT = kWarpDims / 8;  // n8 dim tiles of the warp's dK and dV
   constexpr int kDqDims = kShape.dq_dims();
   static_assert(TileN % 16 == 0 && TileM % 16 == 0 && kWarpDims % 16 == 0, "whole mma tiles");
@@ -211,82 +220,99 @@ __global__ void __launch_bounds__(BwdMmaShape{HeadDim, TileM, TileN, Stages, fal
     if (Stages == 2 && t + 1 < steps) load_step(t + 1, (t + 1) % 2);
     cp_async_commit();
     const int row0 = step_row0(t);
-
-    float s[1][NQ][4], dp[1][NQ][4];
     const unsigned q_tile = base + kShape.q_offset(stage), do_tile = base + kShape.do_offset(stage);
-    gemm_rows<T, kWarpDims, NQ, kPitch>(s, a_rows<kPitch>(base + kShape.k_offset(), lane,
-                                                          key_warp * 16, dim0),
-                                        b_rows<kPitch>(q_tile, lane, dim0));
-    gemm_rows<T, kWarpDims, NQ, kPitch>(dp, a_rows<kPitch>(base + kShape.v_offset(), lane,
-                                                           key_warp * 16, dim0),
-                                        b_rows<kPitch>(do_tile, lane, dim0));
-    if constexpr (kShape.dim_split() > 1) {
-      // Each warp of a key row summed its columns of the head dim: add the partner's partial Sᵀ
-      // and dPᵀ (one partner at dim split 2; a + b is b + a, so both get the same bits).
-      float* mine = reinterpret_cast<float*>(smem + kShape.partial_offset()) + warp * 2 * 4 * NQ * 32;
-      float* theirs = reinterpret_cast<float*>(smem + kShape.partial_offset()) +
-                      (warp ^ kKeyWarps) * 2 * 4 * NQ * 32;
-      static_assert(kShape.dim_split() == 2, "one partner");
+    // dSᵀ of the query rows from part_row0 (a part's packed) to shared memory, one warp of each
+    // key row, for dQ below.
+    unsigned packed[1][NP / 2][4];
+    const auto store_ds = [&](int part_row0) {
+      if (dim0 != 0) return;
 #pragma unroll
-      for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          mine[(nt * 4 + e) * 32 + lane] = s[0][nt][e];
-          mine[((NQ + nt) * 4 + e) * 32 + lane] = dp[0][nt][e];
-        }
-      __syncthreads();
-#pragma unroll
-      for (int nt = 0; nt < NQ; ++nt)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          s[0][nt][e] += theirs[(nt * 4 + e) * 32 + lane];
-          dp[0][nt][e] += theirs[((NQ + nt) * 4 + e) * 32 + lane];
-        }
-    }
-
-    // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ. Keys past seqlen_k are zero-filled rows of K and V:
-    // their probabilities reach only dK and dV rows that are never stored, and dQ through a zero
-    // row of K, so only the causal and window masks apply.
-    const float* terms = reinterpret_cast<const float*>(smem + kShape.rows_offset(stage));
-    const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, sequence().lengths(), batch,
-                                                                step_head(t));
-    bool masked = scores.any_masked(row0, row0 + TileM - 1, key0, key0 + TileN - 1);
-    if constexpr (BlockMask) masked = listed.masked_or(t, masked);
-#pragma unroll
-    for (int nt = 0; nt < NQ; ++nt) {
-      const int col = nt * 8 + (lane % 4) * 2;
-      const float2 lse = *reinterpret_cast<const float2*>(terms + col);
-      const float2 delta = *reinterpret_cast<const float2*>(terms + TileM + col);
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int key = lane_key + (e / 2) * 8, row = row0 + col + e % 2;
-        ScoreDerivative derivative;
-        const float prob =
-            scores.prob(s[0][nt][e], e % 2 ? lse.y : lse.x, row, key, masked, derivative);
-        s[0][nt][e] = prob;
-        dp[0][nt][e] =
-            decltype(scores)::gradient(prob, dp[0][nt][e], e % 2 ? delta.y : delta.x, derivative);
-      }
-    }
-    unsigned packed[1][NQ / 2][4];
-    to_a_operand<T, NQ>(packed, s);
-    gemm_cols<T, NQ, DT, kPitch>(dv, packed, b_cols<kPitch>(do_tile, lane, dim0));
-    to_a_operand<T, NQ>(packed, dp);
-    gemm_cols<T, NQ, DT, kPitch>(dk, packed, b_cols<kPitch>(q_tile, lane, dim0));
-
-    if (p.dq_accum == nullptr) continue;  // deterministic: bwd_mma_dq computes dQ
-    // dSᵀ to shared memory (one warp of each key row), then dQ = dS K over every warp: m16 row
-    // tile dq_row0, columns dq_col0 + [0, kDqDims), added into the fp32 accumulator.
-    const unsigned ds_tile = base + kShape.ds_offset();
-    if (dim0 == 0) {
-#pragma unroll
-      for (int nt = 0; nt < NQ; ++nt)
+      for (int nt = 0; nt < NP; ++nt)
 #pragma unroll
         for (int h = 0; h < 2; ++h)
-          *reinterpret_cast<unsigned*>(smem + kShape.ds_offset() +
-                                       ((key_warp * 16 + lane / 4 + h * 8) * kShape.ds_pitch() +
-                                        nt * 8 + (lane % 4) * 2) * 2) = packed[0][nt / 2][(nt % 2) * 2 + h];
+          *reinterpret_cast<unsigned*>(
+              smem + kShape.ds_offset() +
+              ((key_warp * 16 + lane / 4 + h * 8) * kShape.ds_pitch() + part_row0 + nt * 8 +
+               (lane % 4) * 2) * 2) = packed[0][nt / 2][(nt % 2) * 2 + h];
+    };
+    // The step's query rows go kPartRows at a time: only one part's Sᵀ and dPᵀ are live beside
+    // dK and dV. dV's and dK's k16 steps still run in row order, so the sums keep their bits.
+#pragma unroll
+    for (int part = 0; part < kParts; ++part) {
+      const int part_row0 = part * kPartRows;  // within the step
+      const unsigned part_bytes = part_row0 * kPitch * 2;
+      float s[1][NP][4], dp[1][NP][4];
+      gemm_rows<T, kWarpDims, NP, kPitch>(s, a_rows<kPitch>(base + kShape.k_offset(), lane,
+                                                            key_warp * 16, dim0),
+                                          b_rows<kPitch>(q_tile + part_bytes, lane, dim0));
+      gemm_rows<T, kWarpDims, NP, kPitch>(dp, a_rows<kPitch>(base + kShape.v_offset(), lane,
+                                                             key_warp * 16, dim0),
+                                          b_rows<kPitch>(do_tile + part_bytes, lane, dim0));
+      if constexpr (kShape.dim_split() > 1) {
+        // Each warp of a key row summed its columns of the head dim: add the partner's partial
+        // Sᵀ and dPᵀ (one partner at dim split 2; a + b is b + a, so both get the same bits).
+        // Each part has its own slots, so no part overwrites what the partner still reads.
+        float* mine = reinterpret_cast<float*>(smem + kShape.partial_offset()) +
+                      warp * 2 * 4 * NQ * 32;
+        float* theirs = reinterpret_cast<float*>(smem + kShape.partial_offset()) +
+                        (warp ^ kKeyWarps) * 2 * 4 * NQ * 32;
+        static_assert(kShape.dim_split() == 2, "one partner");
+#pragma unroll
+        for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            mine[((part * NP + nt) * 4 + e) * 32 + lane] = s[0][nt][e];
+            mine[((NQ + part * NP + nt) * 4 + e) * 32 + lane] = dp[0][nt][e];
+          }
+        __syncthreads();
+#pragma unroll
+        for (int nt = 0; nt < NP; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            s[0][nt][e] += theirs[((part * NP + nt) * 4 + e) * 32 + lane];
+            dp[0][nt][e] += theirs[((NQ + part * NP + nt) * 4 + e) * 32 + lane];
+          }
+      }
+
+      // Pᵀ and dSᵀ in place of Sᵀ and dPᵀ. Keys past seqlen_k are zero-filled rows of K and V:
+      // their probabilities reach only dK and dV rows that are never stored, and dQ through a
+      // zero row of K, so only the causal and window masks apply.
+      const float* terms = reinterpret_cast<const float*>(smem + kShape.rows_offset(stage));
+      const BackwardScores<Causal, Softcap, Window, Alibi> scores(f, sequence().lengths(), batch,
+                                                                  step_head(t));
+      bool masked = scores.any_masked(row0 + part_row0, row0 + part_row0 + kPartRows - 1, key0,
+                                      key0 + TileN - 1);
+      if constexpr (BlockMask) masked = listed.masked_or(t, masked);
+#pragma unroll
+      for (int nt = 0; nt < NP; ++nt) {
+        const int col = part_row0 + nt * 8 + (lane % 4) * 2;
+        const float2 lse = *reinterpret_cast<const float2*>(terms + col);
+        const float2 delta = *reinterpret_cast<const float2*>(terms + TileM + col);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int key = lane_key + (e / 2) * 8, row = row0 + col + e % 2;
+          ScoreDerivative derivative;
+          const float prob =
+              scores.prob(s[0][nt][e], e % 2 ? lse.y : lse.x, row, key, masked, derivative);
+          s[0][nt][e] = prob;
+          dp[0][nt][e] = decltype(scores)::gradient(prob, dp[0][nt][e], e % 2 ? delta.y : delta.x,
+                                                    derivative);
+        }
+      }
+      to_a_operand<T, NP>(packed, s);
+      gemm_cols<T, NP, DT, kPitch>(dv, packed, b_cols<kPitch>(do_tile + part_bytes, lane, dim0));
+      to_a_operand<T, NP>(packed, dp);
+      gemm_cols<T, NP, DT, kPitch>(dk, packed, b_cols<kPitch>(q_tile + part_bytes, lane, dim0));
+      // The next part replaces packed. In one part the store waits for the test below (the
+      // code ptxas was given before parts, which spilled less).
+      if (kParts > 1 && p.dq_accum != nullptr) store_ds(part_row0);
     }
+
+    if (p.dq_accum == nullptr) continue;  // deterministic: bwd_mma_dq computes dQ
+    if (kParts == 1) store_ds(0);
+    // dQ = dS K over every warp (dSᵀ as written above): m16 row tile dq_row0, columns dq_col0 +
+    // [0, kDqDims), added into the fp32 accumulator.
+    const unsigned ds_tile = base + kShape.ds_offset();
     __syncthreads();
     const int dq_row0 = warp % (TileM / 16) * 16, dq_col0 = warp / (TileM / 16) * kDqDims;
     unsigned ds[1][TileN / 16][4];  // dS's 16 rows x TileN keys in A order: ldmatrix.trans of dSᵀ
