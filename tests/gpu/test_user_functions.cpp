@@ -284,6 +284,7 @@ class UserRun {
   ForwardOptions options(const std::optional<std::string>& kernel) {
     ForwardOptions o = case_options_;
     o.family = kernel;
+    if (kernel && kernel->starts_with("decode")) o.num_splits = decode_num_splits_;
     setup_.apply(o);
     return o;
   }
@@ -326,6 +327,7 @@ class UserRun {
   // Set by the subclass: the case's options (causal, lse, ...), description and geometry.
   UserSetup setup_;
   ForwardOptions case_options_;
+  int decode_num_splits_ = 0;  // a forced decode family's (0: its heuristic)
   std::string what_;
   MaskGeometry geometry_;
 };
@@ -417,6 +419,9 @@ class VarlenRun : public UserRun {
     what_ = c.describe();
     case_options_.causal = c.causal;
     case_options_.lse = problem_.lse();
+    // Forced decode takes a batch of prefill-sized sequences only split; unsplit, it is mma's or
+    // wgmma's (decode_unsupported).
+    decode_num_splits_ = 3;
   }
   Variant select(const ForwardOptions& o) override {
     return engine().select_variant(problem_.q(), problem_.kv(), problem_.out(), problem_.varlen(),
