@@ -6,7 +6,9 @@ on one long sequence, each variant against the same kernel without it (issue 14'
         --seqlen 32768 --heads 32 --head-dim 128 --window 4096 --softcap 30 --out $OUT/variants
 
 --lib PATH, or NAME=PATH repeated: flashjit builds to compare in the same run (backend
-"flashjit" or "flashjit NAME"). Variants (all causal, bottom-right, bf16, BSHD): plain; a
+"flashjit" or "flashjit NAME"); --tiles NAME=MxNxS runs that entry with a forced tile shape
+(ForwardOptions::tiles) on every variant, so one library can be compared with itself at two
+shapes. Variants (all causal, bottom-right, bf16, BSHD): plain; a
 sliding window of --window keys back (window_left = --window, so a row sees window + 1 keys);
 soft-capping at --softcap; learnable sinks (one logit per head); ALiBi (FlashAttention's slopes
 2^(-8(h+1)/H)); StreamingLLM (the window plus its first --sink-tokens keys). cuDNN (SDPA) runs the plain
@@ -137,7 +139,7 @@ def document_ids(seqlen, count, seed):
     return torch.repeat_interleave(torch.arange(count), lengths).to(torch.int32).cuda(), lengths
 
 
-def flashjit_runner(engine, q, k, v, scale, variant):
+def flashjit_runner(engine, q, k, v, scale, variant, tiles=None):
     import torch
     out = torch.empty_like(q)
     views = [fj.tensor_from_torch(t) for t in (q, k, v, out)]
@@ -146,7 +148,7 @@ def flashjit_runner(engine, q, k, v, scale, variant):
         score_mod, mask_mod, user_args = user
         keep.append(engine.owner.user_functions(score_mod, mask_mod))
         user = dict(user_functions=keep[0], user_args=user_args)
-    options = engine.options(variant.causal, scale, None, None, None, softcap=variant.softcap,
+    options = engine.options(variant.causal, scale, None, None, tiles, softcap=variant.softcap,
                              window=(variant.window, 0) if variant.window >= 0 else (-1, -1),
                              sink=variant.sinks, alibi=variant.alibi,
                              sink_tokens=variant.sink_tokens, **(user or {}))
@@ -249,6 +251,8 @@ def sdpa_cudnn_runner(q, k, v, scale):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--lib", action="append", required=True, help="PATH or NAME=PATH")
+    parser.add_argument("--tiles", action="append", default=[], metavar="NAME=MxNxS",
+                        help="force the tile shape of the --lib entry NAME")
     parser.add_argument("--fa4", action="store_true")
     parser.add_argument("--flex", action="store_true")
     parser.add_argument("--seqlen", type=int, default=32768)
@@ -273,6 +277,15 @@ def main():
                              "prefix-LM, rel-bias)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
+    tiles = {}  # backend -> (tile_m, tile_n, stages), checked before any GPU work
+    names = {text.rpartition("=")[0] for text in args.lib}
+    for text in args.tiles:
+        name, _, shape = text.partition("=")
+        parts = shape.split("x")
+        if name not in names or len(parts) != 3 or not all(x.isdigit() for x in parts):
+            parser.error(f"--tiles {text!r}: expected NAME=MxNxS, NAME a --lib entry's, e.g. "
+                         "t128=128x128x2")
+        tiles["flashjit" + (f" {name}" if name else "")] = tuple(map(int, parts))
 
     import torch
     torch.manual_seed(args.seed)
@@ -348,7 +361,7 @@ def main():
         for backend, engine in libs.items():
             key = (backend, variant.name)
             try:
-                call, out = flashjit_runner(engine, q, k, v, scale, variant)
+                call, out = flashjit_runner(engine, q, k, v, scale, variant, tiles.get(backend))
                 if check(key, out):
                     runners[key] = call
                     if variant.user_functions():  # for check_against_flex
