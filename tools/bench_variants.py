@@ -139,6 +139,11 @@ def document_ids(seqlen, count, seed):
     return torch.repeat_interleave(torch.arange(count), lengths).to(torch.int32).cuda(), lengths
 
 
+def backend_name(lib_name):
+    """The report's backend for a --lib entry NAME=PATH (NAME may be empty)."""
+    return "flashjit" + (f" {lib_name}" if lib_name else "")
+
+
 def flashjit_runner(engine, q, k, v, scale, variant, tiles=None):
     import torch
     out = torch.empty_like(q)
@@ -285,7 +290,7 @@ def main():
         if name not in names or len(parts) != 3 or not all(x.isdigit() for x in parts):
             parser.error(f"--tiles {text!r}: expected NAME=MxNxS, NAME a --lib entry's, e.g. "
                          "t128=128x128x2")
-        tiles["flashjit" + (f" {name}" if name else "")] = tuple(map(int, parts))
+        tiles[backend_name(name)] = tuple(map(int, parts))
 
     import torch
     torch.manual_seed(args.seed)
@@ -321,7 +326,7 @@ def main():
     libs = {}
     for text in args.lib:
         name, _, path = text.rpartition("=")
-        libs["flashjit" + (f" {name}" if name else "")] = fj.Flashjit(path).create_engine(0)
+        libs[backend_name(name)] = fj.Flashjit(path).create_engine(0)
     ours = list(libs)
     fa4 = load_fa4()[0] if args.fa4 else None
     # The first rows (few keys: where a sink shows), rows past the window's first (their windows
