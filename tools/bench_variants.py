@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import flashjit_ctypes as fj  # noqa: E402
 from compare import gpu  # noqa: E402
 from compare.fa4 import load_fa4, refusal  # noqa: E402
+from compare.family_spec import tile_shape  # noqa: E402
 from compare.timing import DEFAULT_SPIN_MS, CudaTimer, burst, enqueue_spins, round_robin  # noqa: E402
 
 
@@ -286,11 +287,10 @@ def main():
     names = {text.rpartition("=")[0] for text in args.lib}
     for text in args.tiles:
         name, _, shape = text.partition("=")
-        parts = shape.split("x")
-        if name not in names or len(parts) != 3 or not all(x.isdigit() for x in parts):
+        if name not in names or tile_shape(shape) is None:
             parser.error(f"--tiles {text!r}: expected NAME=MxNxS, NAME a --lib entry's, e.g. "
                          "t128=128x128x2")
-        tiles[backend_name(name)] = tuple(map(int, parts))
+        tiles[backend_name(name)] = tile_shape(shape)
 
     import torch
     torch.manual_seed(args.seed)

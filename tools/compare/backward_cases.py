@@ -5,6 +5,7 @@
 from dataclasses import dataclass, field
 
 from .case import Case, parse_shape
+from .family_spec import tile_shape
 
 # A backward costs 2.5 forwards (FlashAttention's convention: 5 GEMMs of the forward's 2).
 BACKWARD_FLOP_FACTOR = 2.5
@@ -115,8 +116,7 @@ def backward_configs(families_text, deterministic_mode, backward_families=None):
     configs = []
     for token in parse_list(families_text, "--bwd-family"):
         family, _, shape = token.partition("@")
-        dims = shape.split("x")
-        if shape and not (len(dims) == 3 and all(d.isdigit() for d in dims)):
+        if shape and tile_shape(shape) is None:
             raise ValueError(f"--bwd-family {families_text!r}: {token!r}: a tile shape is MxNxS, "
                              "e.g. bwd_mma@64x128x2")
         if family != "auto" and backward_families is not None \

@@ -2,6 +2,7 @@
 is case.py's)."""
 
 from .case import Case, parse_shape
+from .family_spec import tile_shape
 from .backward_cases import BACKWARD_GRIDS, backward_grid, parse_backward_case
 from .masks import CAUSAL_WORDS
 from .decode_cases import KV_GRIDS, parse_kv_case
@@ -107,8 +108,7 @@ def parse_families(text, ladder):
     names, shaped = [], []
     for token in (t.strip().lower() for t in text.split(",")):
         family, _, shape = token.partition("@")
-        dims = shape.split("x")
-        if shape and family in ladder and len(dims) == 3 and all(d.isdigit() for d in dims):
+        if shape and family in ladder and tile_shape(shape) is not None:
             shaped.append(token)
         elif token == "all":
             names.extend(ladder)
