@@ -17,7 +17,8 @@ which replaces the --lib given after --.
 
 Rounds alternate the builds' order (round 2 runs them backwards); the first round checks
 correctness (a timing-only build that computes wrong results: --timing-only NAME), later rounds
-only time. Every build gets its own kernel cache under --out. Prints and writes summary.txt:
+only time. Every build gets its own kernel cache under --out. Prints and writes summary.txt
+(rewritten after every process, so a run cut short keeps the rounds it finished):
 per build, x cuDNN per cell (median over rounds; paged cells, which cuDNN cannot run: x the same
 process's dense-cache row) and the geomean per round. Exit status 1 when a check failed or a
 process did not finish.
@@ -98,6 +99,29 @@ def geomean_text(values, width=0):
     return f"{'-' if value is None else f'{value:.3f}':>{width}}"
 
 
+def write_summary(builds, per_round, rounds, out_dir):
+    """summary.txt from the processes run so far (per build, the median over its rounds of
+    each cell, then each round's geomean; '-' where a round did not run); returns its text."""
+    cells = sorted({c for runs in per_round.values() for ratios in runs for c in ratios})
+    width = max([len(c) for c in cells] + [16])
+    lines = ["x cuDNN (paged cells: x our dense cache) per cell (median over rounds), then the "
+             "geomean of each round:",
+             f"{'cell':<{width}}  " + "  ".join(f"{n:>10}" for n in builds)]
+    for cell in cells:
+        medians = []
+        for name in builds:
+            values = [ratios[cell] for ratios in per_round[name] if cell in ratios]
+            medians.append(f"{statistics.median(values):10.3f}" if values else f"{'-':>10}")
+        lines.append(f"{cell:<{width}}  " + "  ".join(medians))
+    for r in range(rounds):
+        lines.append(f"{'geomean round ' + str(r + 1):<{width}}  " + "  ".join(
+            geomean_text(per_round[n][r].values() if r < len(per_round[n]) else (), 10)
+            for n in builds))
+    summary = "\n".join(lines)
+    (out_dir / "summary.txt").write_text(summary + "\n")
+    return summary
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--build", action="append", required=True, help="NAME=KERNELS_DIR[@LIB]")
@@ -152,24 +176,10 @@ def main():
             ok &= not failed and rc in (0, 1) and bool(ratios)
             print(f"round {r} {name}: x yardstick {geomean_text(ratios.values())} over "
                   f"{len(ratios)} cells ({status}; {log.name})", flush=True)
+            # After every process: a call cut short by its time limit keeps what did run.
+            write_summary(builds, per_round, args.rounds, args.out)
 
-    cells = sorted({c for rounds in per_round.values() for ratios in rounds for c in ratios})
-    width = max([len(c) for c in cells] + [10])
-    lines = ["x cuDNN (paged cells: x our dense cache) per cell (median over rounds), then the "
-             "geomean of each round:",
-             f"{'cell':<{width}}  " + "  ".join(f"{n:>10}" for n in builds)]
-    for cell in cells:
-        medians = []
-        for name in builds:
-            values = [ratios[cell] for ratios in per_round[name] if cell in ratios]
-            medians.append(f"{statistics.median(values):10.3f}" if values else f"{'-':>10}")
-        lines.append(f"{cell:<{width}}  " + "  ".join(medians))
-    for r in range(args.rounds):
-        lines.append(f"{'geomean round ' + str(r + 1):<{width}}  " + "  ".join(
-            geomean_text(per_round[n][r].values(), 10) for n in builds))
-    summary = "\n".join(lines)
-    print(summary)
-    (args.out / "summary.txt").write_text(summary + "\n")
+    print(write_summary(builds, per_round, args.rounds, args.out))
     return 0 if ok else 1
 
 
