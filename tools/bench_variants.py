@@ -287,10 +287,11 @@ def main():
     names = {text.rpartition("=")[0] for text in args.lib}
     for text in args.tiles:
         name, _, shape = text.partition("=")
-        if name not in names or tile_shape(shape) is None:
+        forced = tile_shape(shape)
+        if name not in names or forced is None:
             parser.error(f"--tiles {text!r}: expected NAME=MxNxS, NAME a --lib entry's, e.g. "
                          "t128=128x128x2")
-        tiles[backend_name(name)] = tile_shape(shape)
+        tiles[backend_name(name)] = forced
 
     import torch
     torch.manual_seed(args.seed)

@@ -134,5 +134,5 @@ def parse_config(name):
     backward_configs name."""
     base, det, _ = name.partition("+det")
     family, _, shape = base.partition("@")
-    tiles = tuple(int(x) for x in shape.split("x")) if shape else None
+    tiles = tile_shape(shape) if shape else None
     return (None if family == "auto" else family), tiles, bool(det)

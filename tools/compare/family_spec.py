@@ -13,5 +13,4 @@ def family_and_tiles(name):
     --family entry: 'auto', '<family>', or '<family>@MxNxS' (that family with its tile shape
     forced, e.g. decode_tma@16x64x3)."""
     family, _, shape = name.partition("@")
-    tiles = tuple(int(x) for x in shape.split("x")) if shape else None
-    return (None if family == "auto" else family), tiles
+    return (None if family == "auto" else family), tile_shape(shape) if shape else None
