@@ -85,9 +85,12 @@ __device__ __forceinline__ TileRange kv_tile_range(const Lengths& len, const Fmh
 // [first, u0) (the band's left side cuts them) and [u1, end) (the diagonal, the band's right side
 // or seqlen_k). The online softmax does not depend on the order, and one masked loop serves every
 // masked tile. Without a window sink_end = u0 = first = 0: the natural order whatever u1 is.
+// Key tile t holds keys [t · TileN + shift, + TileN): with a window, shift may put the tiles'
+// grid on the band's first key (tile_order's Shifted), so no tile reaches past the band's left end.
 template <bool Window>
 struct TileOrder {
   int sink_end, first, u0, u1, end;
+  int shift;
 
   __device__ __forceinline__ int count() const { return sink_end + end - first; }
   __device__ __forceinline__ int unmasked() const { return u1 - u0; }
@@ -100,17 +103,29 @@ struct TileOrder {
     return k < u0 - first ? first + k : u1 + (k - (u0 - first));
   }
 };
-template <bool Causal, bool Window, int TileM, int TileN, typename Lengths>
+// Shifted (window variants whose key tiles may start anywhere: dense or varlen caches, no block
+// mask) puts the grid on the band's first key unless sink tokens keep their tile at key 0: a
+// band of W keys then spans ceil(W / TileN) tiles rather than up to one more (d128's 176-key
+// tiles visited 7.0 % more keys than a 4096-key window keeps, 3.4 % so; docs/perf-log.md, s46).
+template <bool Causal, bool Window, int TileM, int TileN, bool Shifted = false, typename Lengths>
 __device__ __forceinline__ TileOrder<Window> tile_order(const Lengths& len, const FmhaParams& p,
                                                 int row0) {
+  static_assert(Window || !Shifted, "only a window's band moves the grid");
   const TileRange range = kv_tile_range<Causal, Window, TileM, TileN>(len, p, row0);
   const int last_row = last_row_of<TileM>(len, row0);
-  int u0 = Window ? (key_first<Window>(len, p, last_row) + TileN - 1) / TileN : range.first;
-  u0 = u0 < range.first ? range.first : (u0 > range.end ? range.end : u0);
-  const int right = key_end<Causal, Window>(len, p, row0);
+  const int band0 = key_first<Window>(len, p, row0);
+  const int shift = Shifted && p.sink_tokens == 0 ? band0 % TileN : 0;
+  // range.first is band0's tile either way; the end moves with the grid.
+  const int last_key_end = key_end<Causal, Window>(len, p, last_row);
+  const int end =
+      Shifted && last_key_end > band0 ? (last_key_end - shift + TileN - 1) / TileN : range.end;
+  int u0 = Window ? (key_first<Window>(len, p, last_row) - shift + TileN - 1) / TileN
+                  : range.first;
+  u0 = u0 < range.first ? range.first : (u0 > end ? end : u0);
+  const int right = key_end<Causal, Window>(len, p, row0) - shift;
   int u1 = (right > 0 ? right : 0) / TileN;
-  u1 = u1 < u0 ? u0 : (u1 > range.end ? range.end : u1);
-  return {range.sink_end, range.first, u0, u1, range.end};
+  u1 = u1 < u0 ? u0 : (u1 > end ? end : u1);
+  return {range.sink_end, range.first, u0, u1, end, shift};
 }
 
 // The key tiles a query tile visits, in order: its Order (TileOrder in wgmma, kv_tile_range's
@@ -138,6 +153,12 @@ struct ListedVisits {
     // Untouched tiles from the front of the list, partly masked ones from its back.
     return __ldg(listed + (i < listed_unmasked ? i : last_slot - (i - listed_unmasked)));
   }
+  // The first key of the i-th visit's tile (TileOrder::shift).
+  template <int TileN>
+  __device__ __forceinline__ int key0(int i) const {
+    if constexpr (Listed) return tile(i) * TileN;
+    return tile(i) * TileN + order.shift;
+  }
   int last_slot;  // block_key_tiles - 1
 };
 template <bool Window, bool Listed>
@@ -156,12 +177,14 @@ __device__ __forceinline__ void list_block_mask(ListedVisits<Order, Listed>& v,
     v.last_slot = p.block_key_tiles - 1;
   }
 }
-template <bool Causal, bool Window, bool Listed, int TileM, int TileN, typename Lengths>
+template <bool Causal, bool Window, bool Listed, int TileM, int TileN, bool Shifted = false,
+          typename Lengths>
 __device__ __forceinline__ TileVisits<Window, Listed> tile_visits(const Lengths& len,
                                                                   const FmhaParams& p, int batch,
                                                                   int head, int m_block) {
-  TileVisits<Window, Listed> v{tile_order<Causal, Window, TileM, TileN>(len, p, m_block * TileM),
-                               nullptr, 0, 0, 0};
+  TileVisits<Window, Listed> v{
+      tile_order<Causal, Window, TileM, TileN, Shifted && !Listed>(len, p, m_block * TileM),
+      nullptr, 0, 0, 0};
   list_block_mask(v, p, batch, head, m_block);
   return v;
 }

@@ -52,6 +52,11 @@ struct TileCoord {
   int m_block, head, batch;
 };
 
+// Whether a variant's key tiles follow each query tile's window band (TileOrder::shift): not over
+// a paged cache, whose tiles' runs of rows follow its pages.
+template <bool Window, bool Paged>
+inline constexpr bool kShiftedBands = Window && !Paged;
+
 // ---- producer ---------------------------------------------------------------------------------
 
 // A row of a paged cache: its page (-1: past the sequence, not loaded) and its row in the page.
@@ -144,15 +149,15 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       const int row0 = u.m_block(which) * TileM;
       if (Varlen && row0 >= seq.seqlen_q) continue;  // past a shorter sequence (unsorted varlen)
       const TileVisits<Window, BlockMask> order =
-          tile_visits<Causal, Window, BlockMask, TileM, TileN>(seq, p, u.batch, u.head,
-                                                               u.m_block(which));
+          tile_visits<Causal, Window, BlockMask, TileM, TileN, kShiftedBands<Window, Paged>>(
+              seq, p, u.batch, u.head, u.m_block(which));
       if (order.count() <= 0) continue;  // the consumers write zeros, pipeline untouched
       // Paged: the page of this thread's row of key tile j (or of its run's first row) and the
       // row there, or {-1, 0} past the sequence: not loaded (its page-table entry may be
       // anything), and the consumers zero those V rows.
-      auto locate = [&](int j) -> PageRow {
+      auto locate = [&](int i) -> PageRow {
         if (!Paged) return {};
-        const int key = j * TileN + my_row;
+        const int key = order.template key0<TileN>(i) + my_row;
         if (my_row >= TileN || key >= seq.seqlen_k) return {-1, 0};
         const KvRow at = locate_key<true>(p, u.batch, key, page_shift, 0, 0);
         return {static_cast<int>(at.block), at.row};
@@ -161,8 +166,8 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       // unit's last tile), so they are back when its first K load goes out.
       PageRow run{}, next{};
       if constexpr (Paged) {
-        run = locate(order.tile(0));
-        next = order.count() > 1 ? locate(order.tile(1)) : run;
+        run = locate(0);
+        next = order.count() > 1 ? locate(1) : run;
       }
       // Q's buffer is free once every consumer warp has finished its last Q·Kᵀ of the last tile.
       if (q_loads > 0) mbarrier_wait(&bars->q_empty, (q_loads - 1) & 1);
@@ -175,17 +180,18 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
                       64 * b, seq.q_start + row0, u.head, seq.q_batch);
       }
       const int kv_head = u.head / p.heads_per_kv;
-      // Key tile j into its ring's slot `at` (counted over the whole loop) once the consumers
-      // have freed it. A fresh barrier counts as having completed the phase before phase 0:
-      // parity ^ 1 passes.
+      // The key tile of visit i into its ring's slot `at` (counted over the whole loop) once the
+      // consumers have freed it. A fresh barrier counts as having completed the phase before
+      // phase 0: parity ^ 1 passes.
       auto load = [&](unsigned long long* empty, unsigned long long* full, int offset,
-                      const TmaDescriptor* map, bool keys, int j, int at, const PageRow& run) {
+                      const TmaDescriptor* map, bool keys, int i, int at, const PageRow& run) {
+        const int key0 = order.template key0<TileN>(i);
         const int stage = at % Stages;
         // Runs of pages: the rows up to the last run holding a key (box_rows is a power of two),
         // counted before the wait so nothing but the byte count stands between a freed slot
         // and its loads.
         const int run_rows =
-            Paged && !Gather ? min(TileN, (seq.seqlen_k - j * TileN + box_rows - 1) & -box_rows)
+            Paged && !Gather ? min(TileN, (seq.seqlen_k - key0 + box_rows - 1) & -box_rows)
                              : 0;
         mbarrier_wait(&empty[stage], ((at / Stages) & 1) ^ 1);
         unsigned char* tile = smem + offset + stage * Shape::kKVBytes;
@@ -194,7 +200,7 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
 #pragma unroll
           for (int b = 0; b < Shape::kDimBlocks; ++b)
             tma_load_4d(tile + b * TileN * Shape::kRowBytes, map, &full[stage], 64 * b,
-                        seq.k_start + j * TileN, kv_head, seq.k_batch);
+                        seq.k_start + key0, kv_head, seq.k_batch);
         } else if constexpr (Gather) {
           Rows::template copy<T, HeadDim>(
               tile, keys ? p.k : p.v, keys ? p.k_stride_b : p.v_stride_b,
@@ -218,17 +224,15 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       // is the i-th tile's, `next` the one after it, `after` the next one's, looked up an
       // iteration before its first load.
       if (Shape::kKeysAhead)
-        load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, order.tile(0), pipe, run);
+        load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, 0, pipe, run);
       for (int i = 0; i < order.count(); ++i, ++pipe) {
         PageRow after{};
-        if constexpr (Paged) after = i + 2 < order.count() ? locate(order.tile(i + 2)) : next;
+        if constexpr (Paged) after = i + 2 < order.count() ? locate(i + 2) : next;
         if (!Shape::kKeysAhead)
-          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, order.tile(i), pipe,
-               run);
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, i, pipe, run);
         else if (i + 1 < order.count())
-          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, order.tile(i + 1),
-               pipe + 1, next);
-        load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, false, order.tile(i), pipe, run);
+          load(bars->k_empty, bars->k_full, Shape::kKOffset, tma_k, true, i + 1, pipe + 1, next);
+        load(bars->v_empty, bars->v_full, Shape::kVOffset, tma_v, false, i, pipe, run);
         run = next;
         next = after;
       }
@@ -648,8 +652,8 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       // pipe + i. Without a window the order is the natural one, and the warpgroup's own rows
       // decide where its masked tiles start (one tile later for the second at most).
       TileVisits<Window, BlockMask> order =
-          tile_visits<Causal, Window, BlockMask, TileM, TileN>(seq, p, c.batch, c.head,
-                                                               c.m_block);
+          tile_visits<Causal, Window, BlockMask, TileM, TileN, kShiftedBands<Window, Paged>>(
+              seq, p, c.batch, c.head, c.m_block);
       const int row0 = c.m_block * TileM + consumer * 64;
       if (!Window)
         order.order.u1 =
@@ -677,11 +681,11 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         MaskBits<TileN / 2> bits{};
         if constexpr (decltype(masked)::value)
           bits = mask_mod_wgmma<TileN / 2>(p, c.batch, c.head, seq.seqlen_q, seq.seqlen_k,
-                                           row0 + at.row, order.tile(i) * TileN + at.col);
+                                           row0 + at.row, order.template key0<TileN>(i) + at.col);
         return bits;
       };
-      // S(j) -> P(j) in place, and O's correction.
-      auto softmax_step = [&](int j, auto masked, const MaskBits<TileN / 2>& hidden) {
+      // S -> P in place for the tile whose first key is key0, and O's correction.
+      auto softmax_step = [&](int key0, auto masked, const MaskBits<TileN / 2>& hidden) {
         if constexpr (kCapUnits)
           soft_cap_tanh_units(s, p);
         else
@@ -690,7 +694,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         [[maybe_unused]] float row_bias[2] = {0.f, 0.f};  // the bounded path has no max to bias
         if constexpr (Alibi) {
           // Row at.row's diagonal (bottom-right) counted from the tile's first key.
-          const int diagonal = row0 + at.row + seq.seqlen_k - seq.seqlen_q - j * TileN;
+          const int diagonal = row0 + at.row + seq.seqlen_k - seq.seqlen_q - key0;
           if constexpr (kAlibiSlice) {  // slope · (key - tile start) is in s already
 #pragma unroll
             for (int i = 0; i < 2; ++i)
@@ -700,10 +704,10 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
           }
         }
         score_mod_wgmma(s, p, c.batch, c.head, seq.seqlen_q, seq.seqlen_k, row0 + at.row,
-                        j * TileN + at.col);
+                        key0 + at.col);
         if constexpr (decltype(masked)::value) {
           apply_mask_bits(s, hidden);
-          mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, j * TileN + at.col);
+          mask_scores<Causal, Window, TileN>(s, seq, p, row0 + at.row, key0 + at.col);
         }
         if constexpr (BoundedCap)
           softmax.update_bounded<!kBoundedSumsBf16<TileM>,
@@ -730,7 +734,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         // The tile's last Q·Kᵀ is done: the producer may load the next Q under softmax and P·V.
         if (i == n_tiles - 1) release(&bars->q_empty);
         release(&bars->k_empty[(pipe + i) % Stages]);
-        softmax_step(order.tile(i), masked, hidden);
+        softmax_step(order.template key0<TileN>(i), masked, hidden);
         if (!Shape::kRescaleUnderQk && !BoundedCap)
           rescale_rows(o, correction);  // else before P·V(i)
         p_to_fragments();
@@ -741,11 +745,11 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         // included; runs of pages past it are not loaded at all), and P = 0 does not cancel NaN
         // in P·V: the last tile's rows past it become zeros (that tile is masked, so it is
         // visited last).
-        const int j = order.tile(i);
-        if ((Paged || (Varlen && p.seqused_k != nullptr)) && seq.seqlen_k - j * TileN < TileN)
+        const int key0 = order.template key0<TileN>(i);
+        if ((Paged || (Varlen && p.seqused_k != nullptr)) && seq.seqlen_k - key0 < TileN)
           zero_rows<HeadDim, TileN>(
               smem + Shape::kVOffset + ((pipe + i) % Stages) * Shape::kKVBytes,
-              seq.seqlen_k - j * TileN, staged.barrier);
+              seq.seqlen_k - key0, staged.barrier);
         if (Shape::kRescaleUnderQk && !BoundedCap)
           rescale_rows(o, correction);  // softmax(i)'s, before P·V(i)
         turns.begin();
@@ -774,7 +778,7 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
         wgmma_fence_operands(s);
         if (i == n_tiles - 1) release(&bars->q_empty);  // the tile's last Q·Kᵀ is done
         release(&bars->k_empty[k_slot % Stages]);
-        softmax_step(order.tile(i), masked, hidden);
+        softmax_step(order.template key0<TileN>(i), masked, hidden);
         wgmma_wait<0>();
         wgmma_fence_operands(o);
         wgmma_fence_operands(pf);  // P's registers stay reserved until P·V is done with them
