@@ -53,9 +53,12 @@ struct TileCoord {
 };
 
 // Whether a variant's key tiles follow each query tile's window band (TileOrder::shift): not over
-// a paged cache, whose tiles' runs of rows follow its pages.
-template <bool Window, bool Paged>
-inline constexpr bool kShiftedBands = Window && !Paged;
+// a paged cache, whose tiles' runs of rows follow its pages. H100, 32k causal window 4096 d128:
+// 3.317 -> 3.144 ms, 1.129 -> 1.074x the ideal (docs/perf-log.md, session 48). Varlen batches,
+// ALiBi and user functions keep tiles on multiples of TileN until their window cases have run on
+// a GPU with the shift (their key positions come from key0 as well).
+template <bool Window, bool Paged, bool Varlen, bool Alibi>
+inline constexpr bool kShiftedBands = Window && !Paged && !Varlen && !Alibi && !kUserFunctions;
 
 // ---- producer ---------------------------------------------------------------------------------
 
@@ -122,7 +125,7 @@ struct RowGather {
 // stage's byte count); in small ones (gather_pages) all four warps gather its rows (RowGather).
 // Either way the page-table reads of a tile go out together, before the wait for its slot.
 template <typename T, int HeadDim, int TileM, int TileN, int Stages, bool Causal, bool Varlen,
-          bool Window, bool BlockMask, bool Paged, bool Gather, bool MayTakeUnits>
+          bool Window, bool BlockMask, bool Paged, bool Gather, bool MayTakeUnits, bool Shifted>
 __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule& sched,
                                         const VarlenTable* table, const TmaDescriptor* tma_q,
                                         const TmaDescriptor* tma_k, const TmaDescriptor* tma_v,
@@ -149,8 +152,8 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
       const int row0 = u.m_block(which) * TileM;
       if (Varlen && row0 >= seq.seqlen_q) continue;  // past a shorter sequence (unsorted varlen)
       const TileVisits<Window, BlockMask> order =
-          tile_visits<Causal, Window, BlockMask, TileM, TileN, kShiftedBands<Window, Paged>>(
-              seq, p, u.batch, u.head, u.m_block(which));
+          tile_visits<Causal, Window, BlockMask, TileM, TileN, Shifted>(seq, p, u.batch, u.head,
+                                                                        u.m_block(which));
       if (order.count() <= 0) continue;  // the consumers write zeros, pipeline untouched
       // Paged: the page of this thread's row of key tile j (or of its run's first row) and the
       // row there, or {-1, 0} past the sequence: not loaded (its page-table entry may be
@@ -652,8 +655,9 @@ __device__ __forceinline__ void consume(const FmhaParams& p, const WgmmaSchedule
       // pipe + i. Without a window the order is the natural one, and the warpgroup's own rows
       // decide where its masked tiles start (one tile later for the second at most).
       TileVisits<Window, BlockMask> order =
-          tile_visits<Causal, Window, BlockMask, TileM, TileN, kShiftedBands<Window, Paged>>(
-              seq, p, c.batch, c.head, c.m_block);
+          tile_visits<Causal, Window, BlockMask, TileM, TileN,
+                      kShiftedBands<Window, Paged, Varlen, Alibi>>(seq, p, c.batch, c.head,
+                                                                   c.m_block);
       const int row0 = c.m_block * TileM + consumer * 64;
       if (!Window)
         order.order.u1 =
@@ -884,13 +888,14 @@ __global__ void __launch_bounds__(WgmmaShape<HeadDim, TileM, TileN, Stages>::kTh
     if constexpr (Paged) {
       if (sched.gather_pages) {
         produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, true, true,
-                false>(p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
+                false, false>(p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
         gathered = true;
       }
     }
     if (!gathered && threadIdx.x < (Paged ? 32 : 1))
       produce<T, HeadDim, TileM, TileN, Stages, Causal, Varlen, Window, BlockMask, Paged, false,
-              kMayTake>(p, sched, table, &tma_q, &tma_k, &tma_v, smem, bars);
+              kMayTake, kShiftedBands<Window, Paged, Varlen, Alibi>>(p, sched, table, &tma_q,
+                                                                     &tma_k, &tma_v, smem, bars);
     if (threadIdx.x == 32 && takes_units<kMayTake>(p, sched))
       schedule_units<TileM>(p, sched, &bars->units);
   } else {
