@@ -155,8 +155,8 @@ __device__ __forceinline__ void produce(const FmhaParams& p, const WgmmaSchedule
           tile_visits<Causal, Window, BlockMask, TileM, TileN, Shifted>(seq, p, u.batch, u.head,
                                                                         u.m_block(which));
       if (order.count() <= 0) continue;  // the consumers write zeros, pipeline untouched
-      // Paged: the page of this thread's row of key tile j (or of its run's first row) and the
-      // row there, or {-1, 0} past the sequence: not loaded (its page-table entry may be
+      // Paged: the page of this thread's row of visit i's key tile (or of its run's first row)
+      // and the row there, or {-1, 0} past the sequence: not loaded (its page-table entry may be
       // anything), and the consumers zero those V rows.
       auto locate = [&](int i) -> PageRow {
         if (!Paged) return {};
